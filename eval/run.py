@@ -1,0 +1,196 @@
+"""The eval stage: generate answers for eval questions under each test-time retrieval setting,
+store them in the shape of the paper's released response files, and score them.
+
+Output folder (one per checkpoint)::
+
+    {setting}/responses.jsonl   {"question_id", "text", "model", "setting"} per line, appended and
+                                flushed per batch; a rerun continues after the last complete line
+    {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions),
+                                the strict metric, parser and package versions, settings
+    {setting}/.complete         written last
+
+The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
+training-set builder uses, with the document budget the checkpoint was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ratune.errors import RatuneError
+
+#: Test-time settings, in Table 2 column order (Gorilla, Table 2; ``dense`` is ours).
+SETTINGS = ("0_shot", "bm25", "dense", "gpt_index", "oracle")
+
+
+@dataclass
+class EvalSettings:
+    """How a checkpoint is evaluated.
+
+    Attributes:
+        settings: test-time settings to run (subset of SETTINGS).
+        n_questions: evaluate the first N eval questions (None = all); the same in every cell.
+        batch_size: prompts per generate call.
+        max_new_tokens: generation limit.
+        stop_after_api_call: stop once the api_call/api_provider fields are complete.
+        max_document_tokens: document budget (None = read from the checkpoint's manifest).
+        torch_threads: intra-op threads.
+    """
+
+    settings: Sequence[str] = SETTINGS
+    n_questions: int | None = None
+    batch_size: int = 8
+    max_new_tokens: int = 256
+    stop_after_api_call: bool = False
+    max_document_tokens: int | None = None
+    torch_threads: int | None = None
+    retriever_cache: dict = field(default_factory=dict)
+
+
+def model_folder(checkpoint: str | os.PathLike) -> Path:
+    """The model folder of a checkpoint: a ``ratune train`` run folder (its ``model/``) or a
+    folder with config.json itself.
+
+    Raises:
+        RatuneError: when neither holds a config.json.
+    """
+    path = Path(checkpoint)
+    if (path / "model" / "config.json").exists():
+        return path / "model"
+    if (path / "config.json").exists():
+        return path
+    raise RatuneError(f"{path}: not a checkpoint (no config.json, and no model/config.json of a ratune run)")
+
+
+def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
+    """The max_document_tokens the checkpoint's training data was built with, if recorded."""
+    manifest = Path(checkpoint) / "manifest.json"
+    if manifest.exists():
+        return json.loads(manifest.read_text()).get("prompt", {}).get("max_document_tokens")
+    return None
+
+
+def _read_done(path: Path) -> dict[int, dict]:
+    """Complete lines of a partly written responses file (a torn last line is dropped)."""
+    done = {}
+    if not path.exists():
+        return done
+    with open(path, "rb") as fh:
+        data = fh.read()
+    keep = data[:data.rfind(b"\n") + 1]  # a line without its newline was cut mid-write
+    if len(keep) != len(data):
+        with open(path, "wb") as fh:
+            fh.write(keep)
+    for line in keep.decode("utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            done[row["question_id"]] = row
+    return done
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
+                        settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
+    """Generate and score one checkpoint under each test setting.
+
+    Returns:
+        ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
+    Raises:
+        RatuneError: unknown setting, bad checkpoint.
+    """
+    from tqdm.auto import tqdm
+
+    from ratune.data.apibench import load_examples
+    from ratune.data.prompt import encode_prompt, render_user_turn
+    from ratune.eval.generate import generate_batches
+    from ratune.eval.scoring import Scorer
+    from ratune.io import write_json
+    from ratune.manifest import is_complete, mark_complete, package_versions
+    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+    from ratune.train.model import load_model, load_tokenizer, set_torch_threads
+
+    for s in settings.settings:
+        if s not in SETTINGS:
+            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(SETTINGS)}")
+    set_torch_threads(settings.torch_threads)
+    folder = model_folder(checkpoint)
+    budget = settings.max_document_tokens
+    if budget is None:
+        budget = trained_document_budget(checkpoint)
+    examples = load_examples(apibench_dir, hub, "eval")
+    if settings.n_questions is not None:
+        examples = examples[:settings.n_questions]
+    name = model_name or Path(checkpoint).name
+    out = Path(out_dir)
+    scorer = Scorer.from_apibench(hub, apibench_dir)
+
+    tokenizer = load_tokenizer(folder)
+    model = None
+    results = {}
+    for setting in settings.settings:
+        cell = out / setting
+        if is_complete(cell):
+            results[setting] = json.loads((cell / "metrics.json").read_text())
+            continue
+        cell.mkdir(parents=True, exist_ok=True)
+        retriever_name = TEST_SETTINGS[setting]
+        key = (hub, retriever_name)
+        if key not in settings.retriever_cache:
+            settings.retriever_cache[key] = make_retriever(retriever_name, hub=hub, apibench_dir=apibench_dir)
+        retriever = settings.retriever_cache[key]
+        docs = retriever.retrieve([Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples],
+                                  top_k=1)
+
+        def count(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        responses_path = cell / "responses.jsonl"
+        done = _read_done(responses_path)
+        todo = [i for i, e in enumerate(examples) if e.line not in done]
+        prompts = [encode_prompt(tokenizer, render_user_turn(examples[i].instruction, docs[i],
+                                                             max_document_tokens=budget, count_tokens=count)[0])
+                   for i in todo]
+        if todo:
+            if model is None:
+                model = load_model(folder)
+            bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=f"{name} {setting}",
+                       disable=not progress)
+            with open(responses_path, "a", encoding="utf-8") as fh:
+                for batch in generate_batches(model, tokenizer, prompts, batch_size=settings.batch_size,
+                                              max_new_tokens=settings.max_new_tokens,
+                                              stop_after_api_call=settings.stop_after_api_call):
+                    for j, text in batch:
+                        ex = examples[todo[j]]
+                        row = {"question_id": ex.line, "text": text, "model": name, "setting": setting}
+                        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                        done[ex.line] = row
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    bar.update(len(batch))
+            bar.close()
+        responses = [done[e.line] for e in examples]
+        if todo:  # generation wrote in batch order; the final file is in question_id order
+            from ratune.io import atomic_write
+
+            with atomic_write(responses_path) as fh:
+                for row in sorted(done.values(), key=lambda r: r["question_id"]):
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        scored = scorer.score(responses)
+        gorilla = scored["gorilla"]
+        metrics = {
+            "hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata(), "n": scored["n"],
+            "accuracy": gorilla["accuracy"], "hallucination": gorilla["hallucination"], "error": gorilla["error"],
+            "gorilla": gorilla, "strict": scored["strict"], "parser": scored["parser"],
+            "per_question": scored.get("per_question", []),
+            "generation": {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
+                           "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
+                           "max_document_tokens": budget},
+            "versions": package_versions(),
+        }
+        write_json(cell / "metrics.json", metrics)
+        mark_complete(cell)
+        results[setting] = metrics
+    return results

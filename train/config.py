@@ -1,0 +1,105 @@
+"""The training config: one YAML file per run, validated before any model is loaded.
+
+The paper recipe for 7B (Gorilla, appendix): lr 2e-5, global batch 64, 5 epochs, warmup ratio
+0.03, max length 2048; it ships as configs/train/llama7b_rat_paper.yaml. Batch arithmetic has
+one owner, :meth:`TrainConfig.resolve_batch`: global batch = per-device batch x gradient
+accumulation x processes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ratune.errors import RatuneError
+
+
+class LoraSettings(BaseModel):
+    """PEFT LoRA settings (Hu et al., 2021). ``enabled: false`` trains all weights."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    r: int = Field(16, ge=1, description="LoRA rank")
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+
+
+class TrainConfig(BaseModel):
+    """A training run.
+
+    Attributes (the paper's values in brackets where it gives them):
+        model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
+        data_dir: output folder of ``ratune data build``.
+        train_retriever: which built mode to train on (none, oracle, bm25, dense).
+        output_dir: the run folder; refused when it exists unless resuming.
+        max_length: tokens per row [2048]; rows are never truncated here (the builder already
+            applied the over-length policy; a longer row is an error).
+        global_batch_size: examples per optimizer step [64].
+        per_device_batch_size: micro-batch per process.
+        gradient_accumulation_steps: derived from the two above and the process count when
+            null; checked against them when given.
+        learning_rate [2e-5], num_epochs [5], warmup_ratio [0.03], lr_scheduler.
+        max_steps: stop after this many optimizer steps (overrides num_epochs when set).
+        max_examples: train on the first N examples after a seeded shuffle (CPU demo).
+        chat_template: ``chatml`` to give a tokenizer without a chat template the ChatML one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    data_dir: str
+    train_retriever: Literal["none", "oracle", "bm25", "dense"]
+    output_dir: str
+    hub: Literal["torchhub", "huggingface", "tensorflowhub"] = "torchhub"
+    max_length: int = Field(2048, ge=16)
+    global_batch_size: int = Field(64, ge=1)
+    per_device_batch_size: int = Field(1, ge=1)
+    gradient_accumulation_steps: int | None = Field(None, ge=1)
+    learning_rate: float = Field(2e-5, gt=0)
+    num_epochs: float = Field(5.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    max_examples: int | None = Field(None, ge=1)
+    warmup_ratio: float = Field(0.03, ge=0, lt=1)
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    weight_decay: float = Field(0.0, ge=0)
+    lora: LoraSettings = LoraSettings()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    deepspeed: str | None = None
+    packing: bool = False
+    seed: int = 42
+    torch_threads: int | None = None
+    logging_steps: int = Field(1, ge=1)
+    save_steps: int | None = Field(None, ge=1)
+    chat_template: Literal["chatml"] | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.bf16 and self.dtype == "float16":
+            raise ValueError("bf16: true contradicts dtype: float16")
+        return self
+
+    def resolve_batch(self, num_processes: int) -> tuple[int, int]:
+        """``(per_device_batch_size, gradient_accumulation_steps)`` for ``num_processes``.
+
+        Raises:
+            RatuneError: when global batch is not per-device x accumulation x processes, naming
+                all the numbers.
+        """
+        per_step = self.per_device_batch_size * num_processes
+        if self.gradient_accumulation_steps is None:
+            if self.global_batch_size % per_step:
+                raise RatuneError(
+                    f"global_batch_size {self.global_batch_size} is not divisible by per_device_batch_size "
+                    f"{self.per_device_batch_size} x {num_processes} processes = {per_step}")
+            return self.per_device_batch_size, self.global_batch_size // per_step
+        if per_step * self.gradient_accumulation_steps != self.global_batch_size:
+            raise RatuneError(
+                f"global_batch_size {self.global_batch_size} != per_device_batch_size {self.per_device_batch_size} "
+                f"x gradient_accumulation_steps {self.gradient_accumulation_steps} x {num_processes} processes "
+                f"= {per_step * self.gradient_accumulation_steps}")
+        return self.per_device_batch_size, self.gradient_accumulation_steps
