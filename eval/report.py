@@ -2,10 +2,15 @@
 
 Gorilla's Table 2 tests a model finetuned without retrieval and one finetuned with oracle
 retrieval under 0-shot, BM25, GPT-Index and Oracle retrieval. ``table2.json`` is
-``{"hub", "model", "metric", "cells": [{"train_retriever", "test_retriever", "n", "accuracy",
-"hallucination", "error", "strict": {...}}], "versions"}``; ``table2.csv`` has one row per cell;
-``table2.md`` shows accuracy (and hallucination) in percent; ``table2.png`` is a heatmap of
-accuracy. A cell that did not run shows as missing ("-"), never as zero.
+``{"hub", "model", "metric", "interval", "cells": [{"train_retriever", "test_retriever", "n",
+"accuracy", "accuracy_ci", "hallucination", "hallucination_ci", "error", "error_ci",
+"correct_n", "hallucination_n", "error_n", "strict": {same metric fields}}], "versions"}`` where
+each ``*_ci`` is ``[low, high]``, the 95 % Wilson score interval (fractions;
+:func:`ratune.eval.stats.wilson_interval`). ``table2.csv`` has one row per cell with the bounds
+in separate columns (``accuracy_low``, ``accuracy_high``, ...; ``strict_`` prefixed for the strict
+metric); ``table2.md`` shows each cell as ``73.3 [61-83] (h 10.0)``: accuracy % with its interval,
+then hallucination %; ``table2.png`` is a heatmap of accuracy. A cell that did not run shows as
+missing ("-"), never as zero.
 """
 
 from __future__ import annotations
@@ -16,17 +21,76 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.eval.run import SETTINGS
+from ratune.eval.stats import wilson_interval
 
 #: Row order of train-time retrieval modes.
 TRAIN_ORDER = ("none", "oracle", "bm25", "dense")
 
+#: The reported fractions, with the count field each is computed from.
+RATES = (("accuracy", "correct_n"), ("hallucination", "hallucination_n"), ("error", "error_n"))
+
+#: What the ``*_ci`` fields are (recorded in table2.json and printed under table2.md).
+INTERVAL = "95 % Wilson score interval"
+
+
+def _counts_from_per_question(per_question: list, metric: str) -> dict | None:
+    outcomes = [q.get(metric) for q in per_question if isinstance(q, dict)]
+    if not outcomes or any(o not in ("correct", "hallucination", "error") for o in outcomes):
+        return None
+    return {f"{o}_n": outcomes.count(o) for o in ("correct", "hallucination", "error")}
+
+
+def _block(fractions: dict, counts: dict | None, n: int) -> dict:
+    """Fractions, counts and Wilson intervals of one metric. Counts missing from ``counts`` are
+    recovered as round(fraction * n) (the fractions are k / n, so this is exact)."""
+    out = {}
+    for rate, count in RATES:
+        if rate not in fractions and not (counts and count in counts):
+            continue
+        k = counts.get(count) if counts else None
+        if k is None:
+            k = round(fractions[rate] * n)
+        k = int(k)
+        out[rate] = fractions[rate] if rate in fractions else (k / n if n else 0.0)
+        out[f"{rate}_ci"] = list(wilson_interval(k, n))
+        out[count] = k
+    return out
+
 
 def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
-    """A table cell from a metrics.json object (gorilla metric in the top-level fields)."""
-    strict = metrics.get("strict", {})
-    return {"train_retriever": train_retriever, "test_retriever": test_retriever, "n": metrics["n"],
-            "accuracy": metrics["accuracy"], "hallucination": metrics["hallucination"], "error": metrics["error"],
-            "strict": {k: strict[k] for k in ("accuracy", "hallucination", "error") if k in strict}}
+    """A table cell from a metrics.json object of :mod:`ratune.eval.run`.
+
+    The gorilla metric goes in the top-level fields and the strict metric in ``"strict"``; each
+    has ``accuracy``, ``hallucination``, ``error`` (fractions), their counts (``correct_n``,
+    ``hallucination_n``, ``error_n``) and ``accuracy_ci``, ``hallucination_ci``, ``error_ci``:
+    ``[low, high]`` 95 % Wilson score intervals over the cell's ``n`` questions. Counts come from
+    the ``gorilla`` / ``strict`` blocks, else from ``per_question``, else from fraction * n.
+    """
+    n = int(metrics["n"])
+    per_question = metrics.get("per_question") or []
+    gorilla_counts = metrics.get("gorilla") or _counts_from_per_question(per_question, "gorilla")
+    cell = {"train_retriever": train_retriever, "test_retriever": test_retriever, "n": n}
+    cell.update(_block({k: metrics[k] for k in ("accuracy", "hallucination", "error")}, gorilla_counts, n))
+    strict = metrics.get("strict") or {}
+    strict_counts = strict if "correct_n" in strict else _counts_from_per_question(per_question, "strict")
+    cell["strict"] = _block({k: strict[k] for k in ("accuracy", "hallucination", "error") if k in strict},
+                            strict_counts, n)
+    return cell
+
+
+def _complete(cell: dict) -> dict:
+    """A cell with interval fields filled in where missing (hand-made or older cells)."""
+    n = int(cell["n"])
+    out = dict(cell)
+    for rate, count in RATES:
+        if rate in out and f"{rate}_ci" not in out:
+            k = int(out.get(count, round(out[rate] * n)))
+            out[f"{rate}_ci"] = list(wilson_interval(k, n))
+    strict = out.get("strict")
+    if strict:
+        out["strict"] = _complete({**strict, "n": n})
+        out["strict"].pop("n")
+    return out
 
 
 def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
@@ -37,16 +101,27 @@ def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
     return rows, cols
 
 
+def format_rate(value: float, ci: Sequence[float] | None = None) -> str:
+    """``73.3 [61-83]``: a fraction in percent (one decimal) with its interval in whole percent."""
+    text = f"{100 * value:.1f}"
+    if ci:
+        text += f" [{100 * ci[0]:.0f}-{100 * ci[1]:.0f}]"
+    return text
+
+
 def table2_markdown(table: dict) -> str:
-    """Markdown: one table for the gorilla metric and one for the strict metric (percent;
-    accuracy with hallucination in brackets)."""
-    cells = table["cells"]
+    """Markdown: one table for the gorilla metric and one for the strict metric.
+
+    Each cell reads ``73.3 [61-83] (h 10.0)``: accuracy % with its 95 % Wilson score interval
+    in whole percent, then hallucination %; a cell that did not run is "-".
+    """
+    cells = [_complete(c) for c in table["cells"]]
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     n = sorted({c["n"] for c in cells})
     out = [f"# Table 2: {table['hub']}, {table['model']}", "",
-           f"Accuracy % (hallucination %) by train-time retrieval (rows) and test-time retrieval (columns); "
-           f"n = {', '.join(map(str, n))} questions per cell.", ""]
+           f"Accuracy % [95 % interval] (h hallucination %) by train-time retrieval (rows) and test-time "
+           f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
     for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
         out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for r in rows:
@@ -54,23 +129,45 @@ def table2_markdown(table: dict) -> str:
             for s in cols:
                 c = index.get((r, s))
                 m = pick(c) if c else None
-                line.append(f"{100 * m['accuracy']:.1f} ({100 * m['hallucination']:.1f})" if m else "-")
+                if m and "accuracy" in m:
+                    text = format_rate(m["accuracy"], m.get("accuracy_ci"))
+                    if "hallucination" in m:
+                        text += f" (h {100 * m['hallucination']:.1f})"
+                    line.append(text)
+                else:
+                    line.append("-")
             out.append("| " + " | ".join(line) + " |")
         out.append("")
+    out += [f"Intervals in brackets are {INTERVAL}s for the accuracy (whole percent; Wilson 1927). "
+            "Two cells whose intervals overlap may still differ: compare them on the same questions "
+            "with `ratune compare` (paired exact McNemar test and bootstrap interval of the difference).", ""]
     return "\n".join(out)
 
 
+#: CSV columns per metric: each fraction followed by its interval bounds.
+_CSV_RATE_COLUMNS = tuple(x for rate, _ in RATES for x in (rate, f"{rate}_low", f"{rate}_high"))
+
+
+def _csv_values(m: dict) -> list[str]:
+    values = []
+    for rate, _ in RATES:
+        ci = m.get(f"{rate}_ci")
+        values.append(f"{m[rate]:.6f}" if rate in m else "")
+        values += [f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""]
+    return values
+
+
 def table2_csv(table: dict) -> str:
-    """CSV: one row per cell, gorilla and strict fractions in separate columns."""
+    """CSV: one row per cell; gorilla and strict (``strict_`` prefix) fractions, each followed by
+    its 95 % Wilson interval bounds (``accuracy, accuracy_low, accuracy_high, ...``)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["hub", "model", "train_retriever", "test_retriever", "n", "accuracy", "hallucination", "error",
-                     "strict_accuracy", "strict_hallucination", "strict_error"])
+    writer.writerow(["hub", "model", "train_retriever", "test_retriever", "n", *_CSV_RATE_COLUMNS,
+                     *(f"strict_{c}" for c in _CSV_RATE_COLUMNS)])
     for c in table["cells"]:
-        s = c.get("strict", {})
+        c = _complete(c)
         writer.writerow([table["hub"], table["model"], c["train_retriever"], c["test_retriever"], c["n"],
-                         f"{c['accuracy']:.6f}", f"{c['hallucination']:.6f}", f"{c['error']:.6f}",
-                         *(f"{s[k]:.6f}" if k in s else "" for k in ("accuracy", "hallucination", "error"))])
+                         *_csv_values(c), *_csv_values(c.get("strict") or {})])
     return buf.getvalue()
 
 
@@ -115,13 +212,18 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
 
 
 def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path) -> dict:
-    """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object."""
+    """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object.
+
+    Cells without interval fields (hand-made, or from an older make_cell) get them here, from
+    their counts or from fraction * n.
+    """
     from ratune.io import write_json, write_text
     from ratune.manifest import package_versions
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = {"hub": hub, "model": model, "metric": "gorilla", "cells": list(cells), "versions": package_versions()}
+    table = {"hub": hub, "model": model, "metric": "gorilla", "interval": INTERVAL,
+             "cells": [_complete(c) for c in cells], "versions": package_versions()}
     write_json(out / "table2.json", table)
     write_text(out / "table2.csv", table2_csv(table))
     write_text(out / "table2.md", table2_markdown(table))

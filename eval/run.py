@@ -5,8 +5,8 @@ Output folder (one per checkpoint)::
 
     {setting}/responses.jsonl   {"question_id", "text", "model", "setting"} per line, appended and
                                 flushed per batch; a rerun continues after the last complete line
-    {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions),
-                                the strict metric, parser and package versions, settings
+    {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions,
+                                each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings
     {setting}/.complete         written last
 
 The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
@@ -107,6 +107,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     from ratune.data.prompt import encode_prompt, render_user_turn
     from ratune.eval.generate import generate_batches
     from ratune.eval.scoring import Scorer
+    from ratune.eval.stats import rate_intervals
     from ratune.io import write_json
     from ratune.manifest import is_complete, mark_complete, package_versions
     from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
@@ -179,10 +180,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
                 for row in sorted(done.values(), key=lambda r: r["question_id"]):
                     fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         scored = scorer.score(responses)
+        for metric in ("gorilla", "strict"):  # every rate carries its 95 % Wilson interval
+            scored[metric].update(rate_intervals(scored[metric], scored["n"]))
         gorilla = scored["gorilla"]
         metrics = {
             "hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata(), "n": scored["n"],
             "accuracy": gorilla["accuracy"], "hallucination": gorilla["hallucination"], "error": gorilla["error"],
+            **{k: gorilla[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
             "gorilla": gorilla, "strict": scored["strict"], "parser": scored["parser"],
             "per_question": scored.get("per_question", []),
             "generation": {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,

@@ -6,6 +6,7 @@
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
     ratune report           the Table 2 matrix from eval folders
+    ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
 
 User errors (bad input, bad config) print one message naming file, line and field on stderr and
@@ -133,6 +134,12 @@ def _report(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from ratune.eval.compare import cli_compare
+
+    return cli_compare(args)
+
+
 def _demo(args) -> int:
     from ratune.demo import run_demo
 
@@ -203,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--model", required=True)
     rp.add_argument("--out", required=True)
     rp.set_defaults(func=_report)
+
+    from ratune.eval.compare import add_compare_arguments
+
+    cp = stages.add_parser("compare", help="paired comparison of two response files or eval cells")
+    add_compare_arguments(cp)
+    cp.set_defaults(func=_compare)
 
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
     d.add_argument("--config", default=None, help="demo config (default configs/demo.yaml)")

@@ -72,9 +72,14 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     return {"input_ids": input_ids, "labels": labels}, stats
 
 
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
     out = Path(config.output_dir)
-    if resume_from is None and out.exists() and any(out.iterdir()):
+    # only the main process checks: the others would see the folder it has just started writing
+    if resume_from is None and _is_main_process() and out.exists() and any(out.iterdir()):
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)
@@ -177,8 +182,9 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
         # the evaluator renders prompts with the document budget the model was trained with
         manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"]}
-    write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
-    write_json(out / "manifest.json", manifest)
+    if _is_main_process():
+        write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
+        write_json(out / "manifest.json", manifest)
 
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=resume)

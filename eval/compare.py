@@ -1,0 +1,209 @@
+"""Paired comparison of two response files scored on the same questions (``ratune compare``).
+
+Both files are scored with :class:`ratune.eval.scoring.Scorer` and paired by ``question_id``.
+The output is the per-question contingency (both right, only A, only B, neither), the exact
+McNemar p-value (two-sided sign test on the discordant questions), the accuracy of each with
+its 95 % Wilson score interval, and the accuracy difference A - B with a paired percentile
+bootstrap 95 % interval (fixed seed, stated number of resamples); see :mod:`ratune.eval.stats`.
+Files whose question_id sets differ are refused: an unpaired comparison would need a different
+test and is not what ablations need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from ratune.errors import RatuneError
+from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
+                               wilson_interval)
+
+#: Name of the responses file inside an eval cell folder (``{eval_dir}/{setting}/``).
+CELL_RESPONSES = "responses.jsonl"
+
+COMPARE_METRICS = ("gorilla", "strict")
+
+
+def resolve_responses_path(path: str | os.PathLike) -> Path:
+    """A response file, or an eval cell folder holding ``responses.jsonl``, as a file path.
+
+    Raises:
+        RatuneError: the path does not exist, or is a folder without responses.jsonl.
+    """
+    p = Path(path)
+    if p.is_dir():
+        if not (p / CELL_RESPONSES).is_file():
+            raise RatuneError(f"{p}: a folder without {CELL_RESPONSES}; pass a response file or an eval "
+                              f"cell folder (e.g. EVAL_DIR/oracle)")
+        return p / CELL_RESPONSES
+    if not p.is_file():
+        raise RatuneError(f"{p}: response file not found")
+    return p
+
+
+def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, metric: str = "gorilla",
+                     resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                     labels: tuple[str, str] = ("A", "B")) -> dict:
+    """Compare two scored outcome lists, paired by question_id.
+
+    Args:
+        per_question_a, per_question_b: ``[{"question_id", "gorilla", "strict"}]`` as in
+            :meth:`Scorer.score` (or metrics.json ``per_question``); a question is correct when
+            its ``metric`` outcome is ``"correct"``.
+        metric: ``gorilla`` or ``strict``.
+        resamples, seed: of the paired bootstrap.
+        labels: names of A and B used in the error message.
+
+    Returns:
+        ``{"metric", "n", "a": {"correct_n", "accuracy", "accuracy_ci"}, "b": {...},
+        "contingency": {"both", "only_a", "only_b", "neither"}, "mcnemar_p",
+        "difference": {"value", "low", "high", "resamples", "seed"}}``; fractions, intervals 95 %.
+
+    Raises:
+        RatuneError: unknown metric, empty lists, or the question_id sets differ (unpaired).
+    """
+    if metric not in COMPARE_METRICS:
+        raise RatuneError(f"unknown metric {metric!r}: expected one of {', '.join(COMPARE_METRICS)}")
+    outcome = {}
+    for label, rows in zip(labels, (per_question_a, per_question_b)):
+        outcome[label] = {q["question_id"]: q[metric] == "correct" for q in rows}
+    ids_a, ids_b = set(outcome[labels[0]]), set(outcome[labels[1]])
+    if ids_a != ids_b:
+        only_a, only_b = sorted(ids_a - ids_b), sorted(ids_b - ids_a)
+
+        def some(ids):
+            return ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
+
+        raise RatuneError(
+            f"unpaired comparison refused: {labels[0]} has {len(ids_a)} questions, {labels[1]} has {len(ids_b)}, "
+            f"{len(ids_a & ids_b)} in common; {len(only_a)} only in {labels[0]}"
+            + (f" ({some(only_a)})" if only_a else "") + f", {len(only_b)} only in {labels[1]}"
+            + (f" ({some(only_b)})" if only_b else "")
+            + ". Compare responses to the same questions (same hub, same --n-questions)")
+    if not ids_a:
+        raise RatuneError("nothing to compare: both response sets are empty")
+    ids = sorted(ids_a)
+    a = [outcome[labels[0]][q] for q in ids]
+    b = [outcome[labels[1]][q] for q in ids]
+    n = len(ids)
+    table = contingency(a, b)
+    diff, low, high = paired_bootstrap(a, b, resamples=resamples, seed=seed)
+    side = {}
+    for key, values in (("a", a), ("b", b)):
+        k = sum(values)
+        side[key] = {"correct_n": k, "accuracy": k / n, "accuracy_ci": list(wilson_interval(k, n))}
+    return {"metric": metric, "n": n, **side, "contingency": table,
+            "mcnemar_p": mcnemar_exact(table["only_a"], table["only_b"]),
+            "difference": {"value": diff, "low": low, "high": high, "resamples": resamples, "seed": seed}}
+
+
+def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metric: str = "gorilla",
+                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, hub_check: bool = True) -> dict:
+    """Score two response files (or eval cell folders) for ``hub`` and compare them paired.
+
+    Returns:
+        :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
+
+    Raises:
+        RatuneError / InputError: unknown hub, missing files, malformed lines, ids out of range,
+            a file for another hub (unless ``hub_check`` is False), unpaired question sets.
+    """
+    from ratune.data.apibench import check_hub
+    from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
+
+    check_hub(hub)
+    scorer = Scorer.from_apibench(hub, apibench_dir)
+    paths, scored = [], []
+    for given in (responses_a, responses_b):
+        path = resolve_responses_path(given)
+        responses = load_responses(path, scorer.n_questions)
+        if hub_check:
+            check_hub_matches(hub, responses, scorer, path=path)
+        paths.append(path)
+        scored.append(scorer.score(responses)["per_question"])
+    try:
+        result = compare_outcomes(scored[0], scored[1], metric=metric, resamples=resamples, seed=seed)
+    except RatuneError as err:
+        raise RatuneError(f"{err} [A = {paths[0]}, B = {paths[1]}]") from None
+    result["hub"] = hub
+    result["a"]["path"], result["b"]["path"] = os.fspath(paths[0]), os.fspath(paths[1])
+    return result
+
+
+def format_compare(result: dict) -> str:
+    """The comparison as readable text (percent; intervals 95 %)."""
+    n, t, d = result["n"], result["contingency"], result["difference"]
+
+    def side(key):
+        s = result[key]
+        lo, hi = s["accuracy_ci"]
+        return (f"{key.upper()}: {s['correct_n']}/{n} correct = {100 * s['accuracy']:.1f} % "
+                f"[{100 * lo:.1f}-{100 * hi:.1f}]  {s.get('path', '')}")
+
+    discordant = t["only_a"] + t["only_b"]
+    lines = [f"{result.get('hub', '')} {result['metric']} metric, {n} paired questions".strip(),
+             side("a"), side("b"), "",
+             f"{'':<12}{'B correct':>10}{'B wrong':>10}",
+             f"{'A correct':<12}{t['both']:>10}{t['only_a']:>10}",
+             f"{'A wrong':<12}{t['only_b']:>10}{t['neither']:>10}", "",
+             f"exact McNemar test (two-sided sign test on the {discordant} discordant questions, "
+             f"{t['only_a']} only A vs {t['only_b']} only B): p = {result['mcnemar_p']:.3g}",
+             f"difference A - B: {100 * d['value']:+.1f} points, 95 % paired bootstrap interval "
+             f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] ({d['resamples']} resamples, seed {d['seed']})",
+             "accuracy intervals: 95 % Wilson score intervals"]
+    return "\n".join(lines)
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the arguments of ``ratune compare`` to ``parser`` (see :func:`cli_compare`)."""
+    from ratune.data.apibench import HUBS
+
+    parser.add_argument("responses_a", metavar="RESPONSES_A",
+                        help="response JSONL file, or an eval cell folder holding responses.jsonl")
+    parser.add_argument("responses_b", metavar="RESPONSES_B", help="the same for B (same questions)")
+    parser.add_argument("--hub", required=True, choices=HUBS, help="the APIBench hub")
+    parser.add_argument("--apibench", default=None,
+                        help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    parser.add_argument("--metric", choices=COMPARE_METRICS, default="gorilla",
+                        help="which outcome counts as correct (default gorilla)")
+    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
+                        help=f"paired bootstrap resamples (default {DEFAULT_RESAMPLES})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"paired bootstrap seed (default {DEFAULT_SEED})")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-hub-check", dest="no_hub_check", action="store_true",
+                        help="compare even if the responses look like another hub's")
+    return parser
+
+
+def cli_compare(args) -> int:
+    """``ratune compare RESPONSES_A RESPONSES_B --hub HUB``: paired comparison of two files.
+
+    ``args`` has ``responses_a``, ``responses_b`` (files or eval cell folders), ``hub``,
+    ``apibench`` (None: default folder), ``metric`` (gorilla|strict), ``resamples``, ``seed``,
+    ``json`` (bool) and optionally ``no_hub_check``. Prints :func:`format_compare` or, with
+    ``json``, the :func:`compare_files` dict.
+
+    Returns:
+        0.
+
+    Raises:
+        RatuneError / InputError: see :func:`compare_files`; resamples < 1.
+    """
+    resamples = getattr(args, "resamples", None)
+    resamples = DEFAULT_RESAMPLES if resamples is None else resamples
+    if resamples < 1:
+        raise RatuneError(f"--resamples must be at least 1, got {resamples}")
+    seed = getattr(args, "seed", None)
+    result = compare_files(args.responses_a, args.responses_b, hub=args.hub,
+                           apibench_dir=getattr(args, "apibench", None),
+                           metric=getattr(args, "metric", None) or "gorilla", resamples=resamples,
+                           seed=DEFAULT_SEED if seed is None else seed,
+                           hub_check=not getattr(args, "no_hub_check", False))
+    if getattr(args, "json", False):
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(format_compare(result))
+    return 0

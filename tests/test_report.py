@@ -1,0 +1,114 @@
+"""Table 2 files carry n and 95 % Wilson intervals (hand-made cells, no model)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from ratune.eval.report import make_cell, table2_markdown, write_table2
+from ratune.eval.stats import wilson_interval
+
+
+def _metrics(correct, hallucination, error, strict=None, per_question=True):
+    """A metrics.json object as eval/run.py writes it (gorilla counts, strict counts, per_question)."""
+    n = correct + hallucination + error
+    strict = strict or (correct, hallucination, error)
+
+    def block(c, h, e):
+        return {"accuracy": c / n, "hallucination": h / n, "error": e / n,
+                "correct_n": c, "hallucination_n": h, "error_n": e}
+
+    g = block(correct, hallucination, error)
+    outcomes = ["correct"] * correct + ["hallucination"] * hallucination + ["error"] * error
+    s_outcomes = ["correct"] * strict[0] + ["hallucination"] * strict[1] + ["error"] * strict[2]
+    return {"n": n, "accuracy": g["accuracy"], "hallucination": g["hallucination"], "error": g["error"],
+            "gorilla": g, "strict": block(*strict),
+            "per_question": [{"question_id": i, "gorilla": o, "strict": so} for i, (o, so) in
+                             enumerate(zip(outcomes, s_outcomes), start=1)] if per_question else []}
+
+
+# 44 of 60 correct: Wilson [0.609912, 0.828674] (worked out in tests/test_stats.py) -> "73.3 [61-83]"
+# 6 of 60 hallucinated = 10.0 %; strict 40 of 60 = 66.7 %: centre (0.666667 + 0.0320122) / 1.0640243 = 0.656638,
+# half 1.842030 * sqrt(0.00370370 + 0.00026677) = 0.116070 -> Wilson [0.540568, 0.772708] -> "66.7 [54-77]"
+CELLS = [
+    make_cell("none", "0_shot", _metrics(44, 6, 10, strict=(40, 10, 10))),
+    make_cell("none", "oracle", _metrics(30, 20, 10)),
+    make_cell("oracle", "oracle", _metrics(60, 0, 0)),
+]
+
+
+def test_make_cell_fields():
+    c = CELLS[0]
+    assert c["n"] == 60 and c["correct_n"] == 44 and c["hallucination_n"] == 6 and c["error_n"] == 10
+    assert c["accuracy"] == pytest.approx(44 / 60)
+    assert c["accuracy_ci"] == pytest.approx([0.609912, 0.828674], abs=2e-6)
+    assert c["hallucination_ci"] == list(wilson_interval(6, 60))
+    assert c["error_ci"] == list(wilson_interval(10, 60))
+    s = c["strict"]
+    assert s["accuracy"] == pytest.approx(40 / 60) and s["correct_n"] == 40
+    assert s["accuracy_ci"] == pytest.approx([0.540568, 0.772708], abs=2e-6)
+    assert set(s) >= {"hallucination_ci", "error_ci"}
+
+
+def test_make_cell_without_count_blocks():
+    # Counts recovered from per_question, else from fraction * n.
+    m = _metrics(44, 6, 10)
+    m.pop("gorilla")
+    for key in ("correct_n", "hallucination_n", "error_n"):
+        m["strict"].pop(key)
+    assert make_cell("none", "bm25", m)["accuracy_ci"] == CELLS[0]["accuracy_ci"]
+    assert make_cell("none", "bm25", m)["strict"]["accuracy_ci"] == CELLS[0]["accuracy_ci"]
+    m["per_question"] = []
+    assert make_cell("none", "bm25", m)["accuracy_ci"] == CELLS[0]["accuracy_ci"]
+
+
+def test_table_files(tmp_path):
+    table = write_table2(CELLS, hub="torchhub", model="tiny", out_dir=tmp_path)
+    assert table["interval"] == "95 % Wilson score interval"
+
+    data = json.loads((tmp_path / "table2.json").read_text())
+    assert data["hub"] == "torchhub" and data["interval"].startswith("95 % Wilson")
+    cell = data["cells"][0]
+    for key in ("accuracy", "hallucination", "error"):
+        assert len(cell[f"{key}_ci"]) == 2 and len(cell["strict"][f"{key}_ci"]) == 2
+    assert cell["accuracy_ci"] == pytest.approx([0.609912, 0.828674], abs=2e-6)
+    assert data["cells"][2]["accuracy_ci"][1] == 1.0  # 60 of 60
+
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "table2.csv").read_text())))
+    assert len(rows) == 3
+    for col in ("n", "accuracy", "accuracy_low", "accuracy_high", "hallucination_low", "hallucination_high",
+                "error_low", "error_high", "strict_accuracy", "strict_accuracy_low", "strict_accuracy_high",
+                "strict_error_high"):
+        assert col in rows[0]
+    assert rows[0]["n"] == "60"
+    assert float(rows[0]["accuracy_low"]) == pytest.approx(0.609912, abs=2e-6)
+    assert float(rows[0]["accuracy_high"]) == pytest.approx(0.828674, abs=1e-6)
+    assert float(rows[0]["strict_accuracy_low"]) == pytest.approx(0.540568, abs=2e-6)
+
+    md = (tmp_path / "table2.md").read_text()
+    assert md == table2_markdown(table)
+    assert "| none | 73.3 [61-83] (h 10.0) | 50.0 [38-62] (h 33.3) |" in md  # 30/60: Wilson [0.377, 0.623]
+    assert "| oracle | - | 100.0 [94-100] (h 0.0) |" in md  # not run -> "-"; 60/60: [0.940, 1]
+    assert "| none | 66.7 [54-77] (h 16.7) |" in md  # strict table
+    assert "95 % Wilson score interval" in md and "n = 60 questions" in md
+
+    assert (tmp_path / "table2.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hand_made_cells_without_intervals(tmp_path):
+    # Older-style cells (fractions only) get their intervals when the table is written.
+    cells = [{"train_retriever": "none", "test_retriever": "bm25", "n": 60, "accuracy": 44 / 60,
+              "hallucination": 0.1, "error": 10 / 60, "strict": {"accuracy": 0.5, "hallucination": 0.4, "error": 0.1}},
+             {"train_retriever": "oracle", "test_retriever": "dense", "n": 0, "accuracy": 0.0,
+              "hallucination": 0.0, "error": 0.0, "strict": {}}]
+    table = write_table2(cells, hub="torchhub", model="m", out_dir=tmp_path)
+    assert table["cells"][0]["accuracy_ci"] == pytest.approx([0.609912, 0.828674], abs=2e-6)
+    assert table["cells"][0]["strict"]["accuracy_ci"] == list(wilson_interval(30, 60))
+    assert table["cells"][1]["accuracy_ci"] == [0.0, 1.0]  # n = 0: the whole range
+    md = (tmp_path / "table2.md").read_text()
+    assert "73.3 [61-83] (h 10.0)" in md and "0.0 [0-100]" in md
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "table2.csv").read_text())))
+    assert rows[1]["strict_accuracy"] == "" and rows[1]["strict_accuracy_low"] == ""
