@@ -7,6 +7,8 @@ Output folder (one per checkpoint)::
                                 flushed per batch; a rerun continues after the last complete line
     {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions,
                                 each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings
+    {setting}/identity.json     checkpoint, questions and generation settings; a rerun with
+                                different ones is refused instead of mixing answers
     {setting}/.complete         written last
 
 The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
@@ -74,6 +76,27 @@ def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
     return None
 
 
+def _check_cell_identity(cell: Path, identity: dict) -> None:
+    """Record what a cell is computed from (``cell/identity.json``); refuse to continue or reuse a
+    cell made from another checkpoint, question set or generation settings.
+
+    Raises:
+        RatuneError: naming the cell and the keys that differ.
+    """
+    from ratune.io import read_json, write_json
+
+    path = cell / "identity.json"
+    if path.exists():
+        previous = read_json(path)
+        changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
+        if changed:
+            raise RatuneError(f"{cell}: this eval cell was made with different {', '.join(changed)}; "
+                              "choose another --out folder (or delete the cell to redo it)")
+        return
+    cell.mkdir(parents=True, exist_ok=True)
+    write_json(path, identity)
+
+
 def _read_done(path: Path) -> dict[int, dict]:
     """Complete lines of a partly written responses file (a torn last line is dropped)."""
     done = {}
@@ -131,8 +154,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     tokenizer = load_tokenizer(folder)
     model = None
     results = {}
+    generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
+                  "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
+                  "max_document_tokens": budget}
     for setting in settings.settings:
         cell = out / setting
+        _check_cell_identity(cell, {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
+                                    "questions": [e.line for e in examples], "generation": generation})
         if is_complete(cell):
             results[setting] = json.loads((cell / "metrics.json").read_text())
             continue
@@ -189,9 +217,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             **{k: gorilla[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
             "gorilla": gorilla, "strict": scored["strict"], "parser": scored["parser"],
             "per_question": scored.get("per_question", []),
-            "generation": {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
-                           "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
-                           "max_document_tokens": budget},
+            "generation": generation,
             "versions": package_versions(),
         }
         write_json(cell / "metrics.json", metrics)

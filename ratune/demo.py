@@ -22,7 +22,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 class DemoData(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_length: int = 768
-    max_document_tokens: int | None = 192
+    max_document_tokens: int | None = 128
 
 
 class DemoEval(BaseModel):
@@ -30,7 +30,7 @@ class DemoEval(BaseModel):
     settings: list[str] = ["0_shot", "bm25", "dense", "oracle"]
     n_questions: int | None = 50
     batch_size: int = 8
-    max_new_tokens: int = 96
+    max_new_tokens: int = 80
     stop_after_api_call: bool = True
 
 

@@ -186,29 +186,37 @@ _PAPER_DOC = "Use this API documentation for reference:"
 _API_CALL_VALUE = re.compile(r"""'api_call':\s*(["'])(.*?)\1,\s*'api_arguments'""", re.S)
 
 
-def _paper_doc_identity(text: str) -> str | None:
-    """The api_call identity of the document the paper's retriever put in a question text."""
+_API_NAME_VALUE = re.compile(r"""'api_name':\s*(["'])(.*?)\1,\s*'api_call'""", re.S)
+
+
+def _paper_doc_keys(text: str) -> tuple[str | None, str | None]:
+    """``(api_call identity, api_name)`` of the document the paper's retriever put in a question."""
     i = text.find(_PAPER_DOC)
     if i < 0:
-        return None
+        return None, None
     doc = text[i + len(_PAPER_DOC):]
     doc = doc.replace("\\'", "'").replace('\\"', '"').replace("\\\\", "\\")
     m = _API_CALL_VALUE.search(doc)
     if m:
-        return re.sub(r"\s+", "", m.group(2))
+        name = _API_NAME_VALUE.search(doc)
+        return re.sub(r"\s+", "", m.group(2)), name.group(2) if name else None
     try:  # oracle files hold plain JSON
-        return api_identity(json.loads(doc.strip()))
-    except (ValueError, KeyError, TypeError):
-        return None
+        obj = json.loads(doc.strip())
+        return api_identity(obj), obj.get("api_name")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, None
 
 
 class PrecomputedRetriever(Retriever):
     """The paper's retrieved documents (top-1), from questions_{hub}_{gpt_index,bm25}.jsonl.
 
     Each document is mapped back to the API-database record with the same api_call identity
-    (quotes normalised when needed), so the prompt is rendered by our serializer exactly like
-    training prompts. ``unmapped`` counts question ids whose document matches no record; those
-    queries get no document.
+    (quotes normalised when needed), else to the first record with the same api_name when exactly
+    one API has that name (the paper's index was built from an older HuggingFace database whose
+    calls differ in arguments, e.g. an extra ``torch_dtype=torch.float16``), so the prompt is
+    rendered by our serializer exactly like training prompts. ``mapped_by_name`` lists the
+    question ids mapped by name; ``unmapped`` those whose document matches no record (those
+    queries get no document).
     """
 
     def __init__(self, corpus: Sequence[dict], *, hub: str, apibench_dir, setting: str):
@@ -216,13 +224,22 @@ class PrecomputedRetriever(Retriever):
         self.hub, self.setting = hub, setting
         by_id = {api_identity(d): d for d in reversed(list(corpus))}  # first occurrence wins
         by_loose = {k.replace('"', "'"): d for k, d in by_id.items()}
+        names: dict[str, set] = {}
+        for d in corpus:
+            names.setdefault(d.get("api_name"), set()).add(api_identity(d))
+        by_name = {d.get("api_name"): by_id[api_identity(d)] for d in reversed(list(corpus))
+                   if len(names[d.get("api_name")]) == 1}
         self.by_question: dict[int, dict | None] = {}
         self.unmapped: list[int] = []
+        self.mapped_by_name: list[int] = []
         path = questions_path(apibench_dir, hub, setting)
         for number, row in iter_jsonl(path):
             qid = row.get("question_id")
-            key = _paper_doc_identity(str(row.get("text", "")))
+            key, name = _paper_doc_keys(str(row.get("text", "")))
             doc = None if key is None else by_id.get(key) or by_loose.get(key.replace('"', "'"))
+            if doc is None and name in by_name:
+                doc = by_name[name]
+                self.mapped_by_name.append(qid)
             if doc is None:
                 self.unmapped.append(qid)
             self.by_question[qid] = doc
@@ -238,7 +255,7 @@ class PrecomputedRetriever(Retriever):
 
     def metadata(self):
         return {"name": self.name, "hub": self.hub, "source": f"questions_{self.hub}_{self.setting}.jsonl",
-                "unmapped": len(self.unmapped)}
+                "mapped_by_name": len(self.mapped_by_name), "unmapped": len(self.unmapped)}
 
 
 def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None) -> Retriever:

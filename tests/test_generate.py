@@ -30,3 +30,27 @@ def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
     single = generate_all(model, tok, prompts, batch_size=1, max_new_tokens=12)
     assert batched == single
     assert sum(len(t) > 0 for t in single) >= 2
+
+
+def test_needed_fields_end():
+    from ratune.eval.generate import needed_fields_end
+
+    text = "<<<domain>>>: D\n<<<api_call>>>: f(x)\n<<<api_provider>>>: PyTorch\n<<<explanation>>>: E"
+    assert text[:needed_fields_end(text)] == "<<<domain>>>: D\n<<<api_call>>>: f(x)\n<<<api_provider>>>: PyTorch"
+    assert needed_fields_end("<<<domain>>>: D\n<<<api_call>>>: f(x)\n<<<api_provider>>>: PyT") is None
+    assert needed_fields_end("<<<api_provider>>>: P<<<explanation>>>") == len("<<<api_provider>>>: P")
+    # a model that jumps to code never completes the fields: nothing is cut
+    assert needed_fields_end("<<<code>>>\nimport torch\nmodel = torch.hub.load('a', 'b')\n") is None
+
+
+def test_stop_after_api_call_only_shortens(apibench, tiny_model_dir):
+    """Stopping early returns a prefix of the full greedy answer (or the full answer)."""
+    from ratune.data.apibench import load_examples
+    from ratune.train.model import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = [encode_prompt(tok, e.instruction) for e in load_examples(apibench, "torchhub", "eval")[:3]]
+    full = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=10)
+    short = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=10, stop_after_api_call=True)
+    assert all(f.startswith(s) for f, s in zip(full, short))

@@ -116,3 +116,50 @@ def test_prompt_parity_train_and_eval(apibench, smol_tokenizer, mode, setting):
         user_turn, _ = render_user_turn(ex.instruction, d, max_document_tokens=192, count_tokens=count)
         assert row["user_turn"] == user_turn
         assert encode_prompt(tok, row["user_turn"]) == encode_prompt(tok, user_turn)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, apibench, smol_tokenizer):
+    from ratune.data.build import build_dataset
+
+    out = tmp_path_factory.mktemp("built")
+    build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=out, tokenizer=smol_tokenizer, tokenizer_name="smol",
+                  modes=["none", "oracle"], progress=False, settings=BuildSettings(max_length=768,
+                                                                                   max_document_tokens=192))
+    return out
+
+
+def test_training_rows_follow_the_configured_mode_no_stale_cache(built, smol_tokenizer):
+    """Training re-tokenizes the built chats of its own mode with its own tokenizer every run
+    (there is no tokenized cache to go stale)."""
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import load_training_rows
+
+    phrase = smol_tokenizer("Use this API documentation", add_special_tokens=False)["input_ids"]
+
+    def has_phrase(ids):
+        return any(ids[i:i + len(phrase)] == phrase for i in range(len(ids)))
+
+    rows = {}
+    for mode in ("none", "oracle"):
+        cfg = TrainConfig(model="m", data_dir=str(built), train_retriever=mode, output_dir="o", max_length=768,
+                          max_examples=16)
+        rows[mode], stats = load_training_rows(cfg, smol_tokenizer)
+        assert stats["examples"] == 16
+    assert not any(has_phrase(ids) for ids in rows["none"]["input_ids"])
+    assert all(has_phrase(ids) for ids in rows["oracle"]["input_ids"])
+    # same seeded subsample in both arms: the same 16 answers, in the same order
+    def answers(r):
+        return [tuple(x for x in lab if x != -100) for lab in r["labels"]]
+
+    assert answers(rows["none"]) == answers(rows["oracle"])
+
+
+def test_training_refuses_rows_longer_than_max_length(built, smol_tokenizer):
+    from ratune.errors import RatuneError
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import load_training_rows
+
+    cfg = TrainConfig(model="m", data_dir=str(built), train_retriever="oracle", output_dir="o", max_length=300)
+    with pytest.raises(RatuneError, match=r"tokens > max_length 300; rebuild the data"):
+        load_training_rows(cfg, smol_tokenizer)

@@ -72,3 +72,12 @@ def test_paper_gpt_index_documents_map_back_to_database(apibench):
     assert "silero_tts" in docs[1][0]["api_call"]
     with pytest.raises(Exception, match="needs question ids"):
         r.retrieve([Query("no id")])
+
+
+def test_paper_huggingface_documents_map_back_by_name_when_calls_changed(apibench):
+    """The paper's HuggingFace index predates the released database: 58 gpt_index documents have
+    a call with other arguments (e.g. an extra torch_dtype) and map back through their api_name."""
+    r = make_retriever("gpt_index", hub="huggingface", apibench_dir=apibench)
+    assert len(r.by_question) == 904 and r.unmapped == []
+    assert len(r.mapped_by_name) == 58
+    assert r.by_question[63]["api_call"] == "StableDiffusionPipeline.from_pretrained('prompthero/openjourney')"
