@@ -122,7 +122,8 @@ def _percentiles(values: list[int]) -> dict:
 
 def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name: str,
                   modes: Sequence[str] = TRAIN_MODES, settings: BuildSettings = BuildSettings(),
-                  lenient: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+                  lenient: bool = False, overwrite: bool = False, progress: bool = True,
+                  leakage: str = "error") -> dict:
     """Build the chats for every split the hub has and every mode; write datasets and manifest.
 
     Args:
@@ -134,6 +135,9 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         modes: train-time retrieval modes to build.
         settings: see :class:`BuildSettings`.
         lenient: write unparseable rows to ``rejects.jsonl`` and count them instead of failing.
+        leakage: what to do with eval instructions found in the training data
+            (:func:`ratune.data.validate.validate_splits`): ``error`` (default), ``drop`` the
+            leaked training rows, or ``allow``. Duplicate training examples are always removed.
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
     Raises:
@@ -143,7 +147,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
 
-    from ratune.data.apibench import ParseReport
+    from ratune.data.apibench import ParseReport, load_api_database
+    from ratune.data.validate import validate_splits
     from ratune.io import write_json
     from ratune.manifest import base_manifest, mark_complete
 
@@ -165,6 +170,13 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
             splits[split] = load_examples(apibench_dir, hub, split, lenient=lenient, report=report)
     if not splits:
         raise RatuneError(f"{apibench_dir}: no example files for hub {hub}")
+    read_counts = {s: len(e) for s, e in splits.items()}
+    splits, validation = validate_splits(
+        splits, load_api_database(api_database_path(apibench_dir, hub)),
+        train_path=examples_path(apibench_dir, hub, "train"), eval_path=examples_path(apibench_dir, hub, "eval"),
+        leakage=leakage)
+    if progress:
+        print(validation.summary())
 
     cache: dict = {}
     counts: dict = {}
@@ -192,6 +204,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     manifest = base_manifest("data build")
     manifest.update({
         "hub": hub, "modes": list(modes), "splits": {s: len(e) for s, e in splits.items()},
+        "rows_read": read_counts, "validation": validation.to_manifest(),
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
                      "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS},

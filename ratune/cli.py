@@ -46,7 +46,7 @@ def _data_build(args) -> int:
         apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
                                                  max_document_tokens=args.max_document_tokens, top_k=args.top_k),
-        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json)
+        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage)
     summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
                "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
                                   for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    b.add_argument("--leakage", choices=("error", "drop", "allow"), default="error",
+                   help="eval instructions found in the training data: fail (default), drop those training rows, "
+                        "or keep them; always reported in the manifest")
     b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     b.set_defaults(func=_data_build)
 

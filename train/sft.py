@@ -199,10 +199,11 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     if trainer.is_world_process_zero():
         trained.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
         manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
         manifest["steps"] = trainer.state.global_step
+        write_json(tmp / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
         write_json(out / "manifest.json", manifest)
         write_json(out / "log_history.json", trainer.state.log_history)
         mark_complete(out)

@@ -1,0 +1,407 @@
+"""Data checks across rows and files: duplicate examples, train/eval leakage, conflicting domains.
+
+The parser (:mod:`ratune.data.apibench`) checks each row on its own; the checks here need
+several rows or several files at once:
+
+* **Duplicates** (:func:`find_duplicates`, :func:`dedupe`): training examples with the same
+  instruction (after whitespace and case normalisation, :func:`normalise`) and the same API
+  (:func:`~ratune.data.apibench.api_identity` of the gold document). The first in file order is
+  kept, the others removed and reported.
+* **Leakage** (:func:`find_leakage`, :func:`check_leakage`, :func:`drop_leaked`): an eval
+  instruction that also appears among the training instructions, exactly, after normalisation, or
+  as a near-duplicate (token-set Jaccard >= :data:`NEAR_DUPLICATE_JACCARD`). Each pair names the
+  train line and the eval line.
+* **Conflicting domains** (:func:`conflicting_domains`): API-database entries that repeat the same
+  call with different ``domain`` values. The official Gorilla scorer walks the database in file
+  order and the first matching entry decides the domain (``shared/scoring/official_semantics.md``,
+  section 5), so ratune reports each such call once, with that rule and the domain it yields.
+
+:class:`ValidationReport` gathers the three for the data manifest; :func:`validate_splits` runs
+them all on the parsed splits of one hub and applies the duplicate and leakage policies.
+
+Measured on the released files (the shared APIBench copy, Gorilla commit 6ea5797): TorchHub train
+has no duplicates and shares no instruction with TorchHub eval (exact 0, normalised 0, near 0;
+the most similar eval/train pair has Jaccard 0.69). The API databases repeat calls under
+different domains 0 times (TorchHub), 3 times (HuggingFace, 33 entries) and 4 times (TensorFlow
+Hub, 247 entries).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from ratune.data.apibench import Example, api_identity
+from ratune.errors import RatuneError
+
+#: Token-set Jaccard similarity at or above which an eval instruction counts as a near-duplicate
+#: of a training instruction. 0.9 means "the same request with one word changed": an instruction
+#: of n distinct tokens stays at or above it after a change of punctuation, case or word order
+#: (1.0), one added or removed word (n/(n+1), n >= 9) or one substituted word ((n-1)/(n+1),
+#: n >= 19; the median APIBench instruction has 18-20 distinct tokens, the 95th percentile 27-33).
+#: Two edits fall below it ((n-2)/(n+2) < 0.9 up to n = 37). Distinct requests stay far below
+#: it even though APIBench instructions are self-instruct paraphrases of a few templates
+#: ("Recommend an API that can ..."): on the real files the highest TorchHub eval/train
+#: similarity is 0.69 (9/13) and the highest train/train similarity 0.77, so 0.9 leaves a wide
+#: margin against false alarms while still catching copies with a cosmetic edit.
+NEAR_DUPLICATE_JACCARD = 0.9
+
+#: Kinds of leakage, strongest first; a (train, eval) pair is reported once, with its strongest kind.
+LEAK_KINDS = ("exact", "normalised", "near")
+
+#: What :func:`validate_splits` does with leaked training rows: raise (``error``), remove them from
+#: the training split (``drop``) or keep them and only report (``allow``).
+LEAKAGE_POLICIES = ("error", "drop", "allow")
+
+#: How many pairs an error message lists before "... and N more".
+MAX_PAIRS_IN_MESSAGE = 5
+
+#: The rule that decides the domain of an API listed with several domains.
+DOMAIN_RULE = ("first entry in file order wins (as the official Gorilla scorer, which returns the first "
+               "matching database entry)")
+
+_TOKEN = re.compile(r"\w+")
+
+
+def normalise(text: str) -> str:
+    """Instruction text for duplicate and leakage checks: case-folded, whitespace runs -> one space, stripped."""
+    return " ".join(text.casefold().split())
+
+
+def tokens(text: str) -> frozenset[str]:
+    """The set of case-folded word tokens (``\\w+``) of a text; punctuation and order are ignored."""
+    return frozenset(_TOKEN.findall(text.casefold()))
+
+
+def jaccard(a: frozenset | set, b: frozenset | set) -> float:
+    """``|a & b| / |a | b|``; 0.0 when both are empty."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Duplicates
+
+
+def find_duplicates(examples: Sequence[Example]) -> list[list[Example]]:
+    """Groups of duplicate examples: same :func:`normalise`'d instruction and same API identity.
+
+    Returns:
+        One list per group of two or more, its examples in input (file) order; groups ordered by
+        their first example. The first example of each group is the one :func:`dedupe` keeps.
+        The same instruction with a different API is not a duplicate (it is a different label).
+    """
+    groups: dict[tuple[str, str], list[Example]] = {}
+    for ex in examples:
+        groups.setdefault((normalise(ex.instruction), api_identity(ex.api)), []).append(ex)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def dedupe(examples: Sequence[Example]) -> tuple[list[Example], list[Example]]:
+    """Remove duplicate examples (see :func:`find_duplicates`), keeping the first of each group.
+
+    Returns:
+        ``(kept, removed)``, both in input order; ``len(kept) + len(removed) == len(examples)``.
+    """
+    seen: set[tuple[str, str]] = set()
+    kept, removed = [], []
+    for ex in examples:
+        key = (normalise(ex.instruction), api_identity(ex.api))
+        (removed if key in seen else kept).append(ex)
+        seen.add(key)
+    return kept, removed
+
+
+# --------------------------------------------------------------------------------------------
+# Leakage
+
+
+@dataclass(frozen=True)
+class LeakPair:
+    """An eval instruction found in the training data.
+
+    Attributes:
+        train_line: 1-based line of the training example.
+        eval_line: 1-based line of the eval example (its question_id).
+        kind: ``exact`` (identical text), ``normalised`` (identical after :func:`normalise`) or
+            ``near`` (token-set Jaccard >= the threshold).
+        similarity: the token-set Jaccard similarity (1.0 for most exact/normalised pairs).
+    """
+
+    train_line: int
+    eval_line: int
+    kind: str
+    similarity: float
+
+
+def find_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *,
+                 near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> list[LeakPair]:
+    """Every (train, eval) pair whose instructions are equal, equal after normalisation, or near.
+
+    Args:
+        train_examples: the training examples (any hub; only instructions are compared).
+        eval_examples: the held-out examples.
+        near_threshold: Jaccard threshold for ``near`` pairs; None checks exact and normalised only.
+    Returns:
+        Pairs sorted by (eval_line, train_line); each pair once, with its strongest kind. An eval
+        instruction that matches several training rows gives several pairs.
+
+    Near pairs are found with a prefix filter (Chaudhuri et al., 2006; Bayardo et al., 2007): with
+    tokens ordered rarest first, two sets with Jaccard >= t share a token within the first
+    ``n - ceil(t * n) + 1`` tokens of each, so only pairs sharing such a token are compared. The
+    result equals the all-pairs comparison (a test checks it on the real files).
+    """
+    pairs: dict[tuple[int, int], LeakPair] = {}
+    exact: dict[str, list[int]] = defaultdict(list)
+    normal: dict[str, list[int]] = defaultdict(list)
+    train_tokens = [tokens(ex.instruction) for ex in train_examples]
+    for ex in train_examples:
+        exact[ex.instruction].append(ex.line)
+        normal[normalise(ex.instruction)].append(ex.line)
+    eval_tokens = [tokens(ex.instruction) for ex in eval_examples]
+    train_tok_by_line = {ex.line: t for ex, t in zip(train_examples, train_tokens)}
+    for ex, toks in zip(eval_examples, eval_tokens):
+        for line in exact.get(ex.instruction, ()):
+            pairs[(line, ex.line)] = LeakPair(line, ex.line, "exact", jaccard(train_tok_by_line[line], toks))
+        for line in normal.get(normalise(ex.instruction), ()):
+            if (line, ex.line) not in pairs:
+                pairs[(line, ex.line)] = LeakPair(line, ex.line, "normalised",
+                                                  jaccard(train_tok_by_line[line], toks))
+    if near_threshold is not None:
+        if not 0.0 < near_threshold <= 1.0:
+            raise RatuneError(f"near-duplicate threshold must be in (0, 1], got {near_threshold}")
+        for i, j, sim in _similar_pairs(train_tokens, eval_tokens, near_threshold):
+            key = (train_examples[i].line, eval_examples[j].line)
+            if key not in pairs:
+                pairs[key] = LeakPair(key[0], key[1], "near", sim)
+    return sorted(pairs.values(), key=lambda p: (p.eval_line, p.train_line))
+
+
+def _prefix(toks: frozenset[str], df: Counter, threshold: float) -> list[str]:
+    ordered = sorted(toks, key=lambda t: (df[t], t))  # rarest first; ties by text (deterministic)
+    n = len(ordered)
+    keep = n - math.ceil(threshold * n - 1e-9) + 1  # rounding can only lengthen the prefix (safe)
+    return ordered[:keep]
+
+
+def _similar_pairs(left: Sequence[frozenset], right: Sequence[frozenset], threshold: float):
+    """``(i, j, jaccard)`` for every pair with Jaccard >= threshold (empty sets never match)."""
+    df = Counter(t for s in (*left, *right) for t in s)
+    index: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(left):
+        if s:
+            for t in _prefix(s, df, threshold):
+                index[t].append(i)
+    for j, s in enumerate(right):
+        if not s:
+            continue
+        candidates = {i for t in _prefix(s, df, threshold) for i in index.get(t, ())}
+        for i in sorted(candidates):
+            sim = jaccard(left[i], s)
+            if sim >= threshold:
+                yield i, j, sim
+
+
+def format_pairs(pairs: Sequence[LeakPair], train_path, eval_path, limit: int = MAX_PAIRS_IN_MESSAGE) -> str:
+    """``train_file:line <-> eval_file:line (kind, jaccard)`` for the first ``limit`` pairs, one per line."""
+    lines = [f"  {train_path}:{p.train_line} <-> {eval_path}:{p.eval_line} ({p.kind}, jaccard {p.similarity:.2f})"
+             for p in pairs[:limit]]
+    if len(pairs) > limit:
+        lines.append(f"  ... and {len(pairs) - limit} more")
+    return "\n".join(lines)
+
+
+def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, train_path,
+                  eval_path, allow: bool = False,
+                  near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> list[LeakPair]:
+    """Find leakage (:func:`find_leakage`) and raise unless there is none or it is allowed.
+
+    Args:
+        train_path, eval_path: the files the examples came from (named in the message).
+        allow: report only; never raise.
+    Returns:
+        The pairs (empty when clean).
+    Raises:
+        RatuneError: when pairs exist and ``allow`` is False; the message counts the pairs per
+            kind and lists the first :data:`MAX_PAIRS_IN_MESSAGE` as ``train:line <-> eval:line``.
+    """
+    pairs = find_leakage(train_examples, eval_examples, near_threshold=near_threshold)
+    if pairs and not allow:
+        counts = Counter(p.kind for p in pairs)
+        summary = ", ".join(f"{counts[k]} {k}" for k in LEAK_KINDS if counts[k])
+        raise RatuneError(
+            f"train/eval leakage: {len({p.eval_line for p in pairs})} eval instruction(s) also in the training data, "
+            f"{len(pairs)} pair(s) ({summary}; near = token-set Jaccard >= {near_threshold}):\n{format_pairs(pairs, train_path, eval_path)}\n"
+            f"Remove them from {train_path}, or choose the leakage policy 'drop' (remove the leaked training rows) "
+            f"or 'allow' (keep them, report only)")
+    return pairs
+
+
+def drop_leaked(train_examples: Sequence[Example], eval_examples: Sequence[Example], *,
+                near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> tuple[list[Example], list[LeakPair]]:
+    """Remove the training examples that leak into the eval set (the eval set is never touched).
+
+    Returns:
+        ``(kept, dropped_pairs)``: the training examples in no pair, in input order, and the pairs
+        that caused a drop (a training row in several pairs is dropped once).
+    """
+    pairs = find_leakage(train_examples, eval_examples, near_threshold=near_threshold)
+    leaked = {p.train_line for p in pairs}
+    return [ex for ex in train_examples if ex.line not in leaked], pairs
+
+
+# --------------------------------------------------------------------------------------------
+# Conflicting domains
+
+
+@dataclass(frozen=True)
+class DomainConflict:
+    """One API call listed in the database under more than one domain.
+
+    Attributes:
+        api_call: the call as the first entry writes it.
+        identity: :func:`~ratune.data.apibench.api_identity` of the call (whitespace removed).
+        entries: 1-based positions (lines, for a file without blank lines) of every entry with
+            this call, in file order.
+        domains: the distinct domains, in order of first appearance.
+        domain: the domain that counts (``domains[0]``), by :data:`DOMAIN_RULE`.
+        decided_by: the entry that decides it (``entries[0]``).
+        rule: :data:`DOMAIN_RULE`.
+    """
+
+    api_call: str
+    identity: str
+    entries: tuple[int, ...]
+    domains: tuple[str, ...]
+    domain: str
+    decided_by: int
+    rule: str = DOMAIN_RULE
+
+
+def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | None = None) -> list[DomainConflict]:
+    """API calls that the database lists more than once with different ``domain`` values.
+
+    Args:
+        api_database: the documents in file order (:func:`~ratune.data.apibench.load_api_database`).
+        lines: the documents' line numbers, when they are not simply 1..n.
+    Returns:
+        One :class:`DomainConflict` per call (never one per entry), ordered by first entry.
+        Repeats with the same domain are not conflicts. Domains are compared after stripping
+        surrounding whitespace.
+    """
+    if lines is None:
+        lines = range(1, len(api_database) + 1)
+    by_call: dict[str, list[tuple[int, dict]]] = {}
+    for line, doc in zip(lines, api_database):
+        by_call.setdefault(api_identity(doc), []).append((line, doc))
+    out = []
+    for identity, entries in by_call.items():
+        domains = tuple(dict.fromkeys(doc["domain"].strip() for _, doc in entries))
+        if len(domains) > 1:
+            out.append(DomainConflict(api_call=entries[0][1]["api_call"], identity=identity,
+                                      entries=tuple(line for line, _ in entries), domains=domains,
+                                      domain=domains[0], decided_by=entries[0][0]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The report and the one-call entry point for the data build
+
+
+@dataclass
+class ValidationReport:
+    """What the data checks found and did, for the data manifest (:meth:`to_manifest`).
+
+    Attributes:
+        duplicate_groups: per group of duplicate training examples, their lines (first kept).
+        duplicates_removed: training rows removed as duplicates.
+        leakage_policy: one of :data:`LEAKAGE_POLICIES` (None when there was nothing to compare).
+        near_threshold: the Jaccard threshold used for near-duplicates.
+        leak_pairs: every (train, eval) leakage pair.
+        leaked_train_rows_dropped: training rows removed for leakage (policy ``drop``).
+        domain_conflicts: the API database's conflicting-domain calls.
+    """
+
+    duplicate_groups: list[list[int]] = field(default_factory=list)
+    duplicates_removed: int = 0
+    leakage_policy: str | None = None
+    near_threshold: float | None = NEAR_DUPLICATE_JACCARD
+    leak_pairs: list[LeakPair] = field(default_factory=list)
+    leaked_train_rows_dropped: int = 0
+    domain_conflicts: list[DomainConflict] = field(default_factory=list)
+
+    def leak_counts(self) -> dict[str, int]:
+        """Pairs per kind (all of :data:`LEAK_KINDS`, zeros included)."""
+        counts = Counter(p.kind for p in self.leak_pairs)
+        return {k: counts[k] for k in LEAK_KINDS}
+
+    def to_manifest(self) -> dict:
+        """A JSON-serialisable summary, deterministic for the same inputs."""
+        return {
+            "duplicates": {"removed": self.duplicates_removed, "groups": len(self.duplicate_groups),
+                           "group_lines": [list(g) for g in self.duplicate_groups]},
+            "leakage": {"policy": self.leakage_policy, "near_threshold": self.near_threshold,
+                        "pairs": len(self.leak_pairs), "by_kind": self.leak_counts(),
+                        "eval_lines": len({p.eval_line for p in self.leak_pairs}),
+                        "train_rows_dropped": self.leaked_train_rows_dropped,
+                        "pair_list": [asdict(p) for p in self.leak_pairs]},
+            "domain_conflicts": {"calls": len(self.domain_conflicts),
+                                 "entries": sum(len(c.entries) for c in self.domain_conflicts),
+                                 "rule": DOMAIN_RULE,
+                                 "list": [{"api_call": c.api_call, "entries": list(c.entries),
+                                           "domains": list(c.domains), "domain": c.domain,
+                                           "decided_by": c.decided_by} for c in self.domain_conflicts]},
+        }
+
+    def summary(self) -> str:
+        """One line for the printed build summary."""
+        lc = self.leak_counts()
+        return (f"duplicates removed {self.duplicates_removed}; leakage {len(self.leak_pairs)} pair(s) "
+                f"(exact {lc['exact']}, normalised {lc['normalised']}, near {lc['near']}; policy "
+                f"{self.leakage_policy}, train rows dropped {self.leaked_train_rows_dropped}); "
+                f"API calls with conflicting domains {len(self.domain_conflicts)} ({DOMAIN_RULE.split(' (')[0]})")
+
+
+def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dict] | None, *, train_path=None,
+                    eval_path=None, dedupe_train: bool = True, leakage: str = "error",
+                    near_threshold: float | None = NEAR_DUPLICATE_JACCARD
+                    ) -> tuple[dict[str, list[Example]], ValidationReport]:
+    """Run every check on one hub's parsed splits; return the (possibly reduced) splits and the report.
+
+    Order: duplicates are removed from ``train`` first, then leakage is checked between what is
+    left of ``train`` and ``eval`` and handled by ``leakage``; the database is only reported on.
+    The ``eval`` split is never changed (its lines are the paper's question_ids).
+
+    Args:
+        splits: ``{"train": [...], "eval": [...]}``; either may be absent.
+        api_database: the hub's API database in file order, or None to skip that check.
+        train_path, eval_path: the example files (named in the leakage error).
+        dedupe_train: remove duplicate training examples (True) or only report them.
+        leakage: one of :data:`LEAKAGE_POLICIES`.
+        near_threshold: see :func:`find_leakage`.
+    Raises:
+        RatuneError: unknown policy, or leakage under policy ``error``.
+    """
+    if leakage not in LEAKAGE_POLICIES:
+        raise RatuneError(f"unknown leakage policy {leakage!r}: expected one of {', '.join(LEAKAGE_POLICIES)}")
+    out = dict(splits)
+    report = ValidationReport(near_threshold=near_threshold)
+    if "train" in out:
+        report.duplicate_groups = [[ex.line for ex in g] for g in find_duplicates(out["train"])]
+        if dedupe_train:
+            out["train"], removed = dedupe(out["train"])
+            report.duplicates_removed = len(removed)
+    if "train" in out and "eval" in out:
+        report.leakage_policy = leakage
+        if leakage == "drop":
+            out["train"], report.leak_pairs = drop_leaked(out["train"], out["eval"], near_threshold=near_threshold)
+            report.leaked_train_rows_dropped = len({p.train_line for p in report.leak_pairs})
+        else:
+            report.leak_pairs = check_leakage(out["train"], out["eval"], train_path=train_path, eval_path=eval_path,
+                                              allow=leakage == "allow", near_threshold=near_threshold)
+    if api_database is not None:
+        report.domain_conflicts = conflicting_domains(api_database)
+    return out, report
