@@ -6,6 +6,7 @@
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
     ratune report           the Table 2 matrix from eval folders
+    ratune export           safetensors + tokenizer + generation config + model card; --push-to-hub
     ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
 
@@ -140,6 +141,12 @@ def _compare(args) -> int:
     return cli_compare(args)
 
 
+def _export(args) -> int:
+    from ratune.train.export import cli_export
+
+    return cli_export(args)
+
+
 def _demo(args) -> int:
     from ratune.demo import run_demo
 
@@ -219,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     cp = stages.add_parser("compare", help="paired comparison of two response files or eval cells")
     add_compare_arguments(cp)
     cp.set_defaults(func=_compare)
+
+    from ratune.train.export import add_export_arguments
+
+    ex = stages.add_parser("export", help="merged safetensors checkpoint + model card; push when asked")
+    add_export_arguments(ex)
+    ex.set_defaults(func=_export)
 
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
     d.add_argument("--config", default=None, help="demo config (default configs/demo.yaml)")

@@ -85,7 +85,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None) -> i
     for arm in cfg.arms:
         run_dir = out / f"train_{arm}"
         train_cfg = validate(TrainConfig, {
-            "model": str(model_path), "data_dir": str(data_dir), "train_retriever": arm, "output_dir": str(run_dir),
+            "model": cfg.model, "data_dir": str(data_dir), "train_retriever": arm, "output_dir": str(run_dir),
             "hub": cfg.hub, "max_length": cfg.data.max_length, "torch_threads": cfg.torch_threads, **cfg.train,
         }, f"{path}: train")
         t0 = time.time()

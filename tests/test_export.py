@@ -1,0 +1,242 @@
+"""`ratune export`: a tiny LoRA run (1 step) exported, reloaded with from_pretrained and compared
+greedy answer by greedy answer with the checkpoint; model card metadata; the hub push intercepted
+(no network); the token never written; the vocabulary check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ratune.errors import RatuneError
+
+BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FAKE_TOKEN = "hf_FAKE_SECRET_123"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, apibench, tiny_model_dir, smol_tokenizer):
+    """A complete `ratune train` run folder: tiny Llama, oracle mode, LoRA r=4, one step."""
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    root = tmp_path_factory.mktemp("export_run")
+    build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=root / "data", tokenizer=smol_tokenizer,
+                  tokenizer_name="tiny", modes=["oracle"], progress=False,
+                  settings=BuildSettings(max_length=512, max_document_tokens=64))
+    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(root / "data"), train_retriever="oracle",
+                      output_dir=str(root / "run"), max_length=512, global_batch_size=2, per_device_batch_size=2,
+                      max_steps=1, max_examples=4, learning_rate=5e-2, warmup_ratio=0.0,
+                      lr_scheduler="constant",  # the one step must move the weights
+                      lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    train(cfg)
+    return root
+
+
+def _prompts(root: Path, tokenizer, n: int = 3) -> list[list[int]]:
+    from datasets import load_from_disk
+
+    from ratune.data.prompt import encode_prompt
+
+    rows = load_from_disk(str(root / "data" / "oracle"))["eval"].select(range(n))
+    return [encode_prompt(tokenizer, r["user_turn"]) for r in rows]
+
+
+def _answers(folder: Path, prompts) -> list[str]:
+    from ratune.eval.generate import generate_all
+    from ratune.train.model import load_model, load_tokenizer
+
+    return generate_all(load_model(folder), load_tokenizer(folder), prompts, batch_size=3, max_new_tokens=12)
+
+
+def _table2(path: Path) -> Path:
+    from ratune.eval.report import make_cell, write_table2
+
+    cells = [make_cell("oracle", "0_shot", {"n": 4, "accuracy": 0.25, "hallucination": 0.5, "error": 0.25}),
+             make_cell("oracle", "bm25", {"n": 4, "accuracy": 0.75, "hallucination": 0.0, "error": 0.25}),
+             make_cell("none", "0_shot", {"n": 4, "accuracy": 0.0, "hallucination": 1.0, "error": 0.0})]
+    write_table2(cells, hub="torchhub", model="tiny", out_dir=path)
+    return path / "table2.json"
+
+
+def _all_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_export_reloads_same_answers_and_card(run, tmp_path, smol_tokenizer):
+    from huggingface_hub import ModelCard
+    from transformers import GenerationConfig
+
+    from ratune.train.export import export_checkpoint
+
+    out = export_checkpoint(run / "run", tmp_path / "exported", table2=_table2(tmp_path / "report"),
+                            base_model=BASE_ID)
+    assert out == tmp_path / "exported" and not (tmp_path / "exported.tmp").exists()
+    files = set(_all_bytes(out))
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "README.md",
+            "ratune_export.json"} <= files
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    assert "ratune_manifest.json" not in files and "manifest.json" not in files  # local paths stay home
+
+    prompts = _prompts(run, smol_tokenizer)
+    expected = _answers(run / "run" / "model", prompts)
+    assert _answers(out, prompts) == expected
+    assert any(expected), "the tiny model should generate something"
+
+    gen = GenerationConfig.from_pretrained(out)
+    assert gen.eos_token_id == smol_tokenizer.eos_token_id and gen.pad_token_id is not None
+    assert gen.do_sample is False
+
+    card = ModelCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["base_model"] == BASE_ID and data["license"] == "apache-2.0"
+    assert data["library_name"] == "transformers" and data["datasets"] == ["gorilla-llm/APIBench"]
+    assert {"ratune", "gorilla", "api-calling", "retriever-aware-training", "train-retriever-oracle"} <= set(
+        data["tags"])
+    assert [r.metric_value for r in card.data.eval_results] == [0.25, 0.75]
+    text = card.text
+    assert "train-time retrieval `oracle`" in text and "| learning rate | 0.05" in text
+    assert "| global batch | 2 = 2 per device x 1 accumulation x 1 processes |" in text
+    assert "1 optimizer step (max_steps 1)" in text and "rank 4, alpha 8" in text
+    assert "| max length | 512 tokens (documents cut to 64) |" in text
+    data_inputs = json.loads((run / "data" / "manifest.json").read_text())["inputs"]
+    for name, sha in data_inputs.items():
+        assert f"| {name} | `{sha}` |" in text
+    assert "| 0_shot | 25.0 [" in text and "| bm25 | 75.0 [" in text and "| 4 |" in text
+    assert "100.0" not in text.split("## Results")[1].split("## Export")[0]  # the `none` row is not this run's
+    meta = json.loads((out / "ratune_export.json").read_text())
+    assert meta["vocabulary"] == {"embedding_rows": len(smol_tokenizer), "tokenizer_length": len(smol_tokenizer)}
+
+    # the folder is refused as a target once it holds something
+    with pytest.raises(RatuneError, match="exists and is not empty"):
+        export_checkpoint(run / "run", out)
+
+
+def test_merge_lora_from_adapter_gives_same_answers(run, tmp_path, smol_tokenizer, tiny_model_dir):
+    from ratune.train.export import export_checkpoint
+
+    assert (run / "run" / "adapter" / "adapter_config.json").exists()
+    out = export_checkpoint(run / "run", tmp_path / "merged", merge_lora=True)
+    prompts = _prompts(run, smol_tokenizer, n=2)
+    trained = _answers(run / "run" / "model", prompts)
+    assert _answers(out, prompts) == trained
+    assert _answers(tiny_model_dir, prompts) != trained  # the adapter did change the model: merging mattered
+    meta = json.loads((out / "ratune_export.json").read_text())
+    assert meta["source"]["merged_lora_at_export"] is True
+    assert meta["base_model"] is None  # a local base folder is not a hub id
+
+
+def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    from ratune.train.export import export_checkpoint
+
+    sent = {}
+
+    def fake_create_repo(self, repo_id, **kw):
+        sent["create"] = {"repo_id": repo_id, "token": self.token, **kw}
+        return f"https://huggingface.co/{repo_id}"
+
+    def fake_upload_folder(self, *, repo_id, folder_path, **kw):
+        sent["upload"] = {"repo_id": repo_id, "folder": Path(folder_path), "token": self.token,
+                          "files": sorted(str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*"))}
+
+    monkeypatch.setattr(HfApi, "create_repo", fake_create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", fake_upload_folder)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    out = export_checkpoint(run / "run", tmp_path / "pushed", push_to_hub="someone/ratune-tiny-oracle",
+                            private=True, base_model=BASE_ID)
+    assert sent["create"]["repo_id"] == "someone/ratune-tiny-oracle" and sent["create"]["private"] is True
+    assert sent["create"]["token"] == FAKE_TOKEN and sent["upload"]["token"] == FAKE_TOKEN
+    assert sent["upload"]["repo_id"] == "someone/ratune-tiny-oracle" and sent["upload"]["folder"] == out
+    assert {"README.md", "model.safetensors", "config.json", "generation_config.json",
+            "tokenizer.json"} <= set(sent["upload"]["files"])
+    for name, content in _all_bytes(out).items():
+        assert FAKE_TOKEN.encode() not in content, name
+
+
+def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+    from huggingface_hub import HfApi
+
+    from ratune.cli import run_guarded
+    from ratune.train.export import add_export_arguments, cli_export
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no_token"))
+    assert huggingface_hub.get_token() is None
+
+    def boom(*a, **k):
+        raise AssertionError("the hub must not be called")
+
+    monkeypatch.setattr(HfApi, "create_repo", boom)
+    monkeypatch.setattr(HfApi, "upload_folder", boom)
+    import ratune.train.model as model_module
+
+    monkeypatch.setattr(model_module, "load_model", boom)  # nothing may be loaded either
+
+    parser = add_export_arguments(argparse.ArgumentParser())
+    args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "x"), "--push-to-hub", "someone/m",
+                              "--private"])
+    assert run_guarded(lambda: cli_export(args)) == 2
+    assert "no Hugging Face token" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.tmp").exists()
+
+    args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "y"), "--private"])
+    assert run_guarded(lambda: cli_export(args)) == 2
+    assert "--private only applies with --push-to-hub" in capsys.readouterr().err
+
+
+def test_vocabulary_added_without_resize_is_refused(tiny_model_dir, tmp_path, smol_tokenizer):
+    from transformers import AutoTokenizer
+
+    from ratune.train.export import check_vocabulary, export_checkpoint
+
+    folder = tmp_path / "grown"
+    shutil.copytree(tiny_model_dir, folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"pad_token": "<|new_pad|>"})
+    tok.save_pretrained(folder)
+    n = len(smol_tokenizer)
+    with pytest.raises(RatuneError, match=rf"has {n} embedding rows but the tokenizer has {n + 1} tokens"):
+        export_checkpoint(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+
+    # padding rows are fine only when the base model had them (not resized during training)
+    class Fake:
+        def __init__(self, rows):
+            import torch
+
+            self.emb = torch.nn.Embedding(rows, 2)
+
+        def get_input_embeddings(self):
+            return self.emb
+
+        def get_output_embeddings(self):
+            return None
+
+    assert check_vocabulary(Fake(n + 64), smol_tokenizer, base_rows=n + 64)["embedding_rows"] == n + 64
+    with pytest.raises(RatuneError, match=rf"{n + 64} embedding rows .* {n} tokens, and the base model had {n}"):
+        check_vocabulary(Fake(n + 64), smol_tokenizer, base_rows=n)
+
+
+def test_eval_dirs_give_the_row_and_foreign_cells_are_refused(tmp_path):
+    from ratune.io import write_json
+    from ratune.train.export import _table2_cells
+
+    model = tmp_path / "run" / "model"
+    model.mkdir(parents=True)
+    cell = tmp_path / "eval" / "oracle"
+    write_json(cell / "metrics.json", {"n": 5, "accuracy": 0.4, "hallucination": 0.4, "error": 0.2})
+    write_json(cell / "identity.json", {"checkpoint": str(model.resolve()), "hub": "torchhub"})
+    (cell / ".complete").write_text("complete\n")
+    (tmp_path / "eval" / "bm25").mkdir()  # unfinished: skipped, never shown as zero
+    cells, hub = _table2_cells("none", None, [tmp_path / "eval"], model)
+    assert hub == "torchhub" and [(c["test_retriever"], c["n"], c["correct_n"]) for c in cells] == [("oracle", 5, 2)]
+    with pytest.raises(RatuneError, match="measured on"):
+        _table2_cells("none", None, [tmp_path / "eval"], tmp_path / "other")
