@@ -2,6 +2,7 @@
 
     ratune data build       APIBench -> chats per train-time retrieval mode (datasets + manifest)
     ratune retrieval eval   retrieval quality (top-1, recall@k, NDCG@k) per retriever
+    ratune plan             per-GPU memory (weights, gradients, optimizer, activations) and ideal hours
     ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
@@ -147,6 +148,12 @@ def _export(args) -> int:
     return cli_export(args)
 
 
+def _plan(args) -> int:
+    from ratune.train.plan import cli_plan
+
+    return cli_plan(args)
+
+
 def _demo(args) -> int:
     from ratune.demo import run_demo
 
@@ -226,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     cp = stages.add_parser("compare", help="paired comparison of two response files or eval cells")
     add_compare_arguments(cp)
     cp.set_defaults(func=_compare)
+
+    from ratune.train.plan import add_plan_arguments
+
+    pl = stages.add_parser("plan", help="per-GPU memory and ideal time of a training config")
+    add_plan_arguments(pl)
+    pl.set_defaults(func=_plan)
 
     from ratune.train.export import add_export_arguments
 

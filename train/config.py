@@ -44,6 +44,9 @@ class TrainConfig(BaseModel):
         max_steps: stop after this many optimizer steps (overrides num_epochs when set).
         max_examples: train on the first N examples after a seeded shuffle (CPU demo).
         chat_template: ``chatml`` to give a tokenizer without a chat template the ChatML one.
+        load_in_4bit: QLoRA (Dettmers et al., 2023): load the frozen base in 4-bit NF4 with
+            bitsandbytes (optional extra ``qlora``; CUDA only) and train LoRA on top; needs
+            ``lora.enabled``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,11 +79,14 @@ class TrainConfig(BaseModel):
     save_steps: int | None = Field(None, ge=1)
     chat_template: Literal["chatml"] | None = None
     trust_remote_code: bool = False
+    load_in_4bit: bool = False
 
     @model_validator(mode="after")
     def _check(self):
         if self.bf16 and self.dtype == "float16":
             raise ValueError("bf16: true contradicts dtype: float16")
+        if self.load_in_4bit and not self.lora.enabled:
+            raise ValueError("load_in_4bit: true (QLoRA) needs lora.enabled: true; 4-bit weights cannot be trained")
         return self
 
     def resolve_batch(self, num_processes: int) -> tuple[int, int]:

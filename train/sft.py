@@ -72,6 +72,41 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     return {"input_ids": input_ids, "labels": labels}, stats
 
 
+def require_qlora() -> None:
+    """Check that QLoRA (``load_in_4bit: true``) can run here: bitsandbytes installed and CUDA present.
+
+    Raises:
+        RatuneError: naming what is missing and how to get it.
+    """
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RatuneError("load_in_4bit: true (QLoRA) needs bitsandbytes, which is not installed: "
+                          "pip install -e '.[qlora]' on a machine with a CUDA GPU, or use a LoRA config "
+                          "(configs/train/llama7b_rat_paper_lora.yaml)")
+    if not torch.cuda.is_available():
+        raise RatuneError("load_in_4bit: true (QLoRA) needs a CUDA GPU (bitsandbytes 4-bit), and none is "
+                          "available here; use a LoRA config (configs/train/llama7b_rat_paper_lora.yaml) on CPU")
+
+
+def _load_4bit(model_path, config: TrainConfig):
+    """The base model in 4-bit NF4 with double quantization and bf16 compute, prepared for k-bit
+    training (peft), as in QLoRA."""
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_path), quantization_config=quant, dtype=torch.bfloat16,
+        trust_remote_code=config.trust_remote_code, use_safetensors=True,
+        device_map={"": int(os.environ.get("LOCAL_RANK", "0"))})
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
+
+
 def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -120,6 +155,8 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
 
     set_torch_threads(config.torch_threads)
+    if config.load_in_4bit:
+        require_qlora()  # before any folder is made or model loaded
     nproc = _num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
     out = _prepare_output_dir(config, resume_from)
@@ -132,7 +169,10 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     columns, stats = load_training_rows(config, tokenizer)
     dataset = Dataset.from_dict(columns)
 
-    model = load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
+    if config.load_in_4bit:
+        model = _load_4bit(model_path, config)
+    else:
+        model = load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
     if config.lora.enabled:
         from peft import LoraConfig, get_peft_model
 

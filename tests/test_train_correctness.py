@@ -1,0 +1,219 @@
+"""Training correctness on CPU (issue 4 items 3 and 5): gradient accumulation is loss-equivalent,
+and a run killed with SIGKILL after a checkpoint resumes to the same learning rates and weights.
+
+Both use the real path (ratune.train.sft.train -> TRL SFTTrainer) on the tiny random Llama and a
+small hand-made data folder whose answers have very different lengths (1 to ~150 words), so a
+per-micro-batch mean (the bug public pipelines shipped) would give a different loss and gradient
+than the per-token mean over the whole accumulated batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ratune.errors import RatuneError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _make_data(folder: Path, n: int = 8) -> Path:
+    """A complete `ratune data build`-shaped folder with ``n`` rows in mode ``none``."""
+    from datasets import Dataset, DatasetDict
+
+    from ratune.manifest import mark_complete
+
+    words = "load the pretrained model from torch hub and run it on the image".split()
+    rows = {"user_turn": [], "completion": [], "line": []}
+    lengths = [1, 150, 3, 60, 2, 110, 8, 30, 5, 90, 4, 45][:n]
+    for i, k in enumerate(lengths):
+        rows["user_turn"].append(f"Question {i}: which API classifies images of {'cats' if i % 2 else 'dogs'}?")
+        rows["completion"].append(" ".join(words[(i + j) % len(words)] for j in range(k)))
+        rows["line"].append(i + 1)
+    DatasetDict({"train": Dataset.from_dict(rows)}).save_to_disk(str(folder / "none"))
+    mark_complete(folder)
+    return folder
+
+
+def _config(tiny_model_dir, data, out, **kw):
+    from ratune.train.config import TrainConfig
+
+    base = dict(model=str(tiny_model_dir), data_dir=str(data), train_retriever="none", output_dir=str(out),
+                max_length=512, learning_rate=1e-3, warmup_ratio=0.0, lr_scheduler="constant", seed=0,
+                torch_threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+@pytest.fixture
+def capture_grads(monkeypatch):
+    """Patch trl.SFTTrainer (imported inside train()) so each run records the gradients seen just
+    before its first optimizer step (after clipping: transformers clips, then calls
+    on_pre_optimizer_step) and the loss tensors of each micro-batch."""
+    import trl
+    from transformers import TrainerCallback
+
+    records = []
+
+    class Capture(TrainerCallback):
+        def __init__(self, record):
+            self.record = record
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            if "grads" not in self.record:
+                self.record["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                                        if p.grad is not None}
+
+    class Recording(trl.SFTTrainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.record = {"num_items": []}
+            records.append(self.record)
+            self.add_callback(Capture(self.record))
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            self.record["num_items"].append(None if num_items_in_batch is None else int(num_items_in_batch))
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    monkeypatch.setattr(trl, "SFTTrainer", Recording)
+    return records
+
+
+def test_gradient_accumulation_is_loss_equivalent(tmp_path, tiny_model_dir, capture_grads):
+    """Global batch 8 as 8x1, 2x4 and 1x8 (micro-batch x accumulation): same first-step loss,
+    gradient norm, gradients (1e-5) and updated weights, with answers of 1 to 150 words."""
+    import torch
+
+    from ratune.train.sft import train
+
+    data = _make_data(tmp_path / "data")
+    runs = {}
+    for micro, accum in [(8, 1), (2, 4), (1, 8)]:
+        out = tmp_path / f"run_{micro}x{accum}"
+        cfg = _config(tiny_model_dir, data, out, global_batch_size=8, per_device_batch_size=micro,
+                      gradient_accumulation_steps=accum, max_steps=1, max_examples=8)
+        final = train(cfg)
+        log = json.loads((out / "log_history.json").read_text())
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["data"]["examples"] == 8
+        assert (manifest["per_device_batch_size"], manifest["gradient_accumulation_steps"]) == (micro, accum)
+        runs[(micro, accum)] = {"loss": log[0]["loss"], "grad_norm": log[0]["grad_norm"],
+                                "weights": _weights(final), "record": capture_grads[-1]}
+
+    ref = runs[(8, 1)]
+    n_loss_tokens = ref["record"]["num_items"][0]
+    assert n_loss_tokens > 300  # the answers are long and short: the count is what is normalised by
+    for key, run in runs.items():
+        # transformers passes the loss-token count of the WHOLE accumulated batch to every micro-batch
+        assert run["record"]["num_items"] == [n_loss_tokens] * key[1], key
+        assert run["loss"] == pytest.approx(ref["loss"], abs=1e-5), key
+        assert run["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), key
+        for name, g in ref["record"]["grads"].items():
+            torch.testing.assert_close(run["record"]["grads"][name], g, atol=1e-5, rtol=0, msg=f"{key} {name}")
+        for name, w in ref["weights"].items():
+            torch.testing.assert_close(run["weights"][name], w, atol=1e-5, rtol=0, msg=f"{key} {name}")
+
+
+#: Loaded by the training subprocess through PYTHONPATH: after each checkpoint save it writes a
+#: marker and sleeps, so the test kills it at a known point (after checkpoint-2, before step 3)
+#: instead of racing a run that finishes in a second.
+_SITECUSTOMIZE = '''
+import os, time
+from pathlib import Path
+import transformers.trainer_callback as tc
+_orig = tc.CallbackHandler.on_save
+def on_save(self, args, state, control):
+    out = _orig(self, args, state, control)
+    Path(os.environ["RATUNE_TEST_SAVED"]).write_text(str(state.global_step))
+    time.sleep(120)
+    return out
+tc.CallbackHandler.on_save = on_save
+'''
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, tiny_model_dir):
+    """Kill `python -m ratune.train` with SIGKILL right after checkpoint-2, resume with
+    --resume-from latest: same learning rate and loss at every step, bit-identical final weights."""
+    import torch
+    import yaml
+
+    from ratune.train.sft import train
+
+    data = _make_data(tmp_path / "data")
+    common = dict(global_batch_size=2, per_device_batch_size=1, gradient_accumulation_steps=2, max_steps=4,
+                  max_examples=8, save_steps=2, lr_scheduler="linear", warmup_ratio=0.25)
+    train(_config(tiny_model_dir, data, tmp_path / "straight", **common))  # the uninterrupted reference
+
+    cfg = _config(tiny_model_dir, data, tmp_path / "killed", **common)
+    cfg_file = tmp_path / "killed.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg.model_dump()))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    saved = tmp_path / "saved"
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RATUNE_TEST_SAVED": str(saved)}
+    proc = subprocess.Popen([sys.executable, "-m", "ratune.train", "--config", str(cfg_file)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not saved.exists():
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.1)
+        assert saved.read_text() == "2"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    killed = tmp_path / "killed"
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "model").exists() and not (killed / ".complete").exists()
+    assert [p.name for p in (killed / "trainer").glob("checkpoint-*")] == ["checkpoint-2"]
+
+    with pytest.raises(RatuneError, match="output folder exists"):  # never reused silently
+        train(cfg)
+    train(cfg, resume_from="latest")
+
+    def steps(run):
+        log = json.loads((run / "log_history.json").read_text())
+        return [(e["step"], e["learning_rate"], e["loss"]) for e in log if "loss" in e]
+
+    straight, resumed = steps(tmp_path / "straight"), steps(killed)
+    assert [s for s, _, _ in straight] == [1, 2, 3, 4]
+    assert len({lr for _, lr, _ in straight}) > 2  # warmup then linear decay: the schedule is visible
+    assert resumed == straight  # same learning rate and loss (hence same data order) at every step
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["resumed_from"].endswith("checkpoint-2") and manifest["steps"] == 4
+    a, b = _weights(tmp_path / "straight" / "model"), _weights(killed / "model")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bit-identical on CPU
+
+
+def test_resume_from_missing_path_is_an_error(tmp_path, tiny_model_dir):
+    from ratune.train.sft import train
+
+    data = _make_data(tmp_path / "data")
+    cfg = _config(tiny_model_dir, data, tmp_path / "run", global_batch_size=2, max_steps=1)
+    with pytest.raises(RatuneError, match="--resume-from path does not exist"):
+        train(cfg, resume_from=str(tmp_path / "no_such_checkpoint"))
+    with pytest.raises(RatuneError, match="no checkpoint to resume"):
+        train(cfg, resume_from="latest")
+    assert not (tmp_path / "run" / "model").exists()

@@ -1,0 +1,287 @@
+"""``ratune plan``: per-GPU memory and ideal training time of a training config, before renting GPUs.
+
+Everything here is arithmetic on the config; no weights are loaded and no GPU is needed.
+
+Model size. The parameter count and the largest single parameter tensor come from the model's
+``config.json`` when ``model`` is a local folder (the model is instantiated on PyTorch's ``meta``
+device, which allocates nothing, and its parameters are counted, shared ones once), otherwise from
+:data:`KNOWN_MODELS` (e.g. ``huggyllama/llama-7b``: 6,738,415,616 parameters).
+
+Model states per GPU (bytes; P = parameters, N = GPUs, L1 = largest parameter tensor), following
+DeepSpeed's own estimators ``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/
+stage_1_and_2.py) and ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py),
+without offload:
+
+- ZeRO-3: ``4 L1 + 18 P / N`` in total. We attribute the 18 bytes/param as 2 (16-bit weights) +
+  4 (fp32 gradient partition) + 12 (Adam: fp32 master weights + two fp32 moments), and the
+  ``4 L1`` buffer (the largest tensor gathered whole) to the weights.
+- ZeRO-2: ``2 P + 18 P / N``: replicated 16-bit weights; 6 bytes/param of gradients (16-bit +
+  fp32) and 12 of Adam state, both sharded.
+- no DeepSpeed (DDP): everything replicated; weights and gradients in the parameter dtype (2 bytes
+  for ``dtype: bfloat16``/``float16``, else 4), torch AdamW's two moments in the same dtype.
+- ZeRO-3 with optimizer offload (``offload_optimizer`` to cpu): ``4 L1 + 2 P / N`` on the GPU
+  (DeepSpeed's estimator with ``cpu_offload_params=False``), the rest in host memory.
+
+For the 7B LLaMA on 8 GPUs under ZeRO-3: 4 x 131,072,000 + 18 x 6,738,415,616 / 8 =
+15,685,723,136 bytes = 14.61 GiB, the published figure (the plain 16 bytes/param count gives
+12.55 GiB: it leaves out DeepSpeed's fp32 gradient partition and the gather buffer).
+
+LoRA (and QLoRA): the base weights are frozen (bytes per weight: 2 in 16-bit, 4 in fp32, 0.5 + 5 %
+for 4-bit NF4 with double quantization), and gradients (4 bytes) and Adam state (12 bytes: fp32
+copy + two moments) exist for the adapter's parameters only. Under ZeRO-3 the frozen weights are
+sharded too. The adapter size is ``r x (in + out)`` per adapted linear layer.
+
+Activations per GPU (bytes), after Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models" (arXiv 2205.05198), section 4, with s = max_length, b = per-device
+micro-batch, h = hidden size, L = layers, V = vocabulary:
+
+- without checkpointing: ``L x 34 s b h`` (16-bit activations; their ``5 a s^2 b`` attention-score
+  term is left out because flash / memory-efficient SDPA attention does not store the scores);
+- with gradient checkpointing (full recomputation): ``L x 2 s b h`` (each layer's input) plus
+  ``34 s b h`` for the one layer being recomputed;
+- plus the logits and their gradient in fp32: ``8 s b V``;
+- doubled when training in fp32 (no bf16).
+
+s is the configured max_length, the worst case for a padded micro-batch.
+
+Ideal time: ``6 x P x tokens / (N x peak FLOP/s x MFU)`` (Kaplan et al. 2020; the 6 counts
+forward + backward model FLOPs; recomputation under checkpointing is extra hardware work that
+MFU, by definition, does not credit). tokens = examples x epochs x mean tokens per example
+(or max_steps x global batch x mean tokens); mean tokens is the data manifest's ``token_lengths``
+p50 of the training split when the built data folder is reachable, else max_length (an upper
+bound); the output says which (``tokens_source``). Peak defaults to 312 TFLOP/s (A100 bf16 dense).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ratune.errors import RatuneError
+from ratune.train.config import TrainConfig
+
+GIB = 2 ** 30
+#: Relative config paths (configs/deepspeed/..., runs/...) are also tried from the checkout's root.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: config.json fields of models the planner knows without a local folder.
+KNOWN_MODELS: dict[str, dict] = {
+    "huggyllama/llama-7b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                            "vocab_size": 32000, "tie_word_embeddings": False},
+    "meta-llama/Llama-2-7b-hf": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                                 "vocab_size": 32000, "tie_word_embeddings": False},
+    "smollm2-135m-instruct": {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+                              "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                              "vocab_size": 49152, "tie_word_embeddings": True},
+}
+#: Examples in APIBench's training files where the data manifest is not reachable.
+KNOWN_TRAIN_EXAMPLES = {"torchhub": 837}
+
+
+def model_size(model: str) -> dict:
+    """Parameter count and shape of ``model`` (a local folder with config.json, or a known name).
+
+    Returns:
+        ``{"params", "largest_layer_params", "hidden_size", "num_layers", "vocab_size",
+        "intermediate_size", "source"}``; ``source`` is the config.json path or ``table``.
+    Raises:
+        RatuneError: neither a local folder with config.json nor a name in :data:`KNOWN_MODELS`.
+    """
+    folder = Path(model)
+    if (folder / "config.json").exists():
+        fields, source = json.loads((folder / "config.json").read_text()), str(folder / "config.json")
+    elif model in KNOWN_MODELS:
+        fields, source = dict(KNOWN_MODELS[model]), "table"
+    else:
+        raise RatuneError(f"{model}: no config.json there and not a known model ({', '.join(KNOWN_MODELS)}); "
+                          "give a local model folder")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in fields.items() if k not in ("quantization_config", "torch_dtype", "dtype")}
+    cfg = AutoConfig.for_model(**fields)
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(cfg)
+    seen, total, largest = set(), 0, 0
+    for p in net.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+            largest = max(largest, p.numel())
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return {"params": total, "largest_layer_params": largest, "hidden_size": text.hidden_size,
+            "num_layers": text.num_hidden_layers, "vocab_size": text.vocab_size,
+            "intermediate_size": getattr(text, "intermediate_size", 4 * text.hidden_size), "source": source}
+
+
+def _zero_settings(config: TrainConfig, base_dir: Path) -> tuple[int, bool]:
+    """(ZeRO stage or 0 for none, optimizer offloaded to cpu)."""
+    if not config.deepspeed:
+        return 0, False
+    path = Path(config.deepspeed)
+    if not path.is_absolute() and not path.exists():
+        path = base_dir / path
+    if not path.exists():
+        raise RatuneError(f"{config.deepspeed}: DeepSpeed config not found")
+    zero = json.loads(path.read_text()).get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
+    return int(zero.get("stage", 0)), offload
+
+
+def _lora_params(size: dict, r: int) -> int:
+    """Adapter parameters for LoRA on all linear layers of a LLaMA-style block: r x (in + out) for
+    q, k, v, o (h x h each; GQA k/v taken as h x h, an upper bound) and gate, up, down (h x I)."""
+    h, i = size["hidden_size"], size["intermediate_size"]
+    return size["num_layers"] * r * (4 * 2 * h + 3 * (h + i))
+
+
+def _data_tokens(config: TrainConfig, base_dir: Path) -> tuple[int, float, str]:
+    """(training examples, mean tokens per example, where the mean came from)."""
+    manifest = Path(config.data_dir)
+    if not manifest.is_absolute() and not manifest.exists():
+        manifest = base_dir / manifest
+    manifest = manifest / "manifest.json"
+    examples, mean, source = KNOWN_TRAIN_EXAMPLES.get(config.hub), float(config.max_length), "max_length"
+    if manifest.exists():
+        built = json.loads(manifest.read_text())
+        try:
+            examples = int(built["counts"]["train"][config.train_retriever]["rows"])
+            mean = float(built["token_lengths"]["train"][config.train_retriever]["p50"])
+            source = f"{manifest} token_lengths p50"
+        except KeyError:
+            pass
+    if examples is None:
+        raise RatuneError(f"{manifest}: no built data manifest, and the {config.hub} training set size is unknown; "
+                          "run `ratune data build` first")
+    if config.max_examples is not None:
+        examples = min(examples, config.max_examples)
+    return examples, mean, source
+
+
+def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float = 312.0,
+         base_dir: str | Path = ".") -> dict:
+    """The memory and time plan of ``config`` on ``gpus`` GPUs (see the module docstring).
+
+    Args:
+        config: a training config.
+        gpus: total GPUs (processes); the batch must resolve for it (:meth:`TrainConfig.resolve_batch`).
+        mfu: model FLOPs utilisation assumed for the ideal time (0.4 default).
+        peak_tflops: peak dense 16-bit TFLOP/s of one GPU (312 = A100).
+        base_dir: where relative paths in the config (deepspeed, data_dir) are tried when they do
+            not exist relative to the working directory.
+    Returns:
+        ``{"model", "params", "gpus", "zero_stage", "per_gpu_gib": {"weights", "gradients",
+        "optimizer", "activations", "total"}, "model_states_gib", "ideal_hours", "tokens",
+        "tokens_source", ...}``; GiB = 2**30 bytes.
+    """
+    if gpus < 1:
+        raise RatuneError(f"--gpus {gpus}: must be at least 1")
+    if not 0 < mfu <= 1:
+        raise RatuneError(f"--mfu {mfu}: must be in (0, 1]")
+    base_dir = Path(base_dir)
+    per_device, accumulation = config.resolve_batch(gpus)
+    size = model_size(config.model)
+    p, l1 = size["params"], size["largest_layer_params"]
+    stage, offload = _zero_settings(config, base_dir)
+    half = config.bf16 or config.dtype in ("bfloat16", "float16")
+    load_4bit = getattr(config, "load_in_4bit", False)
+
+    if config.lora.enabled or load_4bit:
+        trainable = _lora_params(size, config.lora.r)
+        frozen_bytes = 0.5 * 1.05 if load_4bit else (2 if config.dtype != "float32" else 4)
+        weights = frozen_bytes * p / (gpus if stage == 3 else 1) + 4 * trainable
+        gradients, optimizer = 4 * trainable, 8 * trainable
+        accounting = "lora"
+    elif stage == 3:
+        trainable = p
+        weights, gradients = 4 * l1 + 2 * p / gpus, 4 * p / gpus
+        optimizer = 0 if offload else 12 * p / gpus
+        if offload:  # DeepSpeed: 4 L1 + 2 P / N on the GPU; gradients go to the host with the optimizer
+            weights, gradients = 4 * l1 + 2 * p / gpus, 0
+        accounting = "deepspeed estimate_zero3_model_states_mem_needs (4 L1 + 18 P / N)"
+    elif stage in (1, 2):
+        trainable = p
+        weights, gradients = 2 * p, (6 * p / gpus if stage == 2 else 6 * p)
+        optimizer = 0 if offload else 12 * p / gpus
+        accounting = "deepspeed estimate_zero2_model_states_mem_needs (2 P + 18 P / N)"
+    else:
+        trainable = p
+        b = 2 if config.dtype != "float32" else 4
+        weights, gradients, optimizer = b * p, b * p, 2 * b * p
+        accounting = "ddp: weights, gradients and AdamW moments replicated in the parameter dtype"
+
+    s, b, h, n_layers, v = (config.max_length, per_device, size["hidden_size"], size["num_layers"],
+                            size["vocab_size"])
+    act_scale = 1 if half else 2
+    if config.gradient_checkpointing:
+        layers_act = act_scale * (n_layers * 2 * s * b * h + 34 * s * b * h)
+    else:
+        layers_act = act_scale * n_layers * 34 * s * b * h
+    activations = layers_act + 8 * s * b * v
+
+    examples, mean_tokens, tokens_source = _data_tokens(config, base_dir)
+    if config.max_steps is not None:
+        tokens = config.max_steps * config.global_batch_size * mean_tokens
+    else:
+        tokens = examples * config.num_epochs * mean_tokens
+    flops = 6 * p * tokens
+    seconds = flops / (gpus * peak_tflops * 1e12 * mfu)
+
+    parts = {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations}
+    per_gpu = {k: v / GIB for k, v in parts.items()}
+    per_gpu["total"] = sum(parts.values()) / GIB
+    return {
+        "model": config.model, "model_source": size["source"], "params": p, "trainable_params": trainable,
+        "largest_layer_params": l1, "hidden_size": h, "num_layers": n_layers, "vocab_size": v,
+        "gpus": gpus, "zero_stage": stage, "offload_optimizer": offload, "bf16": half,
+        "gradient_checkpointing": config.gradient_checkpointing, "max_length": s,
+        "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
+        "global_batch_size": per_device * accumulation * gpus, "accounting": accounting,
+        "per_gpu_gib": per_gpu, "model_states_gib": (weights + gradients + optimizer) / GIB,
+        "examples": examples, "epochs": config.num_epochs, "mean_tokens_per_example": mean_tokens,
+        "tokens_source": tokens_source, "tokens": tokens, "train_flops": flops, "mfu": mfu,
+        "peak_tflops_per_gpu": peak_tflops, "ideal_hours": seconds / 3600,
+    }
+
+
+def add_plan_arguments(parser) -> None:
+    """Arguments of ``ratune plan``: --config FILE, --gpus N, --mfu F, --peak-tflops F, --json."""
+    parser.add_argument("--config", required=True, help="training config (YAML)")
+    parser.add_argument("--gpus", type=int, required=True, help="total GPUs (processes) of the run")
+    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed (default 0.4)")
+    parser.add_argument("--peak-tflops", type=float, default=312.0,
+                        help="peak dense 16-bit TFLOP/s per GPU (default 312, A100)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _format(result: dict) -> str:
+    g = result["per_gpu_gib"]
+    stage = f"ZeRO-{result['zero_stage']}" if result["zero_stage"] else "DDP (no DeepSpeed)"
+    lines = [
+        f"model {result['model']}: {result['params'] / 1e9:.2f}B parameters ({result['model_source']}), "
+        f"{result['trainable_params'] / 1e9:.3g}B trainable",
+        f"{result['gpus']} GPUs, {stage}{' + optimizer offload' if result['offload_optimizer'] else ''}, "
+        f"batch {result['per_device_batch_size']} x {result['gradient_accumulation_steps']} x {result['gpus']} = "
+        f"{result['global_batch_size']}, max_length {result['max_length']}, "
+        f"bf16 {result['bf16']}, gradient checkpointing {result['gradient_checkpointing']}",
+        "per-GPU memory (GiB):",
+        *(f"  {k:<12}{g[k]:8.2f}" for k in ("weights", "gradients", "optimizer", "activations", "total")),
+        f"  (model states {result['model_states_gib']:.2f} GiB; {result['accounting']})",
+        f"ideal time: {result['ideal_hours']:.2f} h = 6 x {result['params']:.3g} params x {result['tokens']:.3g} tokens "
+        f"/ ({result['gpus']} x {result['peak_tflops_per_gpu']:g} TFLOP/s x MFU {result['mfu']:g}); "
+        f"{result['examples']} examples x {result['epochs']:g} epochs x {result['mean_tokens_per_example']:g} "
+        f"tokens ({result['tokens_source']})",
+    ]
+    return "\n".join(lines)
+
+
+def cli_plan(args) -> int:
+    """Run ``ratune plan`` from parsed :func:`add_plan_arguments` arguments; prints text or JSON."""
+    from ratune.config import load_config
+
+    config = load_config(TrainConfig, args.config)
+    result = plan(config, args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, base_dir=_REPO_ROOT)
+    print(json.dumps(result) if args.json else _format(result))
+    return 0
