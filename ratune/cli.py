@@ -6,7 +6,8 @@
     ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
-    ratune report           the Table 2 matrix from eval folders
+    ratune sweep            expand a sweep file into cells and run them (local or slurm)
+    ratune report           the Table 2 matrix from a sweep folder or eval folders
     ratune export           safetensors + tokenizer + generation config + model card; --push-to-hub
     ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
@@ -121,6 +122,14 @@ def _report(args) -> int:
     from ratune.io import read_json
     from ratune.manifest import is_complete
 
+    if args.sweep_dir:
+        from ratune.sweep import cli_report_sweep
+
+        if args.eval:
+            raise RatuneError("give either SWEEP_DIR or --eval folders, not both")
+        return cli_report_sweep(args.sweep_dir, out=args.out)
+    if not (args.eval and args.hub and args.model and args.out):
+        raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --hub, --model and --out")
     cells = []
     for spec in args.eval:
         if "=" not in spec:
@@ -152,6 +161,12 @@ def _plan(args) -> int:
     from ratune.train.plan import cli_plan
 
     return cli_plan(args)
+
+
+def _sweep(args) -> int:
+    from ratune.sweep import cli_sweep
+
+    return cli_sweep(args)
 
 
 def _demo(args) -> int:
@@ -221,11 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_arguments(s)
     s.set_defaults(func=_eval_score)
 
-    rp = stages.add_parser("report", help="Table 2 from eval folders")
-    rp.add_argument("--eval", action="append", required=True, metavar="TRAIN_RETRIEVER=EVAL_DIR")
-    rp.add_argument("--hub", required=True, choices=HUBS)
-    rp.add_argument("--model", required=True)
-    rp.add_argument("--out", required=True)
+    rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
+    rp.add_argument("sweep_dir", nargs="?", default=None, help="a `ratune sweep` output folder")
+    rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR")
+    rp.add_argument("--hub", choices=HUBS)
+    rp.add_argument("--model")
+    rp.add_argument("--out")
     rp.set_defaults(func=_report)
 
     from ratune.eval.compare import add_compare_arguments
@@ -233,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     cp = stages.add_parser("compare", help="paired comparison of two response files or eval cells")
     add_compare_arguments(cp)
     cp.set_defaults(func=_compare)
+
+    from ratune.sweep import add_sweep_arguments
+
+    sw = stages.add_parser("sweep", help="run (or --dry-run, or --launcher slurm) an ablation sweep")
+    add_sweep_arguments(sw)
+    sw.set_defaults(func=_sweep)
 
     from ratune.train.plan import add_plan_arguments
 

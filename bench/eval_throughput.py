@@ -1,0 +1,255 @@
+"""Generation throughput: HF greedy at batch 1 vs the batched backend (and vLLM where it runs).
+
+Usage:
+    python bench/eval_throughput.py [--model PATH] [--apibench DIR] [--n 16] [--batch-size 8]
+                                    [--max-new-tokens 48] [--threads N] [--device cpu|cuda] [--json]
+
+Takes the first ``--n`` TorchHub eval questions and renders them with
+:func:`ratune.data.prompt.render_user_turn` / :func:`ratune.data.prompt.encode_prompt`,
+alternating the oracle setting (even positions: the gold document) and 0-shot (odd positions), so
+prompts of very different lengths are mixed. Both HF runs go through the project's own backend,
+:func:`ratune.eval.generate.generate_all` (prompts sorted by length, left padding, greedy, stop
+at EOS), once with ``batch_size=1`` and once with ``--batch-size``, side by side in one process
+after a short warm-up, on the demo model (SmolLM2-135M-Instruct) unless ``--model`` is given.
+
+Generated tokens are counted from the output ids of every ``generate`` call (recorded by a thin
+wrapper around the model): per sequence, the tokens after the prompt up to and including the
+first EOS; the padding (= EOS for SmolLM2) that fills a finished sequence while the rest of its
+batch runs on is not counted. Throughput = generated tokens / wall seconds of the whole run
+(prefill included). ``answers_identical`` counts prompts whose batch-1 and batched answers agree.
+
+If ``vllm`` is importable and a CUDA GPU is present, vLLM generates the same prompt ids with
+``temperature=0`` and ``max_tokens=--max-new-tokens`` and is reported too; otherwise it is
+reported as skipped with the reason.
+
+With ``--json`` prints one object::
+
+    {"batch1_tokens_per_s", "batched_tokens_per_s", "ratio",
+     "batch1": RUN, "batched": RUN, "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None,
+     "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
+     "settings": {"model", "batch_size", "max_new_tokens", "device"},
+     "machine": {"platform", "processor", "cpu_count", "torch_threads", "torch", "transformers", "gpu"}}
+
+where ``RUN`` is ``{"seconds", "generated_tokens", "tokens_per_s"}`` (HF runs add
+``"prefill_seconds"`` and ``"decode_tokens_per_s"`` unless ``--no-breakdown``: the same run
+repeated with ``max_new_tokens=1`` measures the prompt processing, the rest is decoding) and
+``ratio`` is batched / batch-1 tokens per second (prefill included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from typing import Sequence
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def count_generated(new_tokens: Sequence[int], eos_id: int | None) -> int:
+    """Tokens a sequence really generated: up to and including its first EOS (all if none).
+
+    ``new_tokens`` are the ids after the prompt; what follows the first EOS is padding added
+    while other sequences of the batch were still running.
+    """
+    tokens = [int(t) for t in new_tokens]
+    if eos_id is not None and eos_id in tokens:
+        return tokens.index(eos_id) + 1
+    return len(tokens)
+
+
+class CountingModel:
+    """Wraps a causal LM: forwards ``generate`` (moving inputs to the model's device) and counts
+    the generated tokens of each call with :func:`count_generated`."""
+
+    def __init__(self, model, eos_id: int | None):
+        self.model, self.eos_id, self.generated = model, eos_id, 0
+
+    def eval(self):
+        """Put the wrapped model in eval mode."""
+        self.model.eval()
+        return self
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """``model.generate`` on the model's device; adds the batch's generated tokens to ``generated``."""
+        device = self.model.device
+        out = self.model.generate(input_ids=input_ids.to(device),
+                                  attention_mask=None if attention_mask is None else attention_mask.to(device),
+                                  **kwargs).cpu()
+        width = input_ids.shape[1]
+        self.generated += sum(count_generated(row[width:].tolist(), self.eos_id) for row in out)
+        return out
+
+
+def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int
+               ) -> tuple[dict, list[str]]:
+    """Run :func:`ratune.eval.generate.generate_all` once; returns ``(RUN, answers in prompt order)``."""
+    from ratune.eval.generate import generate_all
+
+    counting = CountingModel(model, tokenizer.eos_token_id)
+    start = time.perf_counter()
+    texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    seconds = time.perf_counter() - start
+    return {"seconds": round(seconds, 3), "generated_tokens": counting.generated,
+            "tokens_per_s": round(counting.generated / seconds, 2) if seconds else None}, texts
+
+
+def decode_breakdown(model, tokenizer, prompts: Sequence[list[int]], full: dict, *, batch_size: int) -> dict:
+    """Split a run into prompt processing and decoding: the same run with ``max_new_tokens=1``
+    takes ``prefill_seconds`` (prefill plus one token per prompt); the rest of ``full`` is decoding.
+
+    Returns:
+        ``{"prefill_seconds", "decode_tokens_per_s"}`` (the latter over the tokens after the first).
+    """
+    first, _ = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=1)
+    decode_s = full["seconds"] - first["seconds"]
+    decode_tokens = full["generated_tokens"] - first["generated_tokens"]
+    return {"prefill_seconds": first["seconds"],
+            "decode_tokens_per_s": round(decode_tokens / decode_s, 2) if decode_s > 0 else None}
+
+
+def measure_vllm(model_path, prompts: Sequence[list[int]], *, max_new_tokens: int) -> dict:
+    """vLLM greedy on the same prompt ids, or ``{"skipped": reason}`` without vllm or a GPU."""
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vllm is not installed"}
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA GPU"}
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(model_path), dtype="float32", seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+    llm.generate(inputs[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"seconds": round(seconds, 3), "generated_tokens": generated,
+            "tokens_per_s": round(generated / seconds, 2) if seconds else None}
+
+
+def eval_prompts(tokenizer, apibench_dir, n: int) -> list[list[int]]:
+    """The first ``n`` TorchHub eval questions as prompt ids: oracle at even positions, 0-shot at odd."""
+    from ratune.data.apibench import load_examples
+    from ratune.data.prompt import encode_prompt, render_user_turn
+    from ratune.retrieval.retrievers import Query, make_retriever
+
+    examples = load_examples(apibench_dir, "torchhub", "eval")[:n]
+    oracle = make_retriever("oracle", hub="torchhub", apibench_dir=apibench_dir)
+    docs = oracle.retrieve([Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples], top_k=1)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return [encode_prompt(tokenizer, render_user_turn(e.instruction, docs[i] if i % 2 == 0 else None,
+                                                      max_document_tokens=None, count_tokens=count)[0])
+            for i, e in enumerate(examples)]
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on."""
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "gpu": gpu}
+
+
+def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8, max_new_tokens: int = 48,
+        device: str | None = None, threads: int | None = None, breakdown: bool = True) -> dict:
+    """Measure batch 1, batched and (where possible) vLLM on the same prompts; returns the ``--json`` object."""
+    import torch
+
+    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.train.model import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
+
+    set_torch_threads(threads)
+    apibench_dir = resolve_apibench_dir(apibench_dir)
+    model_path = model_path or ensure_demo_model()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path).to(device)
+    prompts = eval_prompts(tokenizer, apibench_dir, n)
+    measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
+    batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens)
+    batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    if breakdown:
+        for run_, size in ((batch1, 1), (batched, batch_size)):
+            run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size))
+    del model
+    vllm = measure_vllm(model_path, prompts, max_new_tokens=max_new_tokens)
+    ratio = batched["tokens_per_s"] / batch1["tokens_per_s"] if batch1["tokens_per_s"] else None
+    vllm_ratio = (vllm["tokens_per_s"] / batched["tokens_per_s"]
+                  if "tokens_per_s" in vllm and batched["tokens_per_s"] else None)
+    lengths = [len(p) for p in prompts]
+    return {"batch1_tokens_per_s": batch1["tokens_per_s"], "batched_tokens_per_s": batched["tokens_per_s"],
+            "ratio": round(ratio, 3) if ratio else None, "batch1": batch1, "batched": batched, "vllm": vllm,
+            "vllm_vs_batched": round(vllm_ratio, 3) if vllm_ratio else None,
+            "answers_identical": sum(a == b for a, b in zip(texts1, texts_b)), "n_prompts": len(prompts),
+            "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths), 1)},
+            "settings": {"model": str(model_path), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                         "device": device},
+            "machine": machine_info()}
+
+
+def format_table(r: dict) -> str:
+    """The readable report."""
+    m, s = r["machine"], r["settings"]
+    lines = [f"machine: {m['processor']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}, "
+             f"GPU {m['gpu'] or 'none'}; device {s['device']}",
+             f"model {s['model']}; {r['n_prompts']} TorchHub eval prompts (oracle/0-shot alternating, "
+             f"{r['prompt_tokens']['min']}-{r['prompt_tokens']['max']} tokens), greedy, "
+             f"max_new_tokens {s['max_new_tokens']}", "",
+             f"{'backend':<22} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'prefill s':>9} {'decode tok/s':>12}"]
+    rows = [("HF batch 1", r["batch1"]), (f"HF batched ({s['batch_size']})", r["batched"])]
+    if "skipped" not in r["vllm"]:
+        rows.append(("vLLM", r["vllm"]))
+    for name, run_ in rows:
+        prefill, decode = run_.get("prefill_seconds"), run_.get("decode_tokens_per_s")
+        lines.append(f"{name:<22} {run_['seconds']:>8.2f} {run_['generated_tokens']:>7} {run_['tokens_per_s']:>9.2f} "
+                     f"{'-' if prefill is None else f'{prefill:.2f}':>9} {'-' if decode is None else f'{decode:.2f}':>12}")
+    lines.append("")
+    lines.append(f"batched / batch 1: {r['ratio']:.2f}x; answers identical: {r['answers_identical']}/{r['n_prompts']}")
+    if "skipped" in r["vllm"]:
+        lines.append(f"vLLM: skipped ({r['vllm']['skipped']})")
+    else:
+        lines.append(f"vLLM / HF batched: {r['vllm_vs_batched']:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring)."""
+    from ratune.errors import RatuneError
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model folder (default: the converted demo model)")
+    p.add_argument("--apibench", default=None)
+    p.add_argument("--n", type=int, default=16, help="eval prompts")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the prefill/decode split (two shorter runs)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        result = run(model_path=args.model, apibench_dir=args.apibench, n=args.n, batch_size=args.batch_size,
+                     max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
+                     breakdown=not args.no_breakdown)
+    except RatuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,744 @@
+"""Ablation sweeps: a YAML file names a base training config and axes; each cell is trained with
+``accelerate launch`` and evaluated with ``ratune eval run``; ``report_sweep`` collects the
+finished cells into Table 2 per hub.
+
+Sweep file (validated with ``extra="forbid"``)::
+
+    name: table2_torchhub
+    out_dir: runs/sweeps/table2_torchhub    # default runs/sweeps/{file stem}
+    base: configs/train/x.yaml              # or an inline mapping of TrainConfig keys
+    data: {max_length: 768, max_document_tokens: 128}
+    eval: {settings: [0_shot, bm25], n_questions: 50}
+    axes:                                   # Cartesian grid, dotted TrainConfig keys
+      train_retriever: [none, oracle]
+      lora.r: [8, 16]
+    groups:                                 # keys that vary together (paired, not crossed)
+      - {learning_rate: [2.0e-4, 1.0e-4], max_steps: [25, 50]}
+    accelerate_config: configs/accelerate/1gpu.yaml
+    on_unfinished: resume                   # or restart
+    slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00", partition: gpu}
+
+Sweep folder::
+
+    data/{hub}/                 the shared ``ratune data build`` output (once per hub)
+    cells/{name}/cell.json      axis values, resolved training config, data and eval settings
+    cells/{name}/train.yaml     the resolved TrainConfig
+    cells/{name}/train/         the training run folder (``.complete`` when done)
+    cells/{name}/eval/{setting}/metrics.json (+ ``.complete``)
+    cells/{name}/error.txt      the error of the last failed attempt (removed on success)
+    cells/{name}/logs/          stdout/stderr of each command
+    slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
+    report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv
+
+A cell's name is its axis values as a slug plus a short hash of those values: stable across
+reruns and across edits of the base config, so that an edited config is *detected* (the stored
+``cell.json`` differs) instead of silently starting a new folder next to stale results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import hashlib
+import io
+import itertools
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ratune.config import load_yaml, validate
+from ratune.errors import RatuneError
+
+#: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
+OWNED_KEYS = ("data_dir", "output_dir")
+
+
+class SweepData(BaseModel):
+    """Settings of the shared ``ratune data build`` (one build per hub).
+
+    ``max_length`` defaults to the cells' ``max_length`` (which must then agree within a hub);
+    ``tokenizer`` defaults to the cells' ``model``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    max_length: int | None = Field(None, ge=16)
+    max_document_tokens: int | None = Field(None, ge=1)
+    top_k: int = Field(1, ge=1)
+    tokenizer: str | None = None
+    leakage: Literal["error", "drop", "allow"] = "error"
+
+
+class SweepEval(BaseModel):
+    """Arguments of ``ratune eval run`` for every cell."""
+
+    model_config = ConfigDict(extra="forbid")
+    settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle"]] = \
+        ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
+    n_questions: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+    max_new_tokens: int = Field(256, ge=1)
+    stop_after_api_call: bool = False
+    max_document_tokens: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)
+
+
+class SlurmSettings(BaseModel):
+    """Resources of each training job (eval jobs take one node and one GPU)."""
+
+    model_config = ConfigDict(extra="forbid")
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(1, ge=1)
+    time: str = "24:00:00"
+    partition: str | None = None
+    eval_time: str | None = None
+    main_process_port: int = 29500
+    setup: list[str] = Field(default_factory=list, description="shell lines run first (module load, venv)")
+    extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --account=x")
+
+
+class SweepConfig(BaseModel):
+    """A sweep file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    out_dir: str | None = None
+    apibench: str | None = None
+    base: str | dict
+    data: SweepData = SweepData()
+    eval: SweepEval = SweepEval()
+    axes: dict[str, list] = Field(default_factory=dict)
+    groups: list[dict[str, list]] = Field(default_factory=list)
+    accelerate_config: str | None = None
+    on_unfinished: Literal["resume", "restart"] = "resume"
+    slurm: SlurmSettings = SlurmSettings()
+
+
+@dataclass
+class Cell:
+    """One point of the sweep grid.
+
+    Attributes:
+        name: stable folder name (axis slug + hash of the axis values).
+        axes: ``{dotted key: value}`` of this cell.
+        config: the resolved TrainConfig as a dict (``data_dir`` and ``output_dir`` inside the sweep folder).
+    """
+
+    name: str
+    axes: dict
+    config: dict
+    dir: Path = field(default=Path("."))
+
+    @property
+    def hub(self) -> str:
+        """The cell's hub."""
+        return self.config["hub"]
+
+
+@dataclass
+class Sweep:
+    """A loaded sweep: the validated file, where it came from and its output folder."""
+
+    config: SweepConfig
+    source: str
+    out_dir: Path
+    base: dict
+
+
+def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
+    """Read and validate a sweep file; ``out_dir`` overrides the file's ``out_dir``.
+
+    Raises:
+        RatuneError: unknown keys, bad values, a missing base config.
+    """
+    path = Path(path)
+    cfg = validate(SweepConfig, load_yaml(path), str(path))
+    if isinstance(cfg.base, str):
+        base_path = Path(cfg.base)
+        if not base_path.exists() and (path.parent / cfg.base).exists():
+            base_path = path.parent / cfg.base
+        base = load_yaml(base_path)
+    else:
+        base = dict(cfg.base)
+    out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
+    return Sweep(config=cfg, source=str(path), out_dir=out, base=base)
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _slug_value(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def cell_name(axes: dict) -> str:
+    """``key-value__key-value-HASH``: sorted axis values (at most 80 characters) plus the first 8 hex
+    digits of the sha256 of the axis values, so truncated or sanitised slugs stay unique."""
+    digest = hashlib.sha256(json.dumps(axes, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    slug = "__".join(f"{k.replace('.', '-')}-{_slug_value(v)}" for k, v in sorted(axes.items())) or "base"
+    return f"{slug[:80]}-{digest}"
+
+
+def config_hash(config: dict) -> str:
+    """Short sha256 of a resolved config (sorted JSON)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _check_axes(cfg: SweepConfig, source: str) -> list[list[dict]]:
+    """The sweep's dimensions: per axis and per group, the list of ``{key: value}`` choices."""
+    dims: list[list[dict]] = []
+    seen: set[str] = set()
+
+    def claim(key: str, where: str) -> None:
+        if key in OWNED_KEYS:
+            raise RatuneError(f"{source}: {where}: {key!r} is set by the sweep (inside its out_dir); it cannot vary")
+        if key in seen:
+            raise RatuneError(f"{source}: {where}: key {key!r} appears in more than one axis or group")
+        seen.add(key)
+
+    for key, values in cfg.axes.items():
+        claim(key, f"axes.{key}")
+        if not values:
+            raise RatuneError(f"{source}: axes.{key}: needs at least one value")
+        dims.append([{key: v} for v in values])
+    for i, group in enumerate(cfg.groups):
+        if not group:
+            raise RatuneError(f"{source}: groups[{i}]: empty group")
+        lengths = {k: len(v) for k, v in group.items()}
+        for key in group:
+            claim(key, f"groups[{i}].{key}")
+        if len(set(lengths.values())) != 1 or 0 in lengths.values():
+            raise RatuneError(f"{source}: groups[{i}]: keys that vary together need the same (non-zero) number "
+                              f"of values; got {', '.join(f'{k}: {n}' for k, n in lengths.items())}")
+        keys = list(group)
+        dims.append([dict(zip(keys, values)) for values in zip(*(group[k] for k in keys))])
+    return dims
+
+
+def expand(sweep: Sweep) -> list[Cell]:
+    """The sweep's cells: the Cartesian product of the axes and the groups (a group's keys take
+    their i-th values together), each with its stable name and validated TrainConfig dict.
+
+    Raises:
+        RatuneError: a key that is not a TrainConfig field, a value of the wrong type (naming the
+            cell), duplicate keys, groups of unequal length.
+    """
+    from ratune.train.config import TrainConfig
+
+    cfg = sweep.config
+    dims = _check_axes(cfg, sweep.source)
+    cells = []
+    for combo in itertools.product(*dims):
+        axes: dict = {}
+        for part in combo:
+            axes.update(part)
+        name = cell_name(axes)
+        cell_dir = sweep.out_dir / "cells" / name
+        data = copy.deepcopy(sweep.base)
+        for key, value in axes.items():
+            _set_dotted(data, key, value)
+        hub = data.get("hub", "torchhub")
+        data["data_dir"] = str(sweep.out_dir / "data" / str(hub))
+        data["output_dir"] = str(cell_dir / "train")
+        data.setdefault("train_retriever", "none")
+        if cfg.data.max_length is not None and "max_length" not in axes:
+            data["max_length"] = cfg.data.max_length
+        resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
+        cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
+    return cells
+
+
+# ---------------------------------------------------------------- commands
+
+
+def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
+    """``{hub: {"dir", "modes", "tokenizer", "max_length"}}``: one shared data build per hub.
+
+    Raises:
+        RatuneError: cells of one hub with different models (set data.tokenizer) or max_length
+            (set data.max_length).
+    """
+    plan: dict[str, dict] = {}
+    for cell in cells:
+        c = cell.config
+        entry = plan.setdefault(c["hub"], {"dir": c["data_dir"], "modes": [], "tokenizer": set(), "max_length": set()})
+        if c["train_retriever"] not in entry["modes"]:
+            entry["modes"].append(c["train_retriever"])
+        entry["tokenizer"].add(sweep.config.data.tokenizer or c["model"])
+        entry["max_length"].add(c["max_length"])
+    for hub, entry in plan.items():
+        for key, hint in (("tokenizer", "data.tokenizer"), ("max_length", "data.max_length")):
+            if len(entry[key]) > 1:
+                values = sorted(map(str, entry[key]))
+                raise RatuneError(f"{sweep.source}: cells of hub {hub} differ in {key} ({values}); "
+                                  f"the shared data build needs one: set {hint}")
+            entry[key] = entry[key].pop()
+    return plan
+
+
+def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
+    """The ``ratune data build`` command of one hub's shared data folder."""
+    d = sweep.config.data
+    cmd = ["ratune", "data", "build", "--hub", hub, "--out", entry["dir"], "--tokenizer", entry["tokenizer"],
+           "--modes", *entry["modes"], "--max-length", str(entry["max_length"]), "--top-k", str(d.top_k),
+           "--leakage", d.leakage, "--overwrite"]
+    if d.max_document_tokens is not None:
+        cmd += ["--max-document-tokens", str(d.max_document_tokens)]
+    if sweep.config.apibench:
+        cmd += ["--apibench", sweep.config.apibench]
+    return cmd
+
+
+def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args: list[str] | None = None) -> list[str]:
+    """``accelerate launch [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml``."""
+    cmd = ["accelerate", "launch"]
+    if sweep.config.accelerate_config:
+        cmd += ["--config_file", sweep.config.accelerate_config]
+    cmd += list(launch_args or []) + ["-m", "ratune.train", "--config", str(cell.dir / "train.yaml")]
+    if resume:
+        cmd += ["--resume-from", "latest"]
+    return cmd
+
+
+def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
+    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings."""
+    e = sweep.config.eval
+    cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub,
+           "--out", str(cell.dir / "eval"), "--settings", *e.settings, "--batch-size", str(e.batch_size),
+           "--max-new-tokens", str(e.max_new_tokens)]
+    if e.n_questions is not None:
+        cmd += ["--n-questions", str(e.n_questions)]
+    if e.stop_after_api_call:
+        cmd += ["--stop-after-api-call"]
+    if e.max_document_tokens is not None:
+        cmd += ["--max-document-tokens", str(e.max_document_tokens)]
+    if e.threads is not None:
+        cmd += ["--threads", str(e.threads)]
+    if sweep.config.apibench:
+        cmd += ["--apibench", sweep.config.apibench]
+    return cmd
+
+
+def cell_record(sweep: Sweep, cell: Cell) -> dict:
+    """What ``cell.json`` stores, and what a rerun compares: axes, resolved config, data and eval settings."""
+    record = {"name": cell.name, "axes": cell.axes, "config": cell.config,
+              "data": sweep.config.data.model_dump(mode="json"), "eval": sweep.config.eval.model_dump(mode="json")}
+    record["config_hash"] = config_hash({k: record[k] for k in ("config", "data", "eval")})
+    return record
+
+
+def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff_keys(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
+    """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or equal).
+
+    The list of eval settings is not compared: each eval setting folder checks its own identity
+    (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs.
+    """
+    path = cell.dir / "cell.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    new = cell_record(sweep, cell)
+    keys = []
+    for part in ("config", "data", "eval"):
+        keys += [f"{part}.{k}" for k in _diff_keys(old.get(part), new.get(part))]
+    return [k for k in keys if k != "eval.settings"]
+
+
+def is_finished(sweep: Sweep, cell: Cell) -> bool:
+    """Whether a cell's training run and every eval setting of the sweep are complete."""
+    from ratune.manifest import is_complete
+
+    return is_complete(cell.dir / "train") and all(
+        is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
+        for s in sweep.config.eval.settings)
+
+
+def _fmt(cmd: list[str]) -> str:
+    return shlex.join(cmd)
+
+
+# ---------------------------------------------------------------- local launcher
+
+
+def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
+    """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
+    delete their train and eval results so they run again. Returns the changed cells' names.
+
+    Raises:
+        RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.
+    """
+    out = out or sys.stdout
+    changed = {c.name: k for c in cells if (k := changed_keys(sweep, c))}
+    if changed and not rerun_changed:
+        lines = [f"  {name}: {', '.join(keys)}" for name, keys in changed.items()]
+        raise RatuneError(f"{sweep.source}: {len(changed)} cell(s) ran with a different resolved config:\n"
+                          + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
+    for cell in cells:
+        if cell.name in changed:
+            for sub in ("train", "eval", "error.txt"):
+                path = cell.dir / sub
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            (cell.dir / "cell.json").unlink(missing_ok=True)
+            print(f"[rerun] {cell.name}: config changed ({', '.join(changed[cell.name])}); results deleted", file=out)
+    return list(changed)
+
+
+def run_command(cmd: list[str], log_path: Path) -> None:
+    """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
+
+    Raises:
+        RatuneError: non-zero exit, with the last lines of the log.
+    """
+    sibling = Path(sys.executable).parent / cmd[0]  # the same environment's ratune / accelerate first
+    exe = str(sibling) if sibling.exists() else (shutil.which(cmd[0]) or cmd[0])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {_fmt(cmd)}\n")
+        log.flush()
+        try:
+            rc = subprocess.run([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT).returncode
+        except OSError as exc:
+            raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
+    if rc != 0:
+        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-20:])
+        raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{tail}")
+
+
+def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
+    """Make the run folder ready; returns whether training resumes from the latest checkpoint."""
+    run_dir = cell.dir / "train"
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return False
+    if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
+        return True
+    shutil.rmtree(run_dir)
+    return False
+
+
+def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
+              runner: Callable[[list[str], Path], None] | None = None, out=None) -> int:
+    """Run the sweep on this machine: shared data build per hub, then train and evaluate each cell.
+
+    Finished cells are skipped; a cell whose stored config differs is refused (before anything
+    runs) unless ``rerun_changed``, which deletes its results first; a failing cell's error goes to
+    ``cell/error.txt`` and the sweep continues. Returns 0 when every cell finished, else 1.
+
+    Raises:
+        RatuneError: changed cells without ``rerun_changed``.
+        KeyboardInterrupt: after printing where it stopped (a rerun continues).
+    """
+    out = out or sys.stdout
+    from ratune.io import write_json
+    from ratune.manifest import is_complete
+
+    runner = runner or run_command
+    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+
+    plan = data_plan(sweep, cells)
+    status: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    data_errors: dict[str, str] = {}
+    current = "data"
+    try:
+        for hub, entry in plan.items():
+            if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
+                continue
+            manifest = Path(entry["dir"]) / "manifest.json"
+            have = set(json.loads(manifest.read_text()).get("modes", [])) if manifest.exists() else set()
+            if is_complete(entry["dir"]) and set(entry["modes"]) <= have:
+                continue
+            current = f"data {hub}"
+            print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
+            try:
+                runner(data_command(sweep, hub, entry), sweep.out_dir / "logs" / f"data_{hub}.log")
+            except RatuneError as exc:
+                data_errors[hub] = str(exc)
+        for cell in cells:
+            current = cell.name
+            if is_finished(sweep, cell):
+                status[cell.name] = "skipped (finished)"
+                print(f"[skip] {cell.name}: finished", file=out)
+                continue
+            cell.dir.mkdir(parents=True, exist_ok=True)
+            write_json(cell.dir / "cell.json", cell_record(sweep, cell))
+            (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+            error_file = cell.dir / "error.txt"
+            try:
+                if cell.hub in data_errors:
+                    raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
+                if not is_complete(cell.dir / "train"):
+                    resume = _prepare_training(sweep, cell)
+                    cmd = train_command(sweep, cell, resume=resume)
+                    print(f"[train] {cell.name}: {_fmt(cmd)}", file=out)
+                    runner(cmd, cell.dir / "logs" / "train.log")
+                cmd = eval_command(sweep, cell)
+                print(f"[eval] {cell.name}: {_fmt(cmd)}", file=out)
+                runner(cmd, cell.dir / "logs" / "eval.log")
+                if not is_finished(sweep, cell):
+                    raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
+            except RatuneError as exc:
+                error_file.write_text(f"{exc}\n", encoding="utf-8")
+                status[cell.name] = "failed"
+                errors[cell.name] = str(exc).splitlines()[0]
+                print(f"[fail] {cell.name}: {errors[cell.name]} (see {error_file})", file=out)
+                continue
+            error_file.unlink(missing_ok=True)
+            status[cell.name] = "finished"
+    except KeyboardInterrupt:
+        print(f"[stop] interrupted during {current}; rerun the same command to continue", file=out)
+        raise
+    done = sum(1 for s in status.values() if s != "failed")
+    print(f"sweep {sweep.out_dir}: {done}/{len(cells)} cells finished, {len(errors)} failed", file=out)
+    for name, err in errors.items():
+        print(f"  FAILED {name}: {err}", file=out)
+    return 1 if errors else 0
+
+
+def _yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+# ---------------------------------------------------------------- dry run and slurm
+
+
+def dry_run(sweep: Sweep, cells: list[Cell], out=None) -> int:
+    """Print the cells (with their status) and the exact commands, running nothing; returns 0."""
+    out = out or sys.stdout
+    plan = data_plan(sweep, cells)
+    print(f"sweep {sweep.source}: {len(cells)} cells -> {sweep.out_dir}", file=out)
+    for hub, entry in plan.items():
+        print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
+    for cell in cells:
+        keys = changed_keys(sweep, cell)
+        state = ("finished" if is_finished(sweep, cell) else "changed: " + ", ".join(keys) if keys
+                 else "partial" if cell.dir.exists() else "new")
+        axes = " ".join(f"{k}={v}" for k, v in cell.axes.items())
+        print(f"cell {cell.name} [{state}] {axes}", file=out)
+        print(f"  train: {_fmt(train_command(sweep, cell))}", file=out)
+        print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
+    return 0
+
+
+def _sbatch_header(job: str, log: Path, *, nodes: int, gpus: int, time: str, s: SlurmSettings) -> list[str]:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={gpus}", f"#SBATCH --time={time}", f"#SBATCH --output={log}"]
+    if s.partition:
+        lines.append(f"#SBATCH --partition={s.partition}")
+    lines += [f"#SBATCH {opt}" for opt in s.extra_sbatch]
+    lines += ["set -euo pipefail", f"cd {shlex.quote(str(Path.cwd()))}", *s.setup]
+    return lines
+
+
+def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False, out=None) -> Path:
+    """Write one data sbatch script per hub, ``train.sbatch`` and ``eval.sbatch`` per cell, and
+    ``slurm/submit.sh`` which submits them with ``--dependency=afterok`` chains (data -> train -> eval).
+
+    The training script launches accelerate once per node (``srun``) with the rendezvous taken from
+    SLURM's environment. Finished cells are left out of submit.sh (commented). Changed cells are
+    refused as in :func:`run_local`. Returns the submit.sh path.
+    """
+    out = out or sys.stdout
+    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    from ratune.io import write_json
+
+    s = sweep.config.slurm
+    plan = data_plan(sweep, cells)
+    slurm_dir = sweep.out_dir / "slurm"
+    slurm_dir.mkdir(parents=True, exist_ok=True)
+    submit = ["#!/bin/bash", f"# ratune sweep {sweep.source}: {len(cells)} cells", "set -euo pipefail"]
+    data_jobs = {}
+    for hub, entry in plan.items():
+        script = slurm_dir / f"data_{hub}.sbatch"
+        lines = _sbatch_header(f"ratune-data-{hub}", slurm_dir / f"data_{hub}-%j.out", nodes=1, gpus=1,
+                               time=s.eval_time or s.time, s=s)
+        lines += [f"if [ -f {shlex.quote(entry['dir'])}/.complete ]; then echo 'data already built'; exit 0; fi",
+                  _fmt(data_command(sweep, hub, entry))]
+        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        data_jobs[hub] = f"data_{hub}_jid"
+        submit.append(f"data_{hub}_jid=$(sbatch --parsable {shlex.quote(str(script))})")
+    nprocs = s.nodes * s.gpus_per_node
+    for cell in cells:
+        sdir = cell.dir / "slurm"
+        sdir.mkdir(parents=True, exist_ok=True)
+        write_json(cell.dir / "cell.json", cell_record(sweep, cell))
+        (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+        run_dir = shlex.quote(str(cell.dir / "train"))
+        launch = train_command(sweep, cell, launch_args=[
+            "--num_machines", "$SLURM_NNODES", "--machine_rank", "$SLURM_NODEID",
+            "--main_process_ip", "$MAIN_IP", "--main_process_port", str(s.main_process_port),
+            "--num_processes", str(nprocs)])
+        launch_text = " ".join(a if a.startswith("$") else shlex.quote(a) for a in launch) + " $RESUME"
+        train = _sbatch_header(f"ratune-train-{cell.name}"[:120], sdir / "train-%j.out", nodes=s.nodes,
+                               gpus=s.gpus_per_node, time=s.time, s=s)
+        train += [f"if [ -f {run_dir}/.complete ]; then echo 'cell already trained'; exit 0; fi",
+                  'export MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+                  'RESUME=""']
+        if sweep.config.on_unfinished == "resume":  # as the sweep file says; the log shows the flag
+            train.append(f"if ls -d {run_dir}/trainer/checkpoint-* >/dev/null 2>&1; "
+                         f"then RESUME='--resume-from latest'; else rm -rf {run_dir}; fi")
+        else:
+            train.append(f"rm -rf {run_dir}  # on_unfinished: restart")
+        train += ["export RESUME",
+                  "# one accelerate launcher per node; $SLURM_NODEID is expanded on each node",
+                  f"srun --ntasks-per-node=1 bash -c {shlex.quote(launch_text)}"]
+        (sdir / "train.sbatch").write_text("\n".join(train) + "\n", encoding="utf-8")
+        ev = _sbatch_header(f"ratune-eval-{cell.name}"[:120], sdir / "eval-%j.out", nodes=1, gpus=1,
+                            time=s.eval_time or s.time, s=s)
+        ev.append(_fmt(eval_command(sweep, cell)))
+        (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")
+        prefix = "# finished: " if is_finished(sweep, cell) else ""
+        submit += [f"# cell {cell.name}",
+                   f"{prefix}jid=$(sbatch --parsable --dependency=afterok:${data_jobs[cell.hub]} "
+                   f"{shlex.quote(str(sdir / 'train.sbatch'))})",
+                   f"{prefix}sbatch --parsable --dependency=afterok:$jid {shlex.quote(str(sdir / 'eval.sbatch'))}"]
+    path = slurm_dir / "submit.sh"
+    path.write_text("\n".join(submit) + "\n", encoding="utf-8")
+    path.chmod(0o755)
+    print(f"wrote {len(cells)} cells' sbatch scripts; submit with: bash {path}", file=out)
+    return path
+
+
+# ---------------------------------------------------------------- report
+
+
+def _flat(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, dict]:
+    """Collect every finished eval cell of a sweep folder into Table 2 per hub (and per value of
+    the axes other than hub and train_retriever), written to ``out_dir`` (default SWEEP_DIR/report)
+    as ``{group}/table2.{json,csv,md,png}``, plus ``sweep.csv`` (one row per cell and test setting,
+    the axis values as columns) and ``sweep.json``. Unfinished cells are missing, never zero.
+
+    Returns:
+        ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes).
+    Raises:
+        RatuneError: no finished cell.
+    """
+    from ratune.eval.report import make_cell, write_table2
+    from ratune.eval.run import SETTINGS
+    from ratune.io import write_json, write_text
+    from ratune.manifest import is_complete
+
+    sweep_dir = Path(sweep_dir)
+    out = Path(out_dir) if out_dir else sweep_dir / "report"
+    groups: dict[str, dict] = {}
+    rows = []
+    axis_keys: list[str] = []
+    for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
+        record = json.loads(cell_json.read_text())
+        for k in record.get("axes", {}):
+            if k not in axis_keys:
+                axis_keys.append(k)
+        config = record["config"]
+        eval_dir = cell_json.parent / "eval"
+        settings = [s for s in SETTINGS if (eval_dir / s).is_dir()]
+        settings += sorted(p.name for p in eval_dir.glob("*") if p.is_dir() and p.name not in settings) \
+            if eval_dir.is_dir() else []
+        for setting in settings:
+            folder = eval_dir / setting
+            if not (is_complete(folder) and (folder / "metrics.json").exists()):
+                continue
+            table_cell = make_cell(config["train_retriever"], setting,
+                                   json.loads((folder / "metrics.json").read_text()))
+            others = {k: v for k, v in record.get("axes", {}).items() if k not in ("hub", "train_retriever")}
+            group = str(config["hub"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
+                                                 for k, v in sorted(others.items()))
+            g = groups.setdefault(group, {"hub": config["hub"], "model": Path(str(config["model"])).name, "cells": []})
+            g["cells"].append(table_cell)
+            rows.append((record, table_cell))
+    if not rows:
+        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+    tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name)
+              for name, g in sorted(groups.items())}
+    rates = ("accuracy", "hallucination", "error")
+    header = ["cell", *axis_keys, "hub", "model", "train_retriever", "test_retriever", "n",
+              *(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
+              *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+
+    def values(m: dict) -> list[str]:
+        vals = []
+        for r in rates:
+            ci = m.get(f"{r}_ci")
+            vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
+        return vals
+
+    for record, c in rows:
+        config = record["config"]
+        writer.writerow([record["name"], *(_flat(record["axes"].get(k, "")) for k in axis_keys), config["hub"],
+                         config["model"], c["train_retriever"], c["test_retriever"], c["n"],
+                         *values(c), *values(c.get("strict") or {})])
+    write_text(out / "sweep.csv", buf.getvalue())
+    write_json(out / "sweep.json", {"axes": axis_keys, "tables": tables})
+    return tables
+
+
+def cli_report_sweep(sweep_dir: str, out: str | None = None) -> int:
+    """``ratune report SWEEP_DIR [--out DIR]``: write the sweep report and print each table; returns 0."""
+    from ratune.eval.report import table2_markdown
+
+    tables = report_sweep(sweep_dir, out)
+    for name, table in tables.items():
+        print(f"<!-- {name} -->")
+        print(table2_markdown(table))
+    print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
+    return 0
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed."""
+    parser.add_argument("file", help="sweep file (YAML)")
+    parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="local: run the commands here; slurm: write sbatch scripts and submit.sh")
+    parser.add_argument("--out", default=None, help="sweep folder (default: the file's out_dir)")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="delete and rerun cells whose resolved config changed since they ran")
+
+
+def cli_sweep(args: argparse.Namespace) -> int:
+    """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit status."""
+    sweep = load_sweep(args.file, args.out)
+    cells = expand(sweep)
+    if args.dry_run:
+        return dry_run(sweep, cells)
+    if args.launcher == "slurm":
+        write_slurm(sweep, cells, rerun_changed=args.rerun_changed)
+        return 0
+    return run_local(sweep, cells, rerun_changed=args.rerun_changed)

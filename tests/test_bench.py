@@ -1,0 +1,141 @@
+"""Smoke tests of the bench scripts' arithmetic (bench/token_efficiency.py, bench/eval_throughput.py).
+
+The scripts are not part of the ``ratune`` package; they are loaded from their files. Nothing here
+times anything: throughput targets are checked by running the benches, not by tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def te():
+    return _load("token_efficiency")
+
+
+@pytest.fixture(scope="module")
+def et():
+    return _load("eval_throughput")
+
+
+def test_padding_arithmetic_by_hand(te):
+    lengths, loss = [2, 4, 6, 8], [1, 2, 1, 3]
+    # every row padded to 8: 20 real of 32
+    assert te.padded_to_max_length(lengths, 8) == 32
+    # batches (2, 4) -> 2*4 and (6, 8) -> 2*8: 24 processed
+    assert te.padded_per_batch(lengths, [0, 1, 2, 3], 2) == (24, 2)
+    # (8, 2) -> 16 and (4, 6) -> 12: 28 processed; a short last batch counts its own rows only
+    assert te.padded_per_batch(lengths, [3, 0, 1, 2], 2) == (28, 2)
+    assert te.padded_per_batch(lengths, [0, 1, 2], 2) == (8 + 6, 2)
+    r = te.strategy_result(32, lengths, loss, 2)
+    assert r["real_token_share"] == pytest.approx(20 / 32)
+    assert r["loss_token_share"] == pytest.approx(7 / 32)
+    with pytest.raises(ValueError):
+        te.padded_to_max_length([9], 8)
+
+
+def test_packing_keeps_rows_whole_within_max_length(te):
+    lengths = [2, 4, 6, 8]
+    bins = te.pack_bins(lengths, 8)
+    # best-fit decreasing: [8], [6, 2], [4]
+    assert sorted(sorted(lengths[i] for i in b) for b in bins) == [[2, 6], [4], [8]]
+    lengths = [5, 3, 7, 1, 4, 4, 2, 6, 8, 3]
+    bins = te.pack_bins(lengths, 10)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))  # each row once, whole
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
+    assert len(bins) == 5  # 43 tokens: at least 5 bins of 10, and BFD reaches it here
+    with pytest.raises(ValueError):
+        te.pack_bins([11], 10)
+
+
+def test_efficiency_all_strategies(te):
+    lengths, loss = [2, 4, 6, 8], [1, 1, 1, 1]
+    out = te.efficiency(lengths, loss, max_length=8, batch_size=2, seed=0)
+    assert set(out) == set(te.STRATEGIES)
+    assert out["max_length"]["real_token_share"] == pytest.approx(20 / 32)
+    assert out["packing"]["real_token_share"] == pytest.approx(20 / 24)  # 3 bins of 8
+    assert out["packing"]["batches"] == 3
+    assert out["packing_padding_free"]["real_token_share"] == pytest.approx(1.0)
+    for r in out.values():
+        assert r["real_tokens"] == 20 and r["loss_tokens"] == 4
+        assert 0 < r["loss_token_share"] <= r["real_token_share"] <= 1
+    # per-batch padding never beats max_length padding by losing tokens, and never exceeds 100 %
+    assert out["per_batch"]["processed_tokens"] >= 20
+    assert out["length_grouped"]["processed_tokens"] >= 20
+
+
+def test_length_grouped_order_is_a_seeded_permutation(te):
+    lengths = list(range(1, 101))
+    order = te.length_grouped_order(lengths, 4, seed=1)
+    assert sorted(order) == list(range(100))
+    assert order == te.length_grouped_order(lengths, 4, seed=1)
+    # grouped batches waste less than a random order on widely spread lengths
+    grouped, _ = te.padded_per_batch(lengths, order, 4)
+    shuffled, _ = te.padded_per_batch(lengths, te.random_order(100, 1), 4)
+    assert grouped < shuffled
+
+
+def test_count_generated_excludes_padding_after_eos(et):
+    eos = 2
+    assert et.count_generated([5, 6, 7], eos) == 3  # ran to the limit
+    assert et.count_generated([5, eos, eos, eos], eos) == 2  # EOS counted once, padding not
+    assert et.count_generated([eos, eos], eos) == 1
+    assert et.count_generated([5, 6], None) == 2
+
+
+def test_hf_measurement_counts_only_generated_tokens(et, tiny_model_dir):
+    import torch
+
+    from ratune.data.prompt import encode_prompt
+    from ratune.train.model import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = [encode_prompt(tokenizer, "hi"), encode_prompt(tokenizer, "a much longer question " * 20)]
+    assert len(prompts[0]) < len(prompts[1])
+    one, texts1 = et.measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=5)
+    two, texts2 = et.measure_hf(model, tokenizer, prompts, batch_size=2, max_new_tokens=5)
+
+    # the expected count, from the same greedy generation done one prompt at a time by hand
+    expected = 0
+    for ids in prompts:
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=5, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+        expected += et.count_generated(out[0, len(ids):].tolist(), tokenizer.eos_token_id)
+    assert one["generated_tokens"] == expected
+    assert two["generated_tokens"] == expected  # left padding of the short prompt is not counted
+    assert 0 < expected <= 2 * 5
+    assert texts1 == texts2
+
+
+def test_counting_model_ignores_padding_of_finished_rows(et):
+    import torch
+
+    class Fake:
+        device = torch.device("cpu")
+
+        def eval(self):
+            return self
+
+        def generate(self, input_ids, attention_mask=None, **kwargs):
+            new = torch.tensor([[7, 8, 9], [7, 2, 2]])  # row 2 finished at EOS (2), then padded with 2
+            return torch.cat([input_ids, new], dim=1)
+
+    counting = et.CountingModel(Fake(), eos_id=2)
+    counting.generate(torch.tensor([[0, 1], [0, 1]]))
+    assert counting.generated == 3 + 2

@@ -1,0 +1,306 @@
+"""Sweeps (ratune.sweep): expansion, dry run, slurm scripts, the local runner's skip / refuse /
+failure / interrupt behaviour with a fake command runner, and the report of a sweep folder."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ratune import sweep as sw
+from ratune.errors import RatuneError
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = {"model": "tiny-model", "hub": "torchhub", "train_retriever": "none", "global_batch_size": 4,
+        "max_steps": 2, "lora": {"enabled": True, "r": 16}}
+
+
+def write_sweep(tmp_path: Path, **over) -> Path:
+    data = {"name": "t", "out_dir": str(tmp_path / "sweep"), "base": BASE,
+            "data": {"max_length": 256}, "eval": {"settings": ["0_shot", "oracle"], "n_questions": 5},
+            "axes": {"train_retriever": ["none", "oracle"]}, "accelerate_config": "configs/accelerate/cpu_2proc.yaml"}
+    data.update(over)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def args(path, **kw) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sw.add_sweep_arguments(parser)
+    argv = [str(path)]
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------ expansion
+
+
+def test_expand_grid_times_groups(tmp_path):
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "oracle"], "lora.r": [8, 16]},
+                       groups=[{"learning_rate": [1e-4, 2e-4], "max_steps": [10, 20]}])
+    cells = sw.expand(sw.load_sweep(path))
+    assert len(cells) == 2 * 2 * 2
+    assert len({c.name for c in cells}) == 8
+    for c in cells:
+        assert c.config["lora"]["r"] == c.axes["lora.r"]
+        assert {1e-4: 10, 2e-4: 20}[c.config["learning_rate"]] == c.config["max_steps"]  # paired, not crossed
+        assert c.config["output_dir"] == str(c.dir / "train")
+        assert c.config["data_dir"] == str(tmp_path / "sweep" / "data" / "torchhub")
+        assert c.config["max_length"] == 256
+        assert c.config["lora"]["enabled"] is True  # base keys next to a dotted axis key survive
+    # names are stable across loads and independent of the base config (so edits are detected)
+    again = sw.expand(sw.load_sweep(write_sweep(tmp_path, axes={"train_retriever": ["none", "oracle"],
+                                                                "lora.r": [8, 16]},
+                                                groups=[{"learning_rate": [1e-4, 2e-4], "max_steps": [10, 20]}],
+                                                base={**BASE, "seed": 7})))
+    assert [c.name for c in again] == [c.name for c in cells]
+    assert cells[0].name.startswith("learning_rate-0.0001__lora-r-8__max_steps-10__train_retriever-none-")
+
+
+def test_expand_errors(tmp_path):
+    with pytest.raises(RatuneError, match="lora.rr"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, axes={"lora.rr": [8]})))
+    with pytest.raises(RatuneError, match="same .*number"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, groups=[{"learning_rate": [1e-4, 2e-4], "max_steps": [1]}])))
+    with pytest.raises(RatuneError, match="output_dir"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, axes={"output_dir": ["a"]})))
+    with pytest.raises(RatuneError, match="more than one"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, groups=[{"train_retriever": ["none"]}])))
+    with pytest.raises(RatuneError, match="learning_rate"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, axes={"learning_rate": ["fast"]})))
+    with pytest.raises(RatuneError, match="did you mean 'axes'"):
+        sw.load_sweep(write_sweep(tmp_path, axis={"x": [1]}))
+
+
+def test_shipped_sweeps_load_and_expand(monkeypatch):
+    monkeypatch.chdir(REPO)
+    torch_cells = sw.expand(sw.load_sweep("configs/sweeps/table2_torchhub.yaml"))
+    assert sorted(c.config["train_retriever"] for c in torch_cells) == ["none", "oracle"]
+    s = sw.load_sweep("configs/sweeps/table2_torchhub.yaml")
+    assert s.config.eval.settings == ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
+    paper = sw.load_sweep("configs/sweeps/table2_paper.yaml")
+    cells = sw.expand(paper)
+    assert len(cells) == 6
+    assert {c.hub for c in cells} == {"torchhub", "huggingface", "tensorflowhub"}
+    assert all(c.config["learning_rate"] == 2e-5 and c.config["max_length"] == 2048 for c in cells)
+    assert set(sw.data_plan(paper, cells)) == {"torchhub", "huggingface", "tensorflowhub"}
+
+
+# ------------------------------------------------------------------ dry run and slurm
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sw, "run_command", lambda *a: pytest.fail("dry run ran a command"))
+    assert sw.cli_sweep(args(write_sweep(tmp_path), dry_run=True)) == 0
+    out = capsys.readouterr().out
+    cells = sw.expand(sw.load_sweep(tmp_path / "sweep.yaml"))
+    for c in cells:
+        assert (f"accelerate launch --config_file configs/accelerate/cpu_2proc.yaml -m ratune.train "
+                f"--config {c.dir / 'train.yaml'}") in out
+        assert (f"ratune eval run --checkpoint {c.dir / 'train'} --hub torchhub --out {c.dir / 'eval'} "
+                "--settings 0_shot oracle") in out
+        assert f"cell {c.name} [new]" in out
+    assert "ratune data build --hub torchhub" in out and "--modes none oracle" in out
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_slurm_scripts(tmp_path, capsys):
+    path = write_sweep(tmp_path, slurm={"nodes": 2, "gpus_per_node": 4, "time": "12:00:00", "partition": "gpu",
+                                        "setup": ["source .venv/bin/activate"]})
+    assert sw.cli_sweep(args(path, launcher="slurm")) == 0
+    cells = sw.expand(sw.load_sweep(path))
+    submit = (tmp_path / "sweep" / "slurm" / "submit.sh").read_text()
+    for c in cells:
+        train = (c.dir / "slurm" / "train.sbatch").read_text()
+        for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --time=12:00:00",
+                     "#SBATCH --partition=gpu", "#SBATCH --ntasks-per-node=1", "source .venv/bin/activate"):
+            assert line in train
+        assert 'MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in train
+        launch = next(line for line in train.splitlines() if line.startswith("srun "))
+        for part in ("accelerate launch --config_file configs/accelerate/cpu_2proc.yaml",
+                     "--num_machines $SLURM_NNODES", "--machine_rank $SLURM_NODEID", "--main_process_ip $MAIN_IP", "--num_processes 8",
+                     f"-m ratune.train --config {c.dir / 'train.yaml'}"):
+            assert part in launch
+        assert launch.startswith("srun --ntasks-per-node=1 bash -c '")  # node rank expands on each node
+        assert launch.rstrip().endswith("$RESUME'") and "RESUME='--resume-from latest'" in train
+        assert yaml.safe_load((c.dir / "train.yaml").read_text()) == c.config
+        ev = (c.dir / "slurm" / "eval.sbatch").read_text()
+        assert "#SBATCH --nodes=1" in ev and "#SBATCH --gpus-per-node=1" in ev and "ratune eval run" in ev
+        assert f"jid=$(sbatch --parsable --dependency=afterok:$data_torchhub_jid {c.dir / 'slurm' / 'train.sbatch'})" \
+            in submit
+        assert f"sbatch --parsable --dependency=afterok:$jid {c.dir / 'slurm' / 'eval.sbatch'}" in submit
+    assert submit.count("--dependency=afterok:$jid") == 2
+    assert "data_torchhub_jid=$(sbatch --parsable" in submit
+    for script in [tmp_path / "sweep" / "slurm" / "submit.sh", *(tmp_path / "sweep").rglob("*.sbatch")]:
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
+
+
+# ------------------------------------------------------------------ local runner (fake commands)
+
+
+def metrics(n=10, correct=5, halluc=3):
+    err = n - correct - halluc
+    block = {"accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
+             "correct_n": correct, "hallucination_n": halluc, "error_n": err}
+    return {"n": n, "accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
+            "gorilla": dict(block), "strict": {**block, "accuracy": (correct - 1) / n, "correct_n": correct - 1,
+                                               "error": (err + 1) / n, "error_n": err + 1}}
+
+
+def finish_eval(eval_dir: Path, setting: str, m: dict) -> None:
+    d = eval_dir / setting
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.json").write_text(json.dumps(m))
+    (d / ".complete").write_text("complete\n")
+
+
+class FakeRunner:
+    """Does what the real commands leave behind (folders and .complete markers)."""
+
+    def __init__(self, fail_on=(), interrupt_on=()):
+        self.calls: list[list[str]] = []
+        self.fail_on, self.interrupt_on = fail_on, interrupt_on
+
+    def __call__(self, cmd, log_path):
+        self.calls.append(cmd)
+        text = " ".join(cmd)
+        if any(s in text for s in self.interrupt_on):
+            raise KeyboardInterrupt
+        if any(s in text for s in self.fail_on):
+            raise RatuneError(f"`{text}` exited with status 1")
+        if cmd[:3] == ["ratune", "data", "build"]:
+            out = Path(cmd[cmd.index("--out") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            i = cmd.index("--modes") + 1
+            modes = []
+            while i < len(cmd) and not cmd[i].startswith("--"):
+                modes.append(cmd[i])
+                i += 1
+            (out / "manifest.json").write_text(json.dumps({"modes": modes}))
+            (out / ".complete").write_text("complete\n")
+        elif cmd[0] == "accelerate":
+            run = Path(cmd[cmd.index("--config") + 1]).parent / "train"
+            run.mkdir(parents=True, exist_ok=True)
+            (run / ".complete").write_text("complete\n")
+        elif cmd[:3] == ["ratune", "eval", "run"]:
+            out = Path(cmd[cmd.index("--out") + 1])
+            for s in ("0_shot", "oracle"):
+                finish_eval(out, s, metrics())
+
+
+def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path)
+    runner = FakeRunner(fail_on=("train_retriever-oracle",))
+    monkeypatch.setattr(sw, "run_command", runner)
+    assert sw.cli_sweep(args(path)) == 1  # one cell failed, the other finished
+    out = capsys.readouterr().out
+    cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}
+    assert "FAILED " + cells["oracle"].name in out and "1/2 cells finished, 1 failed" in out
+    assert "exited with status 1" in (cells["oracle"].dir / "error.txt").read_text()
+    assert sw.is_finished(sw.load_sweep(path), cells["none"])
+    assert not (cells["none"].dir / "error.txt").exists()
+    assert sum(c[:3] == ["ratune", "data", "build"] for c in runner.calls) == 1  # data shared once
+
+    # rerun: the finished cell is skipped, the failed one retried; data is not rebuilt
+    runner = FakeRunner()
+    monkeypatch.setattr(sw, "run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    out = capsys.readouterr().out
+    assert f"[skip] {cells['none'].name}: finished" in out
+    assert all(cells["none"].name not in " ".join(c) for c in runner.calls)
+    assert not any(c[:3] == ["ratune", "data", "build"] for c in runner.calls)
+    assert not (cells["oracle"].dir / "error.txt").exists()
+
+    # a third run does nothing
+    runner = FakeRunner()
+    monkeypatch.setattr(sw, "run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0 and runner.calls == []
+
+    # the resolved config changed: refused before anything runs, unless --rerun-changed
+    write_sweep(tmp_path, base={**BASE, "learning_rate": 1e-3})
+    with pytest.raises(RatuneError, match="config.learning_rate"):
+        sw.cli_sweep(args(path))
+    assert runner.calls == []
+    assert sw.cli_sweep(args(path, rerun_changed=True)) == 0
+    assert sum(c[0] == "accelerate" for c in runner.calls) == 2
+    stored = json.loads((cells["none"].dir / "cell.json").read_text())
+    assert stored["config"]["learning_rate"] == 1e-3
+
+
+def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path)
+    cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}
+    monkeypatch.setattr(sw, "run_command", FakeRunner(interrupt_on=(f"{cells['oracle'].name}/train.yaml",)))
+    with pytest.raises(KeyboardInterrupt):
+        sw.cli_sweep(args(path))
+    assert f"interrupted during {cells['oracle'].name}" in capsys.readouterr().out
+    # a partly trained cell with a checkpoint resumes from it
+    (cells["oracle"].dir / "train" / "trainer" / "checkpoint-1").mkdir(parents=True)
+    runner = FakeRunner()
+    monkeypatch.setattr(sw, "run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    train_cmds = [c for c in runner.calls if c[0] == "accelerate"]
+    assert len(train_cmds) == 1 and train_cmds[0][-2:] == ["--resume-from", "latest"]
+
+
+# ------------------------------------------------------------------ report
+
+
+def test_report_sweep(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+
+    def make(name, axes, retriever, finished):
+        d = sweep_dir / "cells" / name
+        d.mkdir(parents=True)
+        (d / "cell.json").write_text(json.dumps({"name": name, "axes": axes, "config": {
+            "hub": "torchhub", "model": "/models/tiny", "train_retriever": retriever}}))
+        for s in finished:
+            finish_eval(d / "eval", s, metrics(correct=7 if retriever == "oracle" else 4))
+        return d
+
+    make("a", {"train_retriever": "none", "lora.r": 8}, "none", ["0_shot", "oracle"])
+    b = make("b", {"train_retriever": "oracle", "lora.r": 8}, "oracle", ["0_shot"])
+    (b / "eval" / "oracle").mkdir(parents=True)  # started, not finished: missing, never zero
+    (b / "eval" / "oracle" / "metrics.json").write_text(json.dumps(metrics(correct=0)))
+    make("c", {"train_retriever": "none", "lora.r": 16}, "none", [])  # not evaluated at all
+
+    assert sw.cli_report_sweep(str(sweep_dir)) == 0
+    out = capsys.readouterr().out
+    tables = json.loads((sweep_dir / "report" / "sweep.json").read_text())["tables"]
+    assert list(tables) == ["torchhub__lora-r-8"]
+    cells = {(c["train_retriever"], c["test_retriever"]): c for c in tables["torchhub__lora-r-8"]["cells"]}
+    assert set(cells) == {("none", "0_shot"), ("none", "oracle"), ("oracle", "0_shot")}
+    assert cells[("oracle", "0_shot")]["accuracy"] == 0.7 and cells[("oracle", "0_shot")]["correct_n"] == 7
+    assert cells[("none", "0_shot")]["strict"]["correct_n"] == 3
+    md = (sweep_dir / "report" / "torchhub__lora-r-8" / "table2.md").read_text()
+    oracle_row = next(line for line in md.splitlines() if line.startswith("| oracle |"))
+    assert oracle_row.rstrip().endswith("| - |")  # the unfinished cell shows as missing
+    assert "| oracle |" in out
+    rows = list(csv.DictReader((sweep_dir / "report" / "sweep.csv").open()))
+    assert len(rows) == 3
+    assert {"cell", "train_retriever", "lora.r", "test_retriever", "accuracy", "strict_accuracy"} <= set(rows[0])
+    assert {r["lora.r"] for r in rows} == {"8"}
+    assert (sweep_dir / "report" / "torchhub__lora-r-8" / "table2.png").exists()
+
+
+def test_report_without_finished_cells(tmp_path):
+    (tmp_path / "cells").mkdir()
+    with pytest.raises(RatuneError, match="no finished eval cells"):
+        sw.report_sweep(tmp_path)
+
+
+def test_run_command_logs_and_raises(tmp_path):
+    log = tmp_path / "logs" / "x.log"
+    sw.run_command(["python", "-c", "print('hello')"], log)
+    assert "hello" in log.read_text() and log.read_text().startswith("$ python -c")
+    with pytest.raises(RatuneError, match="exited with status 3"):
+        sw.run_command(["python", "-c", "import sys; print('boom'); sys.exit(3)"], log)
