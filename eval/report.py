@@ -11,6 +11,18 @@ in separate columns (``accuracy_low``, ``accuracy_high``, ...; ``strict_`` prefi
 metric); ``table2.md`` shows each cell as ``73.3 [61-83] (h 10.0)``: accuracy % with its interval,
 then hallucination %; ``table2.png`` is a heatmap of accuracy. A cell that did not run shows as
 missing ("-"), never as zero.
+
+Replicates (several training seeds of one cell, :func:`aggregate_replicates`): the cell's
+``accuracy``, ``hallucination``, ``error`` (and the strict ones) are the *mean* over seeds, with
+``{rate}_sd`` (sample standard deviation, n - 1 denominator; ``None`` for one seed),
+``{rate}_min`` / ``{rate}_max``, ``{rate}_runs`` (each seed's fraction) and ``{rate}_run_ci``
+(each seed's own Wilson interval), aligned with ``seeds``; ``n_seeds`` and ``n_runs`` (questions
+per run) say how many. ``{rate}_ci`` is ``None`` there: a mean over seeds has no single-run
+Wilson interval. ``table2.md`` shows such a cell as ``51.3 ±4.2 sd (3 seeds) (h 10.0)`` and notes
+the widest per-run interval under the table; ``table2.csv`` gets extra columns (``n_seeds``,
+``seeds``, ``accuracy_sd``, ``accuracy_min``, ``accuracy_max``, ...) with ``accuracy_low`` /
+``accuracy_high`` empty; ``table2.json`` records the seeds under ``"replicates"``. Tables without
+replicate cells are written exactly as before.
 """
 
 from __future__ import annotations
@@ -78,6 +90,76 @@ def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
     return cell
 
 
+#: What the spread of a replicate cell is (recorded in table2.json's ``"replicates"``).
+SPREAD = "sample standard deviation (n - 1 denominator) and min-max of the per-seed fractions"
+
+#: Decoding of the eval (recorded with replicates): nothing random at generation time.
+GENERATION = "greedy (do_sample=False): no sampling seed; the seeds vary training only"
+
+
+def _seed_order(seed) -> tuple:
+    return (0, seed, "") if isinstance(seed, (int, float)) and not isinstance(seed, bool) else (1, 0, str(seed))
+
+
+def _spread_block(blocks: Sequence[dict]) -> dict:
+    """Mean, spread and per-run values of each rate present in every block (else left out)."""
+    import statistics
+
+    out: dict = {}
+    for rate, _ in RATES:
+        if not blocks or not all(rate in b for b in blocks):
+            continue
+        values = [float(b[rate]) for b in blocks]
+        out[rate] = statistics.fmean(values)
+        out[f"{rate}_ci"] = None
+        out[f"{rate}_sd"] = statistics.stdev(values) if len(values) > 1 else None
+        out[f"{rate}_min"] = min(values)
+        out[f"{rate}_max"] = max(values)
+        out[f"{rate}_runs"] = values
+        out[f"{rate}_run_ci"] = [b.get(f"{rate}_ci") for b in blocks]
+    return out
+
+
+def aggregate_replicates(runs: Sequence[dict], seeds: Sequence) -> dict:
+    """One table cell from replicate runs (cells of :func:`make_cell` that differ only in seed).
+
+    Each rate (gorilla at the top level, strict in ``"strict"``) becomes the mean over seeds with
+    ``{rate}_sd`` (sample standard deviation, n - 1; ``None`` for a single seed), ``{rate}_min``,
+    ``{rate}_max``, ``{rate}_runs`` (per-seed fractions) and ``{rate}_run_ci`` (per-seed 95 %
+    Wilson intervals), all in the order of ``seeds`` (sorted). ``{rate}_ci`` is ``None``: the
+    per-run intervals are the ones in ``{rate}_run_ci``. ``n`` is the questions per run (the
+    smallest when runs differ; all in ``n_runs``), ``n_seeds`` the number of runs. A rate missing
+    from any run is left out (missing, never zero).
+
+    Raises:
+        ValueError: no runs, runs and seeds of different lengths, or runs of different
+            (train_retriever, test_retriever).
+    """
+    if not runs or len(runs) != len(seeds):
+        raise ValueError(f"need one seed per run; got {len(runs)} runs and {len(seeds)} seeds")
+    pairs = sorted(zip(seeds, [_complete(r) for r in runs]), key=lambda p: _seed_order(p[0]))
+    seeds = [s for s, _ in pairs]
+    runs = [r for _, r in pairs]
+    where = {(r["train_retriever"], r["test_retriever"]) for r in runs}
+    if len(where) > 1:
+        raise ValueError(f"replicates must share train and test retrieval; got {sorted(where)}")
+    ns = [int(r["n"]) for r in runs]
+    cell = {"train_retriever": runs[0]["train_retriever"], "test_retriever": runs[0]["test_retriever"],
+            "n": min(ns), "n_runs": ns, "seeds": seeds, "n_seeds": len(runs)}
+    cell.update(_spread_block(runs))
+    cell["strict"] = _spread_block([r.get("strict") or {} for r in runs])
+    return cell
+
+
+def format_replicates(value: float, sd: float | None, n_seeds: int) -> str:
+    """``51.3 ±4.2 sd (3 seeds)``: the mean over seeds in percent (one decimal), the sample
+    standard deviation across seeds in points (left out for one seed), and the number of seeds."""
+    text = f"{100 * value:.1f}"
+    if sd is not None:
+        text += f" ±{100 * sd:.1f} sd"
+    return text + f" ({n_seeds} seed{'' if n_seeds == 1 else 's'})"
+
+
 def _complete(cell: dict) -> dict:
     """A cell with interval fields filled in where missing (hand-made or older cells)."""
     n = int(cell["n"])
@@ -116,6 +198,8 @@ def table2_markdown(table: dict) -> str:
     in whole percent, then hallucination %; a cell that did not run is "-".
     """
     cells = [_complete(c) for c in table["cells"]]
+    if any("n_seeds" in c for c in cells):
+        return _replicates_markdown(table, cells)
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     n = sorted({c["n"] for c in cells})
@@ -144,6 +228,45 @@ def table2_markdown(table: dict) -> str:
     return "\n".join(out)
 
 
+def _replicates_markdown(table: dict, cells: list[dict]) -> str:
+    """table2_markdown of a table whose cells aggregate seeds: ``51.3 ±4.2 sd (3 seeds) (h 10.0)``."""
+    rows, cols = _axes(cells)
+    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
+    n = sorted({k for c in cells for k in c.get("n_runs", [c["n"]])})
+    seeds = (table.get("replicates") or {}).get("seeds") or sorted(
+        {s for c in cells for s in c.get("seeds", [])}, key=_seed_order)
+    out = [f"# Table 2: {table['hub']}, {table['model']}", "",
+           f"Mean accuracy % over seeds ±sample standard deviation across seeds (number of seeds) "
+           f"(h mean hallucination %) by train-time retrieval (rows) and test-time retrieval (columns); "
+           f"n = {', '.join(map(str, n))} questions per run; seeds {', '.join(map(str, seeds))}.", ""]
+    half = []
+    for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
+        out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for r in rows:
+            line = [r]
+            for s in cols:
+                c = index.get((r, s))
+                m = pick(c) if c else None
+                if m and "accuracy" in m:
+                    if "n_seeds" in c:
+                        text = format_replicates(m["accuracy"], m.get("accuracy_sd"), c["n_seeds"])
+                        half += [(ci[1] - ci[0]) / 2 for ci in m.get("accuracy_run_ci") or [] if ci]
+                    else:
+                        text = format_rate(m["accuracy"], m.get("accuracy_ci"))
+                    if "hallucination" in m:
+                        text += f" (h {100 * m['hallucination']:.1f})"
+                    line.append(text)
+                else:
+                    line.append("-")
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+    widest = f" (widest here: ±{100 * max(half):.1f} points)" if half else ""
+    out += [f"Each run's own accuracy has a {INTERVAL}{widest}: listed per seed in table2.json "
+            "(`accuracy_run_ci`) and replicates.csv. A spread across seeds well inside the per-run interval "
+            f"means the seed matters less than the question sample. Generation is {GENERATION}.", ""]
+    return "\n".join(out)
+
+
 #: CSV columns per metric: each fraction followed by its interval bounds.
 _CSV_RATE_COLUMNS = tuple(x for rate, _ in RATES for x in (rate, f"{rate}_low", f"{rate}_high"))
 
@@ -159,16 +282,34 @@ def _csv_values(m: dict) -> list[str]:
 
 def table2_csv(table: dict) -> str:
     """CSV: one row per cell; gorilla and strict (``strict_`` prefix) fractions, each followed by
-    its 95 % Wilson interval bounds (``accuracy, accuracy_low, accuracy_high, ...``)."""
+    its 95 % Wilson interval bounds (``accuracy, accuracy_low, accuracy_high, ...``). A table with
+    replicate cells (:func:`aggregate_replicates`) has mean fractions, empty bounds and extra
+    columns ``n_seeds, seeds`` (space-separated), ``accuracy_sd, accuracy_min, accuracy_max, ...``."""
+    replicate = any("n_seeds" in c for c in table["cells"])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["hub", "model", "train_retriever", "test_retriever", "n", *_CSV_RATE_COLUMNS,
-                     *(f"strict_{c}" for c in _CSV_RATE_COLUMNS)])
+                     *(f"strict_{c}" for c in _CSV_RATE_COLUMNS)]
+                    + (["n_seeds", "seeds", *_CSV_SPREAD_COLUMNS, *(f"strict_{c}" for c in _CSV_SPREAD_COLUMNS)]
+                       if replicate else []))
     for c in table["cells"]:
         c = _complete(c)
-        writer.writerow([table["hub"], table["model"], c["train_retriever"], c["test_retriever"], c["n"],
-                         *_csv_values(c), *_csv_values(c.get("strict") or {})])
+        row = [table["hub"], table["model"], c["train_retriever"], c["test_retriever"], c["n"],
+               *_csv_values(c), *_csv_values(c.get("strict") or {})]
+        if replicate:
+            row += [c.get("n_seeds", 1), " ".join(map(str, c.get("seeds", []))),
+                    *_csv_spread(c), *_csv_spread(c.get("strict") or {})]
+        writer.writerow(row)
     return buf.getvalue()
+
+
+#: Extra CSV columns per metric of a replicate table: spread across seeds.
+_CSV_SPREAD_COLUMNS = tuple(x for rate, _ in RATES for x in (f"{rate}_sd", f"{rate}_min", f"{rate}_max"))
+
+
+def _csv_spread(m: dict) -> list[str]:
+    return [f"{m[k]:.6f}" if m.get(k) is not None else "" for k in
+            (x for rate, _ in RATES for x in (f"{rate}_sd", f"{rate}_min", f"{rate}_max"))]
 
 
 def table2_heatmap(table: dict, path: str | Path) -> None:
@@ -211,11 +352,13 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
     tmp.replace(path)
 
 
-def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path) -> dict:
+def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path,
+                 replicates: dict | None = None) -> dict:
     """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object.
 
     Cells without interval fields (hand-made, or from an older make_cell) get them here, from
-    their counts or from fraction * n.
+    their counts or from fraction * n. ``replicates`` (for cells of :func:`aggregate_replicates`),
+    e.g. ``{"seeds": [1, 2, 3], ...}``, is stored as the table's ``"replicates"`` field.
     """
     from ratune.io import write_json, write_text
     from ratune.manifest import package_versions
@@ -224,6 +367,8 @@ def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | 
     out.mkdir(parents=True, exist_ok=True)
     table = {"hub": hub, "model": model, "metric": "gorilla", "interval": INTERVAL,
              "cells": [_complete(c) for c in cells], "versions": package_versions()}
+    if replicates is not None:
+        table["replicates"] = replicates
     write_json(out / "table2.json", table)
     write_text(out / "table2.csv", table2_csv(table))
     write_text(out / "table2.md", table2_markdown(table))

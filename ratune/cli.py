@@ -69,21 +69,27 @@ def _retrieval_eval(args) -> int:
 
     from ratune.data.apibench import load_examples, resolve_apibench_dir
     from ratune.io import write_json, write_text
-    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown
+    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
     from ratune.retrieval.retrievers import RETRIEVERS, make_retriever
 
     apibench = resolve_apibench_dir(args.apibench)
     names = [r for r in RETRIEVERS if r != "none"] if args.retriever == "all" else [args.retriever]
     examples = load_examples(apibench, args.hub, "eval")
-    results = [evaluate_retriever(make_retriever(n, hub=args.hub, apibench_dir=apibench), examples) for n in names]
+    retrievers = {n: make_retriever(n, hub=args.hub, apibench_dir=apibench) for n in names}
+    results = [evaluate_retriever(r, examples) for r in retrievers.values()]
+    agreement = [top1_agreement(retrievers[n], retrievers["paper_bm25"], examples)
+                 for n in ("bm25", "bm25_paper") if n in retrievers and "paper_bm25" in retrievers]
+    markdown = retrieval_markdown(results, hub=args.hub) + "".join(
+        f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
+        f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
     if args.out:
-        write_json(Path(args.out) / f"retrieval_{args.hub}.json", results)
-        write_text(Path(args.out) / f"retrieval_{args.hub}.md", retrieval_markdown(results, hub=args.hub))
+        write_json(Path(args.out) / f"retrieval_{args.hub}.json", {"results": results, "agreement": agreement})
+        write_text(Path(args.out) / f"retrieval_{args.hub}.md", markdown)
     if args.json:
         slim = [{k: v for k, v in r.items() if k != "misses"} for r in results]
-        print(json.dumps(slim[0] if len(slim) == 1 else slim, sort_keys=True))
+        print(json.dumps(slim[0] if len(slim) == 1 else {"results": slim, "agreement": agreement}, sort_keys=True))
     else:
-        print(retrieval_markdown(results, hub=args.hub))
+        print(markdown)
     return 0
 
 

@@ -29,6 +29,7 @@ Sweep folder::
     cells/{name}/logs/          stdout/stderr of each command
     slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
     report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv
+                                (a ``seed`` axis: replicates averaged per cell, replicates.csv)
 
 A cell's name is its axis values as a slug plus a short hash of those values: stable across
 reruns and across edits of the base config, so that an edited config is *detected* (the stored
@@ -640,19 +641,29 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
     as ``{group}/table2.{json,csv,md,png}``, plus ``sweep.csv`` (one row per cell and test setting,
     the axis values as columns) and ``sweep.json``. Unfinished cells are missing, never zero.
 
+    Replicates: when several finished cells differ only in ``seed`` (a sweep axis ``seed: [1, 2,
+    3]``, i.e. TrainConfig.seed), seed is not a table: each table's cells are
+    :func:`ratune.eval.report.aggregate_replicates` of the seeds that finished (mean accuracy,
+    hallucination, error and strict ones; sample sd and min-max across seeds; ``n_seeds``,
+    ``seeds``; each seed's own Wilson interval in ``accuracy_run_ci``), table2.md shows
+    ``51.3 ±4.2 sd (3 seeds)``, table2.json records ``"replicates": {"seeds", ...}``, and
+    ``replicates.csv`` has one row per (cell, seed, test setting); ``sweep.json`` gets ``seeds``.
+    Generation is greedy, so the seeds vary training only. Sweeps without such replicates
+    (including a one-value seed axis) are reported exactly as without this rule.
+
     Returns:
-        ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes).
+        ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
+        without ``seed`` when replicates are aggregated).
     Raises:
         RatuneError: no finished cell.
     """
-    from ratune.eval.report import make_cell, write_table2
+    from ratune.eval.report import GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, write_table2
     from ratune.eval.run import SETTINGS
     from ratune.io import write_json, write_text
     from ratune.manifest import is_complete
 
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
-    groups: dict[str, dict] = {}
     rows = []
     axis_keys: list[str] = []
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
@@ -671,23 +682,59 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
                 continue
             table_cell = make_cell(config["train_retriever"], setting,
                                    json.loads((folder / "metrics.json").read_text()))
-            others = {k: v for k, v in record.get("axes", {}).items() if k not in ("hub", "train_retriever")}
-            group = str(config["hub"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
-                                                 for k, v in sorted(others.items()))
-            g = groups.setdefault(group, {"hub": config["hub"], "model": Path(str(config["model"])).name, "cells": []})
-            g["cells"].append(table_cell)
             rows.append((record, table_cell))
     if not rows:
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
-    tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name)
-              for name, g in sorted(groups.items())}
+
+    def group_of(record: dict, drop_seed: bool) -> str:
+        others = {k: v for k, v in record.get("axes", {}).items()
+                  if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
+        return str(record["config"]["hub"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
+                                                      for k, v in sorted(others.items()))
+
+    def seed_of(record: dict) -> Any:
+        return record.get("axes", {}).get("seed", record["config"].get("seed"))
+
+    # replicates: finished cells that land on the same table cell once seed is ignored
+    buckets: dict[tuple, list] = {}
+    for record, c in rows:
+        buckets.setdefault((group_of(record, True), c["train_retriever"], c["test_retriever"]), []).append(
+            (record, c))
+    replicate = any(len(v) > 1 for v in buckets.values())
+
+    groups: dict[str, dict] = {}
+    if replicate:
+        for (group, _, _), runs in buckets.items():
+            g = groups.setdefault(group, {"hub": runs[0][0]["config"]["hub"], "cells": [], "seeds": [],
+                                          "model": Path(str(runs[0][0]["config"]["model"])).name})
+            seeds = [seed_of(r) for r, _ in runs]
+            agg = aggregate_replicates([c for _, c in runs], seeds)
+            by_seed = {json.dumps(seed_of(r), default=str): r["name"] for r, _ in runs}
+            agg["run_cells"] = [by_seed.get(json.dumps(s, default=str)) for s in agg["seeds"]]
+            g["cells"].append(agg)
+            g["seeds"] += [s for s in agg["seeds"] if s not in g["seeds"]]
+    else:
+        for record, c in rows:
+            config = record["config"]
+            g = groups.setdefault(group_of(record, False),
+                                  {"hub": config["hub"], "model": Path(str(config["model"])).name, "cells": []})
+            g["cells"].append(c)
+
+    def replicates_info(seeds: list) -> dict:
+        return {"seeds": _sorted_seeds(seeds), "aggregate": "mean over seeds", "spread": SPREAD,
+                "run_interval": INTERVAL, "generation": GENERATION, "runs": "replicates.csv"}
+
+    if replicate:
+        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
+                                     replicates=replicates_info(g["seeds"]))
+                  for name, g in sorted(groups.items())}
+    else:
+        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name)
+                  for name, g in sorted(groups.items())}
     rates = ("accuracy", "hallucination", "error")
-    header = ["cell", *axis_keys, "hub", "model", "train_retriever", "test_retriever", "n",
-              *(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
-              *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
+    rate_columns = [*(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
+                    *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
+    header = ["cell", *axis_keys, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
 
     def values(m: dict) -> list[str]:
         vals = []
@@ -696,14 +743,44 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
             vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
         return vals
 
-    for record, c in rows:
+    def run_row(record: dict, c: dict, keys: list[str] = axis_keys) -> list:
         config = record["config"]
-        writer.writerow([record["name"], *(_flat(record["axes"].get(k, "")) for k in axis_keys), config["hub"],
-                         config["model"], c["train_retriever"], c["test_retriever"], c["n"],
-                         *values(c), *values(c.get("strict") or {})])
+        return [record["name"], *(_flat(record["axes"].get(k, "")) for k in keys), config["hub"],
+                config["model"], c["train_retriever"], c["test_retriever"], c["n"],
+                *values(c), *values(c.get("strict") or {})]
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for record, c in rows:
+        writer.writerow(run_row(record, c))
     write_text(out / "sweep.csv", buf.getvalue())
-    write_json(out / "sweep.json", {"axes": axis_keys, "tables": tables})
+    summary: dict = {"axes": axis_keys, "tables": tables}
+    if replicate:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        other_keys = [k for k in axis_keys if k != "seed"]
+        writer.writerow(["group", "seed", *(k for k in header if k != "seed")])
+        for record, c in sorted(rows, key=lambda rc: (group_of(rc[0], True), rc[1]["train_retriever"],
+                                                      rc[1]["test_retriever"], _seed_key(seed_of(rc[0])))):
+            writer.writerow([group_of(record, True), _flat(seed_of(record)), *run_row(record, c, other_keys)])
+        write_text(out / "replicates.csv", buf.getvalue())
+        summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
+        summary["replicates"] = replicates_info(summary["seeds"])
+    write_json(out / "sweep.json", summary)
     return tables
+
+
+def _seed_key(seed: Any) -> tuple:
+    return (0, seed, "") if isinstance(seed, (int, float)) and not isinstance(seed, bool) else (1, 0, str(seed))
+
+
+def _sorted_seeds(seeds: list) -> list:
+    unique: list = []
+    for s in seeds:
+        if s not in unique:
+            unique.append(s)
+    return sorted(unique, key=_seed_key)
 
 
 def cli_report_sweep(sweep_dir: str, out: str | None = None) -> int:

@@ -66,3 +66,15 @@ def retrieval_markdown(results: Sequence[dict], *, hub: str, ks: Sequence[int] =
         cells += [f"{100 * r[f'ndcg@{k}']:.1f}" for k in ks if k > 1]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def top1_agreement(a: Retriever, b: Retriever, examples: Sequence[Example]) -> dict:
+    """How often two retrievers put the same API first, over queries where both return one.
+
+    Returns:
+        ``{"a", "b", "n", "agree", "rate"}`` (``n`` counts queries with a top-1 from both).
+    """
+    queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
+    pairs = [(x[0], y[0]) for x, y in zip(a.retrieve(queries, top_k=1), b.retrieve(queries, top_k=1)) if x and y]
+    agree = sum(api_identity(x) == api_identity(y) for x, y in pairs)
+    return {"a": a.name, "b": b.name, "n": len(pairs), "agree": agree, "rate": agree / len(pairs) if pairs else 0.0}
