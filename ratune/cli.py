@@ -19,6 +19,7 @@ exit with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Callable
@@ -151,30 +152,6 @@ def _report(args) -> int:
     return 0
 
 
-def _compare(args) -> int:
-    from ratune.eval.compare import cli_compare
-
-    return cli_compare(args)
-
-
-def _export(args) -> int:
-    from ratune.train.export import cli_export
-
-    return cli_export(args)
-
-
-def _plan(args) -> int:
-    from ratune.train.plan import cli_plan
-
-    return cli_plan(args)
-
-
-def _sweep(args) -> int:
-    from ratune.sweep import cli_sweep
-
-    return cli_sweep(args)
-
-
 def _demo(args) -> int:
     from ratune.demo import run_demo
 
@@ -250,29 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out")
     rp.set_defaults(func=_report)
 
-    from ratune.eval.compare import add_compare_arguments
-
-    cp = stages.add_parser("compare", help="paired comparison of two response files or eval cells")
-    add_compare_arguments(cp)
-    cp.set_defaults(func=_compare)
-
-    from ratune.sweep import add_sweep_arguments
-
-    sw = stages.add_parser("sweep", help="run (or --dry-run, or --launcher slurm) an ablation sweep")
-    add_sweep_arguments(sw)
-    sw.set_defaults(func=_sweep)
-
-    from ratune.train.plan import add_plan_arguments
-
-    pl = stages.add_parser("plan", help="per-GPU memory and ideal time of a training config")
-    add_plan_arguments(pl)
-    pl.set_defaults(func=_plan)
-
-    from ratune.train.export import add_export_arguments
-
-    ex = stages.add_parser("export", help="merged safetensors checkpoint + model card; push when asked")
-    add_export_arguments(ex)
-    ex.set_defaults(func=_export)
+    # Stages whose arguments and entry point live beside their code: (name, help, module, adder, runner).
+    delegated = (
+        ("compare", "paired comparison of two response files or eval cells", "ratune.eval.compare",
+         "add_compare_arguments", "cli_compare"),
+        ("sweep", "run (or --dry-run, or --launcher slurm) an ablation sweep", "ratune.sweep",
+         "add_sweep_arguments", "cli_sweep"),
+        ("plan", "per-GPU memory and ideal time of a training config", "ratune.train.plan",
+         "add_plan_arguments", "cli_plan"),
+        ("export", "merged safetensors checkpoint + model card; push when asked", "ratune.train.export",
+         "add_export_arguments", "cli_export"),
+    )
+    for name, help_text, module_name, adder, runner in delegated:
+        module = importlib.import_module(module_name)
+        sub = stages.add_parser(name, help=help_text)
+        getattr(module, adder)(sub)
+        sub.set_defaults(func=getattr(module, runner))
 
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
     d.add_argument("--config", default=None, help="demo config (default configs/demo.yaml)")
