@@ -191,6 +191,32 @@ def format_rate(value: float, ci: Sequence[float] | None = None) -> str:
     return text
 
 
+def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
+    """Markdown lines of the gorilla and strict tables (rows: train retrieval, columns: test
+    retrieval). ``accuracy_text(cell, metric_block)`` renders the accuracy; the hallucination %
+    follows it, and a cell that did not run is "-"."""
+    rows, cols = _axes(cells)
+    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
+    out = []
+    for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
+        out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for r in rows:
+            line = [r]
+            for s in cols:
+                c = index.get((r, s))
+                m = pick(c) if c else None
+                if m and "accuracy" in m:
+                    text = accuracy_text(c, m)
+                    if "hallucination" in m:
+                        text += f" (h {100 * m['hallucination']:.1f})"
+                    line.append(text)
+                else:
+                    line.append("-")
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+    return out
+
+
 def table2_markdown(table: dict) -> str:
     """Markdown: one table for the gorilla metric and one for the strict metric.
 
@@ -200,28 +226,11 @@ def table2_markdown(table: dict) -> str:
     cells = [_complete(c) for c in table["cells"]]
     if any("n_seeds" in c for c in cells):
         return _replicates_markdown(table, cells)
-    rows, cols = _axes(cells)
-    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     n = sorted({c["n"] for c in cells})
     out = [f"# Table 2: {table['hub']}, {table['model']}", "",
            f"Accuracy % [95 % interval] (h hallucination %) by train-time retrieval (rows) and test-time "
            f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
-    for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
-        out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        for r in rows:
-            line = [r]
-            for s in cols:
-                c = index.get((r, s))
-                m = pick(c) if c else None
-                if m and "accuracy" in m:
-                    text = format_rate(m["accuracy"], m.get("accuracy_ci"))
-                    if "hallucination" in m:
-                        text += f" (h {100 * m['hallucination']:.1f})"
-                    line.append(text)
-                else:
-                    line.append("-")
-            out.append("| " + " | ".join(line) + " |")
-        out.append("")
+    out += _metric_tables(cells, lambda c, m: format_rate(m["accuracy"], m.get("accuracy_ci")))
     out += [f"Intervals in brackets are {INTERVAL}s for the accuracy (whole percent; Wilson 1927). "
             "Two cells whose intervals overlap may still differ: compare them on the same questions "
             "with `ratune compare` (paired exact McNemar test and bootstrap interval of the difference).", ""]
@@ -230,8 +239,6 @@ def table2_markdown(table: dict) -> str:
 
 def _replicates_markdown(table: dict, cells: list[dict]) -> str:
     """table2_markdown of a table whose cells aggregate seeds: ``51.3 ±4.2 sd (3 seeds) (h 10.0)``."""
-    rows, cols = _axes(cells)
-    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     n = sorted({k for c in cells for k in c.get("n_runs", [c["n"]])})
     seeds = (table.get("replicates") or {}).get("seeds") or sorted(
         {s for c in cells for s in c.get("seeds", [])}, key=_seed_order)
@@ -240,26 +247,14 @@ def _replicates_markdown(table: dict, cells: list[dict]) -> str:
            f"(h mean hallucination %) by train-time retrieval (rows) and test-time retrieval (columns); "
            f"n = {', '.join(map(str, n))} questions per run; seeds {', '.join(map(str, seeds))}.", ""]
     half = []
-    for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
-        out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-        for r in rows:
-            line = [r]
-            for s in cols:
-                c = index.get((r, s))
-                m = pick(c) if c else None
-                if m and "accuracy" in m:
-                    if "n_seeds" in c:
-                        text = format_replicates(m["accuracy"], m.get("accuracy_sd"), c["n_seeds"])
-                        half += [(ci[1] - ci[0]) / 2 for ci in m.get("accuracy_run_ci") or [] if ci]
-                    else:
-                        text = format_rate(m["accuracy"], m.get("accuracy_ci"))
-                    if "hallucination" in m:
-                        text += f" (h {100 * m['hallucination']:.1f})"
-                    line.append(text)
-                else:
-                    line.append("-")
-            out.append("| " + " | ".join(line) + " |")
-        out.append("")
+
+    def cell_text(c: dict, m: dict) -> str:
+        if "n_seeds" not in c:
+            return format_rate(m["accuracy"], m.get("accuracy_ci"))
+        half.extend((ci[1] - ci[0]) / 2 for ci in m.get("accuracy_run_ci") or [] if ci)
+        return format_replicates(m["accuracy"], m.get("accuracy_sd"), c["n_seeds"])
+
+    out += _metric_tables(cells, cell_text)
     widest = f" (widest here: ±{100 * max(half):.1f} points)" if half else ""
     out += [f"Each run's own accuracy has a {INTERVAL}{widest}: listed per seed in table2.json "
             "(`accuracy_run_ci`) and replicates.csv. A spread across seeds well inside the per-run interval "

@@ -43,14 +43,19 @@ def test_needed_fields_end():
     assert needed_fields_end("<<<code>>>\nimport torch\nmodel = torch.hub.load('a', 'b')\n") is None
 
 
-def test_stop_after_api_call_only_shortens(apibench, tiny_model_dir):
-    """Stopping early returns a prefix of the full greedy answer (or the full answer)."""
-    from ratune.data.apibench import load_examples
-    from ratune.train.model import load_model, load_tokenizer
+def test_fields_complete_criterion_per_sequence(smol_tokenizer):
+    """The stopping criterion looks only at generated tokens (after the prompt) and stops each
+    sequence once its api_provider line is complete."""
+    import torch
 
-    tok = load_tokenizer(tiny_model_dir)
-    model = load_model(tiny_model_dir)
-    prompts = [encode_prompt(tok, e.instruction) for e in load_examples(apibench, "torchhub", "eval")[:3]]
-    full = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=10)
-    short = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=10, stop_after_api_call=True)
-    assert all(f.startswith(s) for f, s in zip(full, short))
+    from ratune.eval.generate import FieldsCompleteCriteria
+
+    tok = smol_tokenizer
+    prompt = tok("<<<api_provider>>>: in the prompt\n", add_special_tokens=False)["input_ids"]
+    done = tok("<<<api_call>>>: f(x)\n<<<api_provider>>>: PyTorch\n", add_special_tokens=False)["input_ids"]
+    open_line = tok("<<<api_call>>>: f(x)\n<<<api_provider>>>: PyT", add_special_tokens=False)["input_ids"]
+    width = max(len(done), len(open_line))
+    rows = [prompt + done + [tok.pad_token_id] * (width - len(done)),
+            prompt + open_line + [tok.pad_token_id] * (width - len(open_line))]
+    flags = FieldsCompleteCriteria(tok, len(prompt))(torch.tensor(rows), None)
+    assert flags.tolist() == [True, False]
