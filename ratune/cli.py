@@ -134,7 +134,10 @@ def _report(args) -> int:
 
         if args.eval:
             raise RatuneError("give either SWEEP_DIR or --eval folders, not both")
-        return cli_report_sweep(args.sweep_dir, out=args.out)
+        return cli_report_sweep(args.sweep_dir, out=args.out, pair_args=args.pair)
+    if args.pair:
+        raise RatuneError("--pair compares cells of a sweep: give SWEEP_DIR (for two response files use "
+                          "`ratune compare`)")
     if not (args.eval and args.hub and args.model and args.out):
         raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --hub, --model and --out")
     cells = []
@@ -225,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--hub", choices=HUBS)
     rp.add_argument("--model")
     rp.add_argument("--out")
+    rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
+                    help="with SWEEP_DIR: compare the cells selected by A and B (key=value,... e.g. "
+                         "train_retriever=oracle,test_retriever=oracle); repeatable; replaces the sweep "
+                         "file's compare list")
     rp.set_defaults(func=_report)
 
     # Stages whose arguments and entry point live beside their code: (name, help, module, adder, runner).

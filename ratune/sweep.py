@@ -17,8 +17,12 @@ Sweep file (validated with ``extra="forbid"``)::
     accelerate_config: configs/accelerate/1gpu.yaml
     on_unfinished: resume                   # or restart
     slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00", partition: gpu}
+    compare:                                # chosen pairs, paired tests in the report
+      - {a: {train_retriever: oracle, test_retriever: oracle}, b: {train_retriever: none, test_retriever: 0_shot}}
 
 Sweep folder::
+
+    sweep.yaml                  the validated sweep file as it was last run (the report reads ``compare``)
 
     data/{hub}/                 the shared ``ratune data build`` output (once per hub)
     cells/{name}/cell.json      axis values, resolved training config, data and eval settings
@@ -29,7 +33,8 @@ Sweep folder::
     cells/{name}/logs/          stdout/stderr of each command
     slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
     report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv
-                                (a ``seed`` axis: replicates averaged per cell, replicates.csv)
+                                (a ``seed`` axis: replicates averaged per cell, replicates.csv),
+                                comparisons.{md,csv,json} for the chosen pairs (ratune/sweep_pairs.py)
 
 A cell's name is its axis values as a slug plus a short hash of those values: stable across
 reruns and across edits of the base config, so that an edited config is *detected* (the stored
@@ -58,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ratune.config import load_yaml, validate
 from ratune.errors import RatuneError
+from ratune.sweep_pairs import ComparePair
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
 OWNED_KEYS = ("data_dir", "output_dir")
@@ -121,6 +127,7 @@ class SweepConfig(BaseModel):
     accelerate_config: str | None = None
     on_unfinished: Literal["resume", "restart"] = "resume"
     slurm: SlurmSettings = SlurmSettings()
+    compare: list[ComparePair] = Field(default_factory=list)
 
 
 @dataclass
@@ -461,6 +468,7 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
 
     runner = runner or run_command
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    save_sweep_file(sweep)
 
     plan = data_plan(sweep, cells)
     status: dict[str, str] = {}
@@ -522,6 +530,16 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     return 1 if errors else 0
 
 
+def save_sweep_file(sweep: Sweep) -> Path:
+    """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` (what ``report_sweep`` reads its
+    chosen ``compare`` pairs from); returns its path."""
+    from ratune.io import write_text
+
+    path = sweep.out_dir / "sweep.yaml"
+    write_text(path, _yaml({"source": sweep.source, **sweep.config.model_dump(mode="json")}))
+    return path
+
+
 def _yaml(data: dict) -> str:
     import yaml
 
@@ -573,6 +591,7 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
 
     s = sweep.config.slurm
     plan = data_plan(sweep, cells)
+    save_sweep_file(sweep)
     slurm_dir = sweep.out_dir / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
     submit = ["#!/bin/bash", f"# ratune sweep {sweep.source}: {len(cells)} cells", "set -euo pipefail"]
@@ -635,7 +654,8 @@ def _flat(value: Any) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
-def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, dict]:
+def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
+                 pairs: list[ComparePair] | None = None) -> dict[str, dict]:
     """Collect every finished eval cell of a sweep folder into Table 2 per hub (and per value of
     the axes other than hub and train_retriever), written to ``out_dir`` (default SWEEP_DIR/report)
     as ``{group}/table2.{json,csv,md,png}``, plus ``sweep.csv`` (one row per cell and test setting,
@@ -651,11 +671,16 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
     Generation is greedy, so the seeds vary training only. Sweeps without such replicates
     (including a one-value seed axis) are reported exactly as without this rule.
 
+    Chosen pairs (``pairs``, default the ``compare`` list of ``SWEEP_DIR/sweep.yaml``) are
+    compared with paired tests by :func:`ratune.sweep_pairs.compare_pairs` and written as
+    ``comparisons.{md,csv,json}``; ``sweep.json`` gets ``comparisons`` (the count per status).
+
     Returns:
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
         without ``seed`` when replicates are aggregated).
     Raises:
-        RatuneError: no finished cell.
+        RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
+            several cells in one context.
     """
     from ratune.eval.report import GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, write_table2
     from ratune.eval.run import SETTINGS
@@ -665,6 +690,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     rows = []
+    finished = []  # dimensions and metrics.json of each finished eval cell (chosen-pair comparisons)
     axis_keys: list[str] = []
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
         record = json.loads(cell_json.read_text())
@@ -683,6 +709,9 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
             table_cell = make_cell(config["train_retriever"], setting,
                                    json.loads((folder / "metrics.json").read_text()))
             rows.append((record, table_cell))
+            finished.append({"dims": {**record.get("axes", {}), "hub": config["hub"],
+                                      "train_retriever": config["train_retriever"], "test_retriever": setting},
+                             "cell": record["name"], "metrics_path": folder / "metrics.json"})
     if not rows:
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
 
@@ -767,8 +796,40 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> di
         write_text(out / "replicates.csv", buf.getvalue())
         summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
         summary["replicates"] = replicates_info(summary["seeds"])
+    if pairs is None:
+        pairs = load_compare_pairs(sweep_dir)
+    if pairs:
+        from ratune.sweep_pairs import comparisons_csv_rows, comparisons_markdown, compare_pairs
+
+        results = compare_pairs(finished, pairs)
+        write_json(out / "comparisons.json", {"comparisons": results})
+        write_text(out / "comparisons.md", comparisons_markdown(results))
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(comparisons_csv_rows(results))
+        write_text(out / "comparisons.csv", buf.getvalue())
+        summary["comparisons"] = {status: sum(r["status"] == status for r in results)
+                                  for status in ("ok", "missing", "refused")}
     write_json(out / "sweep.json", summary)
     return tables
+
+
+def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
+    """The ``compare`` pairs of ``SWEEP_DIR/sweep.yaml`` (empty when the file or the key is absent).
+
+    Raises:
+        RatuneError: the stored pairs do not validate (naming the file).
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    path = Path(sweep_dir) / "sweep.yaml"
+    if not path.is_file():
+        return []
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        return [ComparePair.model_validate(p) for p in data.get("compare") or []]
+    except ValidationError as err:
+        raise RatuneError(f"{path}: compare: {err}") from None
 
 
 def _seed_key(seed: Any) -> tuple:
@@ -783,14 +844,26 @@ def _sorted_seeds(seeds: list) -> list:
     return sorted(unique, key=_seed_key)
 
 
-def cli_report_sweep(sweep_dir: str, out: str | None = None) -> int:
-    """``ratune report SWEEP_DIR [--out DIR]``: write the sweep report and print each table; returns 0."""
-    from ratune.eval.report import table2_markdown
+def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[list[str]] | None = None) -> int:
+    """``ratune report SWEEP_DIR [--out DIR] [--pair A B ...]``: write the sweep report and print
+    each table (and the chosen-pair comparisons); returns 0.
 
-    tables = report_sweep(sweep_dir, out)
+    ``pair_args``: ``[[selector A, selector B], ...]`` as ``key=value,key=value`` text; when given
+    they replace the sweep file's ``compare`` list.
+    """
+    from ratune.eval.report import table2_markdown
+    from ratune.sweep_pairs import parse_selector
+
+    pairs = None
+    if pair_args:
+        pairs = [ComparePair(a=parse_selector(a), b=parse_selector(b)) for a, b in pair_args]
+    tables = report_sweep(sweep_dir, out, pairs=pairs)
     for name, table in tables.items():
         print(f"<!-- {name} -->")
         print(table2_markdown(table))
+    comparisons = Path(out or Path(sweep_dir) / "report") / "comparisons.md"
+    if comparisons.exists():
+        print(comparisons.read_text(encoding="utf-8"))
     print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
     return 0
 
