@@ -674,6 +674,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     Chosen pairs (``pairs``, default the ``compare`` list of ``SWEEP_DIR/sweep.yaml``) are
     compared with paired tests by :func:`ratune.sweep_pairs.compare_pairs` and written as
     ``comparisons.{md,csv,json}``; ``sweep.json`` gets ``comparisons`` (the count per status).
+    Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
+    accuracy over train x test settings; ties: the first) with its ``ratune export`` command.
 
     Returns:
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
@@ -796,6 +798,18 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         write_text(out / "replicates.csv", buf.getvalue())
         summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
         summary["replicates"] = replicates_info(summary["seeds"])
+    if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table (ties: first cell)
+        best: dict[str, dict] = {}
+        for record, c in rows:
+            group = group_of(record, False)
+            if group not in best or c["accuracy"] > best[group]["accuracy"]:
+                cell_dir = sweep_dir / "cells" / record["name"]
+                best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
+                               "test_retriever": c["test_retriever"], "accuracy": c["accuracy"],
+                               "accuracy_ci": c.get("accuracy_ci"), "n": c["n"],
+                               "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
+                                               f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}
+        summary["best"] = best
     if pairs is None:
         pairs = load_compare_pairs(sweep_dir)
     if pairs:
@@ -861,9 +875,12 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
     for name, table in tables.items():
         print(f"<!-- {name} -->")
         print(table2_markdown(table))
-    comparisons = Path(out or Path(sweep_dir) / "report") / "comparisons.md"
-    if comparisons.exists():
-        print(comparisons.read_text(encoding="utf-8"))
+    report_dir = Path(out or Path(sweep_dir) / "report")
+    if pairs is not None or load_compare_pairs(sweep_dir):
+        print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
+    for name, b in json.loads((report_dir / "sweep.json").read_text(encoding="utf-8")).get("best", {}).items():
+        print(f"best in {name}: {b['cell']} (train {b['train_retriever']}, test {b['test_retriever']}, "
+              f"accuracy {100 * b['accuracy']:.1f} %, n = {b['n']}); export it with:\n  {b['export']}")
     print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
     return 0
 

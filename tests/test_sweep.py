@@ -290,6 +290,10 @@ def test_report_sweep(tmp_path, capsys):
     assert {"cell", "train_retriever", "lora.r", "test_retriever", "accuracy", "strict_accuracy"} <= set(rows[0])
     assert {r["lora.r"] for r in rows} == {"8"}
     assert (sweep_dir / "report" / "torchhub__lora-r-8" / "table2.png").exists()
+    best = json.loads((sweep_dir / "report" / "sweep.json").read_text())["best"]["torchhub__lora-r-8"]
+    assert (best["cell"], best["test_retriever"], best["accuracy"]) == ("b", "0_shot", 0.7)
+    assert best["export"] == f"ratune export {b / 'train'} --out exports/b --eval {b / 'eval'}"
+    assert f"best in torchhub__lora-r-8: b (train oracle, test 0_shot, accuracy 70.0 %, n = 10)" in out
 
 
 def test_report_without_finished_cells(tmp_path):

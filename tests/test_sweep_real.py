@@ -1,0 +1,110 @@
+"""A real sweep, end to end (issue 5): `ratune sweep` on a tiny model runs the real commands (data
+build, `accelerate launch -m ratune.train`, `ratune eval run`), is stopped with Ctrl-C (SIGINT to
+its process group, as a terminal sends it) in the middle of the first cell's evaluation, resumed
+by running the same command again, reported, and the best cell is exported to a folder that
+reloads with from_pretrained. Marked slow (about 2 minutes here): `make test-slow`, run by CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _ratune() -> list[str]:
+    exe = Path(sys.executable).with_name("ratune")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "ratune.cli"]
+
+
+@pytest.mark.slow
+def test_tiny_sweep_interrupted_resumed_reported_exported(tmp_path, apibench, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    sweep_dir = tmp_path / "sweep"
+    spec = {
+        "name": "tiny", "out_dir": str(sweep_dir), "apibench": str(apibench),
+        "base": {"model": str(tiny_model_dir), "hub": "torchhub", "train_retriever": "none",
+                 "global_batch_size": 2, "per_device_batch_size": 1, "max_steps": 2, "max_examples": 8,
+                 "save_steps": 1, "lora": {"enabled": True, "r": 4, "alpha": 8}, "torch_threads": 1},
+        "data": {"max_length": 512, "max_document_tokens": 64},
+        "eval": {"settings": ["0_shot", "oracle"], "n_questions": 3, "batch_size": 1, "max_new_tokens": 24,
+                 "threads": 1},
+        "axes": {"train_retriever": ["none", "oracle"]},
+        "accelerate_config": str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"),
+        "compare": [{"a": {"train_retriever": "oracle"}, "b": {"train_retriever": "none"}}],
+    }
+    sweep_file = tmp_path / "tiny.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec))
+    cmd = [*_ratune(), "sweep", str(sweep_file)]
+
+    # 1. start, then Ctrl-C once the first cell is evaluating
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 600
+    first_eval = None
+    while time.time() < deadline and proc.poll() is None:
+        logs = sorted(sweep_dir.glob("cells/*/logs/eval.log"))
+        if logs:
+            first_eval = logs[0].parent.parent
+            break
+        time.sleep(0.2)
+    assert first_eval is not None, f"no eval started: {proc.communicate()}"
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (out, err)
+    assert "[stop] interrupted during" in out
+    assert "rerun the same command to continue" in err
+    assert (first_eval / "train" / ".complete").exists()  # training had finished; eval had not
+    assert not all((first_eval / "eval" / s / ".complete").exists() for s in ("0_shot", "oracle"))
+
+    # 2. the same command continues: the finished training is not rerun, everything finishes
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2/2 cells finished, 0 failed" in proc.stdout
+    assert f"[train] {first_eval.name}" not in proc.stdout
+    assert f"[eval] {first_eval.name}" in proc.stdout
+    train_log = (first_eval / "logs" / "train.log").read_text()
+    assert train_log.count("$ accelerate launch") == 1
+    for cell in sweep_dir.glob("cells/*"):
+        for setting in ("0_shot", "oracle"):
+            rows = [json.loads(line) for line in (cell / "eval" / setting / "responses.jsonl").open()]
+            assert [r["question_id"] for r in rows] == [1, 2, 3]  # no duplicate, none missing
+    # a third run has nothing left to do
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.count("[skip]") == 2
+
+    # 3. the report: the 2 x 2 matrix, chosen-pair comparisons, the best cell
+    proc = subprocess.run([*_ratune(), "report", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads((sweep_dir / "report" / "torchhub" / "table2.json").read_text())
+    assert {(c["train_retriever"], c["test_retriever"]) for c in table["cells"]} == \
+        {(t, s) for t in ("none", "oracle") for s in ("0_shot", "oracle")}
+    assert all(c["n"] == 3 for c in table["cells"])
+    comparisons = json.loads((sweep_dir / "report" / "comparisons.json").read_text())["comparisons"]
+    assert sorted(c["context"]["test_retriever"] for c in comparisons) == ["0_shot", "oracle"]
+    assert all(c["status"] == "ok" and c["metrics"]["gorilla"]["n"] == 3 for c in comparisons)
+    best = json.loads((sweep_dir / "report" / "sweep.json").read_text())["best"]["torchhub"]
+    assert best["accuracy"] == max(c["accuracy"] for c in table["cells"])
+    assert "export it with:" in proc.stdout
+
+    # 4. export the best cell with its command; the folder reloads
+    export_cmd = best["export"].split()
+    assert export_cmd[:2] == ["ratune", "export"]
+    proc = subprocess.run([*_ratune(), *export_cmd[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    exported = tmp_path / "exports" / best["cell"]
+    model = AutoModelForCausalLM.from_pretrained(exported)
+    assert model.config.vocab_size == json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    card = (exported / "README.md").read_text()
+    assert "train-time retrieval" in card.lower() and best["train_retriever"] in card
