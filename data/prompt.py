@@ -8,7 +8,8 @@ User turn (Gorilla, section 3.2, "retriever-aware training")::
 where the second line is present only when a document is given and ``<document>`` is the API
 document serialized by :func:`serialize_document`. Assistant turn: :func:`format_answer`, five
 marker lines ``<<<domain>>>: ...`` to ``<<<code>>>: ...`` (each marker followed by a colon and a
-space). The training-set builder (:mod:`ratune.data.build`) and the evaluator
+space). A request that none of the given documents can answer is answered with
+:func:`abstain_answer` (api_call :data:`ABSTAIN_API_CALL`). The training-set builder (:mod:`ratune.data.build`) and the evaluator
 (:mod:`ratune.eval.generate`) both call :func:`render_user_turn`, so the two cannot drift.
 """
 
@@ -59,6 +60,36 @@ def build_user_turn(instruction: str, document: str | None) -> str:
     if document is None:
         return instruction
     return f"{instruction}\n{REFERENCE_PHRASE}{document}"
+
+
+#: The api_call of an abstention: the answer a model gives when no given document fits the
+#: request (issue 9; BFCL's irrelevance category). Our design, not the paper's.
+ABSTAIN_API_CALL = "NO_API_FITS"
+
+
+def abstain_answer(answer: Answer) -> Answer:
+    """The abstention for a request whose documents cannot answer it: the five fields, with
+    :data:`ABSTAIN_API_CALL` as the call, ``none`` as domain and provider, a fixed explanation and
+    no code (``answer`` is the request's real answer; only its type is used)."""
+    return Answer(domain="none", api_call=ABSTAIN_API_CALL, api_provider="none",
+                  explanation="None of the given API documentation fits this request.", code="")
+
+
+def is_abstention(api_call: str | None) -> bool:
+    """Whether an api_call field's value is the abstention (whitespace and case ignored)."""
+    return api_call is not None and api_call.strip().upper() == ABSTAIN_API_CALL
+
+
+def answer_field(text, name: str) -> str | None:
+    """The value of the first ``<<<name>>>:`` line of a generated answer (to the end of that
+    line, stripped), or None when the text has no such marker or is not a string."""
+    if not isinstance(text, str):
+        return None
+    marker = f"<<<{name}>>>:"
+    start = text.find(marker)
+    if start < 0:
+        return None
+    return text[start + len(marker):].split("\n", 1)[0].strip()
 
 
 def format_answer(answer: Answer) -> str:

@@ -31,6 +31,28 @@ def needed_fields_end(text: str) -> int | None:
     return min(ends) if ends else None
 
 
+def finish_answer(text: str, *, stop_after_api_call: bool) -> str:
+    """The stored answer for decoded generated text: cut after the api_provider line when
+    ``stop_after_api_call`` (and the line is complete), then stripped.
+
+    Every backend (HF here, vLLM in :mod:`ratune.eval.vllm_backend`) passes its decoded text
+    through this one function. A backend that stops generating as soon as the line is complete
+    and one that runs on and is cut afterwards store the same answer: the cut is at the first
+    line end after the api_provider marker, which is the same offset in any continuation.
+    """
+    end = needed_fields_end(text) if stop_after_api_call else None
+    if end is not None:
+        text = text[:end]
+    return text.strip()
+
+
+def decode_answer(tokenizer, new_token_ids, *, stop_after_api_call: bool) -> str:
+    """Decode a sequence's generated ids (after the prompt; EOS and padding are special tokens
+    and skipped) and apply :func:`finish_answer`."""
+    text = tokenizer.decode(list(int(t) for t in new_token_ids), skip_special_tokens=True)
+    return finish_answer(text, stop_after_api_call=stop_after_api_call)
+
+
 class FieldsCompleteCriteria:
     """A transformers stopping criterion: per sequence, True once :func:`needed_fields_end` finds
     the api_provider line complete in the tokens generated after ``prompt_width``."""
@@ -85,11 +107,8 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
             out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, **extra)
         batch = []
         for row, i in enumerate(idx):
-            text = tokenizer.decode(out[row, width:], skip_special_tokens=True)
-            end = needed_fields_end(text) if stop_after_api_call else None
-            if end is not None:
-                text = text[:end]
-            batch.append((i, text.strip()))
+            batch.append((i, decode_answer(tokenizer, out[row, width:].tolist(),
+                                           stop_after_api_call=stop_after_api_call)))
         yield batch
 
 

@@ -27,6 +27,13 @@ from ratune.errors import RatuneError
 
 #: Test-time settings, in Table 2 column order (Gorilla, Table 2; ``dense`` is ours).
 SETTINGS = ("0_shot", "bm25", "dense", "gpt_index", "oracle")
+#: Experiment settings (issue 9), never Table 2 columns: ``swap`` (another API's document of the
+#: same domain, :mod:`ratune.eval.swap`), ``irrelevant`` (a document of another domain,
+#: :mod:`ratune.eval.abstain`) and ``constraints_{setting}`` (the constrained TorchHub questions
+#: under a Table 2 setting, :mod:`ratune.eval.constraints`).
+EXPERIMENT_SETTINGS = ("swap", "irrelevant", *(f"constraints_{s}" for s in SETTINGS))
+#: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
+BACKENDS = ("hf", "vllm")
 
 
 @dataclass
@@ -41,6 +48,12 @@ class EvalSettings:
         stop_after_api_call: stop once the api_call/api_provider fields are complete.
         max_document_tokens: document budget (None = read from the checkpoint's manifest).
         torch_threads: intra-op threads.
+        backend: ``hf`` (batched HF ``generate``, :mod:`ratune.eval.generate`; CPU or GPU) or
+            ``vllm`` (:mod:`ratune.eval.vllm_backend`; optional extra, CUDA only; same prompt ids,
+            greedy decoding, limit and answer cut). Recorded in each cell's identity when not
+            ``hf``, so a cell is never continued with the other backend.
+        trust_remote_code: let the checkpoint's own modeling code run (only for a model trained
+            with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
     """
 
     settings: Sequence[str] = SETTINGS
@@ -50,6 +63,8 @@ class EvalSettings:
     stop_after_api_call: bool = False
     max_document_tokens: int | None = None
     torch_threads: int | None = None
+    backend: str = "hf"
+    trust_remote_code: bool = False
     retriever_cache: dict = field(default_factory=dict)
 
 
@@ -115,6 +130,62 @@ def _read_done(path: Path) -> dict[int, dict]:
     return done
 
 
+def _batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
+             stop_after_api_call: bool):
+    """Batches of ``(prompt index, answer)`` from the chosen backend (same arguments, same answers)."""
+    if backend == "vllm":
+        from ratune.eval.vllm_backend import vllm_generate_batches
+
+        # vLLM schedules its own batches; chunks of 32 x batch_size bound what a killed run loses
+        return vllm_generate_batches(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                     stop_after_api_call=stop_after_api_call, chunk_size=32 * batch_size)
+    from ratune.eval.generate import generate_batches
+
+    return generate_batches(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            stop_after_api_call=stop_after_api_call)
+
+
+def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, settings: EvalSettings):
+    """``(examples, retriever, extra)`` of one setting: the questions it asks, the retriever that
+    gives their documents, and what its extra metrics need (``swapped`` / ``constraints``)."""
+    from ratune.data.apibench import api_database_path, load_api_database
+    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+
+    def cached(name: str):
+        key = (hub, name)
+        if key not in settings.retriever_cache:
+            if name == "swap":
+                from ratune.eval.swap import SwapRetriever
+
+                settings.retriever_cache[key] = SwapRetriever(load_api_database(api_database_path(apibench_dir, hub)))
+            elif name == "irrelevant":
+                from ratune.eval.abstain import IrrelevantRetriever
+
+                settings.retriever_cache[key] = IrrelevantRetriever(
+                    load_api_database(api_database_path(apibench_dir, hub)))
+            else:
+                settings.retriever_cache[key] = make_retriever(name, hub=hub, apibench_dir=apibench_dir)
+        return settings.retriever_cache[key]
+
+    if setting in TEST_SETTINGS:
+        return examples, cached(TEST_SETTINGS[setting]), {}
+    if setting == "swap":
+        retriever = cached("swap")
+        swapped = {}
+        for e in examples:
+            doc = retriever.swapped(Query(text=e.instruction, gold=e.api, question_id=e.line))
+            if doc is not None:
+                swapped[e.line] = doc
+        return [e for e in examples if e.line in swapped], retriever, {"swapped": swapped}
+    if setting == "irrelevant":
+        return examples, cached("irrelevant"), {}
+    from ratune.eval.constraints import constrained_examples
+
+    made = constrained_examples(examples, load_api_database(api_database_path(apibench_dir, hub)))
+    base = setting[len("constraints_"):]
+    return [e for e, _ in made], cached(TEST_SETTINGS[base]), {"constraints": {e.line: c for e, c in made}}
+
+
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
     """Generate and score one checkpoint under each test setting.
@@ -128,48 +199,62 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
 
     from ratune.data.apibench import load_examples
     from ratune.data.prompt import encode_prompt, render_user_turn
-    from ratune.eval.generate import generate_batches
+    from ratune.eval.abstain import abstention
     from ratune.eval.scoring import Scorer
     from ratune.eval.stats import rate_intervals
     from ratune.io import write_json
     from ratune.manifest import is_complete, mark_complete, package_versions
-    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+    from ratune.retrieval.retrievers import Query
     from ratune.train.model import load_model, load_tokenizer, set_torch_threads
 
     for s in settings.settings:
-        if s not in SETTINGS:
-            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(SETTINGS)}")
+        if s not in SETTINGS + EXPERIMENT_SETTINGS:
+            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(SETTINGS + EXPERIMENT_SETTINGS)}")
+        if s.startswith("constraints_") and hub != "torchhub":
+            raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
+    if settings.backend not in BACKENDS:
+        raise RatuneError(f"unknown generation backend {settings.backend!r}: expected one of {', '.join(BACKENDS)}")
+    if settings.backend == "vllm":
+        from ratune.eval.vllm_backend import require_vllm
+
+        require_vllm()  # before any question is loaded or cell written
     set_torch_threads(settings.torch_threads)
     folder = model_folder(checkpoint)
     budget = settings.max_document_tokens
     if budget is None:
         budget = trained_document_budget(checkpoint)
-    examples = load_examples(apibench_dir, hub, "eval")
+    all_examples = load_examples(apibench_dir, hub, "eval")
     if settings.n_questions is not None:
-        examples = examples[:settings.n_questions]
+        all_examples = all_examples[:settings.n_questions]
     name = model_name or Path(checkpoint).name
     out = Path(out_dir)
     scorer = Scorer.from_apibench(hub, apibench_dir)
 
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code)
+    from ratune.data.apibench import api_database_path, examples_path, input_hashes
+    from ratune.io import sha256_file
+
+    inputs = input_hashes([api_database_path(apibench_dir, hub), examples_path(apibench_dir, hub, "eval")])
+    run_manifest = folder / "ratune_manifest.json"
+    if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
+        inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
     model = None
     results = {}
     generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
                   "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
                   "max_document_tokens": budget}
+    if settings.backend != "hf":  # cells made before backends existed keep their identity
+        generation["backend"] = settings.backend
     for setting in settings.settings:
         cell = out / setting
+        examples, retriever, extra = _setting_plan(setting, all_examples, hub=hub, apibench_dir=apibench_dir,
+                                                   settings=settings)
         _check_cell_identity(cell, {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
                                     "questions": [e.line for e in examples], "generation": generation})
         if is_complete(cell):
             results[setting] = json.loads((cell / "metrics.json").read_text())
             continue
         cell.mkdir(parents=True, exist_ok=True)
-        retriever_name = TEST_SETTINGS[setting]
-        key = (hub, retriever_name)
-        if key not in settings.retriever_cache:
-            settings.retriever_cache[key] = make_retriever(retriever_name, hub=hub, apibench_dir=apibench_dir)
-        retriever = settings.retriever_cache[key]
         docs = retriever.retrieve([Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples],
                                   top_k=1)
 
@@ -184,13 +269,18 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
                    for i in todo]
         if todo:
             if model is None:
-                model = load_model(folder)
+                if settings.backend == "vllm":
+                    from ratune.eval.vllm_backend import load_llm
+
+                    model = load_llm(folder)
+                else:
+                    model = load_model(folder, trust_remote_code=settings.trust_remote_code)
             bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=f"{name} {setting}",
                        disable=not progress)
             with open(responses_path, "a", encoding="utf-8") as fh:
-                for batch in generate_batches(model, tokenizer, prompts, batch_size=settings.batch_size,
-                                              max_new_tokens=settings.max_new_tokens,
-                                              stop_after_api_call=settings.stop_after_api_call):
+                for batch in _batches(settings.backend, model, tokenizer, prompts, batch_size=settings.batch_size,
+                                      max_new_tokens=settings.max_new_tokens,
+                                      stop_after_api_call=settings.stop_after_api_call):
                     for j, text in batch:
                         ex = examples[todo[j]]
                         row = {"question_id": ex.line, "text": text, "model": name, "setting": setting}
@@ -219,7 +309,19 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             "per_question": scored.get("per_question", []),
             "generation": generation,
             "versions": package_versions(),
+            "abstention": abstention(responses),
+            "inputs": inputs,
         }
+        if setting == "swap":
+            from ratune.eval.swap import follow_rates
+
+            metrics["document_swap"] = {**follow_rates(scorer, responses, extra["swapped"]),
+                                        "left_out": len(all_examples) - len(examples)}
+        elif setting.startswith("constraints_"):
+            from ratune.eval.constraints import constraint_metrics
+
+            metrics["constraints"] = {**constraint_metrics(scorer, responses, extra["constraints"]),
+                                      "unconstrained_left_out": len(all_examples) - len(examples)}
         write_json(cell / "metrics.json", metrics)
         mark_complete(cell)
         results[setting] = metrics

@@ -651,6 +651,29 @@ class Scorer:
             strict = "hallucination"
         return ResponseScore(api_call, gorilla, strict, index)
 
+    def names_api(self, text, api_call: str) -> bool:
+        """Whether a response names the API of ``api_call`` (a database or gold api_call), by the
+        strict metric's keys: the response's extracted call must carry the API's primary key.
+
+        Used by the document-swap experiment (:mod:`ratune.eval.swap`) to tell whether an answer
+        follows the given document or the memorised API. No call extracted: False.
+        """
+        extracted = extract_api_call(text, self.hub)
+        if extracted is None:
+            return False
+        return self._identity_of_reference(api_call)[0] in self.strict_keys(extracted)
+
+    def named_documents(self, text) -> list[int]:
+        """0-based database lines whose API the response's call names (strict metric keys);
+        [] when no call is extracted or it names no database API."""
+        extracted = extract_api_call(text, self.hub)
+        if extracted is None:
+            return []
+        if not hasattr(self, "_primary_keys"):
+            self._primary_keys = [self._identity_of_reference(d["api_call"])[0] for d in self.api_database]
+        keys = self.strict_keys(extracted)
+        return [i for i, key in enumerate(self._primary_keys) if key in keys]
+
     def score(self, responses: list[dict]) -> dict:
         """Score a list of responses (dicts with ``question_id`` and ``text``).
 

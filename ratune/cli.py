@@ -44,13 +44,29 @@ def _data_build(args) -> int:
     from ratune.data.build import BuildSettings, build_dataset
     from ratune.train.model import load_tokenizer, resolve_model_path
 
+    from ratune.data.mixture import Mixture
+    from ratune.errors import RatuneError
+
     apibench = resolve_apibench_dir(args.apibench)
+    mixtures = [Mixture.parse(spec, top1_retriever=args.top1_retriever, distractors=args.distractors,
+                              seed=args.mixture_seed) for spec in args.mixture or []]
+    if not args.modes and not mixtures:
+        raise RatuneError("nothing to build: give --modes and/or --mixture")
+    utility_keep = utility_meta = None
+    if args.utility_file:
+        from ratune.data.utility import load_utility
+
+        if args.min_utility is None or not mixtures:
+            raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")
+        utility_keep = load_utility(args.utility_file, min_utility=args.min_utility)
+        utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
     tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
     manifest = build_dataset(
         apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
                                                  max_document_tokens=args.max_document_tokens, top_k=args.top_k),
-        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage)
+        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
+        mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
     summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
                "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
                                   for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
@@ -62,6 +78,27 @@ def _data_build(args) -> int:
             for mode, c in modes.items():
                 print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}")
         print(f"wrote {args.out}")
+    return 0
+
+
+def _data_utility(args) -> int:
+    from ratune.data.utility import measure_utility, write_utility
+    from ratune.manifest import base_manifest
+    from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
+
+    set_torch_threads(args.threads)
+    model_path = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path)
+    records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
+                              max_examples=args.max_examples, batch_size=args.batch_size)
+    meta = {**base_manifest("data utility"), "data": args.data, "model": str(model_path), "split": args.split,
+            "max_examples": args.max_examples}
+    summary = write_utility(records, args.out, meta=meta)
+    for mode, s in summary.items():
+        print(f"{mode:8s} n {s['n']:4d}  mean {s['mean']:+.3f}  p10 {s['p10']:+.3f}  p50 {s['p50']:+.3f}  "
+              f"p90 {s['p90']:+.3f}  > 0: {100 * s['share_positive']:.1f} %")
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -84,7 +121,14 @@ def _retrieval_eval(args) -> int:
         f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
         f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
     if args.out:
-        write_json(Path(args.out) / f"retrieval_{args.hub}.json", {"results": results, "agreement": agreement})
+        from ratune.data.apibench import api_database_path, examples_path, input_hashes, questions_path
+        from ratune.manifest import package_versions
+
+        files = [api_database_path(apibench, args.hub), examples_path(apibench, args.hub, "eval")]
+        files += [p for p in (questions_path(apibench, args.hub, s) for s in ("bm25", "gpt_index")) if p.exists()]
+        write_json(Path(args.out) / f"retrieval_{args.hub}.json",
+                   {"results": results, "agreement": agreement, "inputs": input_hashes(files),
+                    "versions": package_versions()})
         write_text(Path(args.out) / f"retrieval_{args.hub}.md", markdown)
     if args.json:
         slim = [{k: v for k, v in r.items() if k != "misses"} for r in results]
@@ -109,7 +153,8 @@ def _eval_run(args) -> int:
         args.checkpoint, hub=args.hub, apibench_dir=resolve_apibench_dir(args.apibench), out_dir=args.out,
         settings=EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
                               max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
-                              max_document_tokens=args.max_document_tokens, torch_threads=args.threads))
+                              max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
+                              backend=args.backend, trust_remote_code=args.trust_remote_code))
     print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
                       for s, m in results.items()}, sort_keys=True))
     return 0
@@ -165,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
     from ratune.data.apibench import HUBS
     from ratune.data.build import TRAIN_MODES
-    from ratune.eval.run import SETTINGS
+    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS
     from ratune.eval.scoring import add_score_arguments
     from ratune.retrieval.retrievers import RETRIEVERS
 
@@ -178,7 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hub", required=True, choices=HUBS)
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--tokenizer", default="smollm2-135m-instruct", help="model folder whose tokenizer measures lengths")
-    b.add_argument("--modes", nargs="+", default=list(TRAIN_MODES), choices=TRAIN_MODES)
+    b.add_argument("--modes", nargs="*", default=list(TRAIN_MODES), choices=TRAIN_MODES,
+                   help="train-time retrieval modes (default all; `--modes` alone: none, with --mixture)")
+    b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...",
+                   help="also build the mode mix-NAME, each example's document drawn from the mixture, e.g. "
+                        "rat_mix:none=0.25,oracle=0.25,top1=0.25,distractors=0.25 (repeatable; data/mixture.py)")
+    b.add_argument("--mixture-seed", type=int, default=0, help="seed of the mixture draws (default 0)")
+    b.add_argument("--distractors", type=int, default=3,
+                   help="other APIs' documents beside the gold one in the distractors component (default 3)")
+    b.add_argument("--top1-retriever", choices=("bm25", "dense"), default="bm25",
+                   help="retriever of the top1 component (default bm25)")
     b.add_argument("--max-length", type=int, default=2048, help="tokens per row (paper: 2048)")
     b.add_argument("--max-document-tokens", type=int, default=None, help="document budget in tokens")
     b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
@@ -188,7 +242,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eval instructions found in the training data: fail (default), drop those training rows, "
                         "or keep them; always reported in the manifest")
     b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    b.add_argument("--utility-file", default=None, metavar="FILE",
+                   help="utility.jsonl of `ratune data utility`: keep a mixture's oracle/top1 document only "
+                        "where its utility exceeds --min-utility")
+    b.add_argument("--min-utility", type=float, default=None, help="threshold in nats per answer token")
     b.set_defaults(func=_data_build)
+
+    u = data.add_parser("utility", help="document utility: answer loss without minus with the document")
+    u.add_argument("--data", required=True, help="a `ratune data build` folder with mode none and the document modes")
+    u.add_argument("--modes", nargs="+", default=["oracle"], help="document modes to measure (default oracle)")
+    u.add_argument("--model", default="smollm2-135m-instruct", help="model folder (or the demo alias)")
+    u.add_argument("--out", required=True, help="output folder (utility.jsonl, utility.json, utility.png)")
+    u.add_argument("--split", default="train")
+    u.add_argument("--max-examples", type=int, default=None, help="the first N examples only")
+    u.add_argument("--batch-size", type=int, default=8)
+    u.add_argument("--threads", type=int, default=None, help="torch threads")
+    u.set_defaults(func=_data_utility)
 
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
@@ -210,13 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--hub", required=True, choices=HUBS)
     e.add_argument("--apibench")
     e.add_argument("--out", required=True)
-    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS + EXPERIMENT_SETTINGS,
+                   help="Table 2 settings (default all five) and/or experiments: swap, irrelevant, "
+                        "constraints_SETTING (README: Beyond the paper)")
     e.add_argument("--n-questions", type=int, default=None)
     e.add_argument("--batch-size", type=int, default=8)
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--stop-after-api-call", action="store_true")
     e.add_argument("--max-document-tokens", type=int, default=None)
     e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                   help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only")
+    e.add_argument("--trust-remote-code", action="store_true",
+                   help="run the checkpoint's own modeling code (only for models trained with trust_remote_code)")
     e.set_defaults(func=_eval_run)
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)

@@ -82,20 +82,28 @@ class SweepData(BaseModel):
     top_k: int = Field(1, ge=1)
     tokenizer: str | None = None
     leakage: Literal["error", "drop", "allow"] = "error"
+    mixtures: list[str] = Field(default_factory=list,
+                                description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
+                                            "trains on one with train_retriever: mix-NAME")
+    mixture_seed: int = 0
+    distractors: int = Field(3, ge=1)
+    top1_retriever: Literal["bm25", "dense"] = "bm25"
 
 
 class SweepEval(BaseModel):
     """Arguments of ``ratune eval run`` for every cell."""
 
     model_config = ConfigDict(extra="forbid")
-    settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle"]] = \
-        ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
+    settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle", "swap", "irrelevant",
+                           "constraints_0_shot", "constraints_bm25", "constraints_dense", "constraints_gpt_index",
+                           "constraints_oracle"]] = ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
     n_questions: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(256, ge=1)
     stop_after_api_call: bool = False
     max_document_tokens: int | None = Field(None, ge=1)
     threads: int | None = Field(None, ge=1)
+    backend: Literal["hf", "vllm"] = "hf"
 
 
 class SlurmSettings(BaseModel):
@@ -292,7 +300,12 @@ def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
             entry["modes"].append(c["train_retriever"])
         entry["tokenizer"].add(sweep.config.data.tokenizer or c["model"])
         entry["max_length"].add(c["max_length"])
+    defined = {m.mode for m in sweep_mixtures(sweep)}
     for hub, entry in plan.items():
+        undefined = [m for m in entry["modes"] if m.startswith("mix-") and m not in defined]
+        if undefined:
+            raise RatuneError(f"{sweep.source}: train_retriever {', '.join(undefined)} names a mixture that "
+                              f"data.mixtures does not define (defined: {', '.join(sorted(defined)) or 'none'})")
         for key, hint in (("tokenizer", "data.tokenizer"), ("max_length", "data.max_length")):
             if len(entry[key]) > 1:
                 values = sorted(map(str, entry[key]))
@@ -302,12 +315,36 @@ def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
     return plan
 
 
+def sweep_mixtures(sweep: Sweep) -> list:
+    """The sweep's ``data.mixtures`` as :class:`ratune.data.mixture.Mixture` objects.
+
+    Raises:
+        RatuneError: a malformed or invalid mixture spec (naming the sweep file).
+    """
+    from ratune.data.mixture import Mixture
+
+    d = sweep.config.data
+    try:
+        return [Mixture.parse(spec, top1_retriever=d.top1_retriever, distractors=d.distractors,
+                              seed=d.mixture_seed) for spec in d.mixtures]
+    except RatuneError as err:
+        raise RatuneError(f"{sweep.source}: data.mixtures: {err}") from None
+
+
 def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
     """The ``ratune data build`` command of one hub's shared data folder."""
     d = sweep.config.data
+    mixtures = {m.mode: spec for m, spec in zip(sweep_mixtures(sweep), d.mixtures)}
+    plain = [m for m in entry["modes"] if m not in mixtures]
     cmd = ["ratune", "data", "build", "--hub", hub, "--out", entry["dir"], "--tokenizer", entry["tokenizer"],
-           "--modes", *entry["modes"], "--max-length", str(entry["max_length"]), "--top-k", str(d.top_k),
+           "--modes", *plain, "--max-length", str(entry["max_length"]), "--top-k", str(d.top_k),
            "--leakage", d.leakage, "--overwrite"]
+    needed = [spec for mode, spec in mixtures.items() if mode in entry["modes"]]
+    for spec in needed:
+        cmd += ["--mixture", spec]
+    if needed:
+        cmd += ["--mixture-seed", str(d.mixture_seed), "--distractors", str(d.distractors),
+                "--top1-retriever", d.top1_retriever]
     if d.max_document_tokens is not None:
         cmd += ["--max-document-tokens", str(d.max_document_tokens)]
     if sweep.config.apibench:
@@ -340,6 +377,10 @@ def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
         cmd += ["--max-document-tokens", str(e.max_document_tokens)]
     if e.threads is not None:
         cmd += ["--threads", str(e.threads)]
+    if e.backend != "hf":
+        cmd += ["--backend", e.backend]
+    if cell.config.get("trust_remote_code"):
+        cmd += ["--trust-remote-code"]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
     return cmd
@@ -366,17 +407,32 @@ def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
     """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or equal).
 
     The list of eval settings is not compared: each eval setting folder checks its own identity
-    (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs.
+    (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs. A top-level key
+    that the stored record lacks and whose new value is the schema's default (a setting added to
+    ratune after the cell ran, at the value that keeps the old behaviour) is not a change.
     """
+    from ratune.train.config import TrainConfig
+
     path = cell.dir / "cell.json"
     if not path.exists():
         return []
     old = json.loads(path.read_text())
     new = cell_record(sweep, cell)
     keys = []
-    for part in ("config", "data", "eval"):
-        keys += [f"{part}.{k}" for k in _diff_keys(old.get(part), new.get(part))]
+    for part, schema in (("config", TrainConfig), ("data", SweepData), ("eval", SweepEval)):
+        before, after = old.get(part) or {}, dict(new.get(part) or {})
+        for key, field_info in schema.model_fields.items():
+            if key not in before and key in after and not field_info.is_required() \
+                    and after[key] == _json_default(field_info):
+                del after[key]
+        keys += [f"{part}.{k}" for k in _diff_keys(before, after)]
     return [k for k in keys if k != "eval.settings"]
+
+
+def _json_default(field_info) -> Any:
+    """A pydantic field's default as it appears in a JSON dump."""
+    default = field_info.get_default(call_default_factory=True)
+    return default.model_dump(mode="json") if isinstance(default, BaseModel) else default
 
 
 def is_finished(sweep: Sweep, cell: Cell) -> bool:
@@ -674,6 +730,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     Chosen pairs (``pairs``, default the ``compare`` list of ``SWEEP_DIR/sweep.yaml``) are
     compared with paired tests by :func:`ratune.sweep_pairs.compare_pairs` and written as
     ``comparisons.{md,csv,json}``; ``sweep.json`` gets ``comparisons`` (the count per status).
+    Per table, ``worst_case.md`` and ``sweep.json``'s ``worst_case`` give each trained model's
+    lowest accuracy across its test settings (:mod:`ratune.eval.robustness`).
     Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
     accuracy over train x test settings; ties: the first) with its ``ratune export`` command.
 
@@ -685,11 +743,13 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             several cells in one context.
     """
     from ratune.eval.report import GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, write_table2
-    from ratune.eval.run import SETTINGS
+    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS
     from ratune.io import write_json, write_text
     from ratune.manifest import is_complete
 
     sweep_dir = Path(sweep_dir)
+    experiments: list[dict] = []  # issue 9 settings: reported beside Table 2, never in it
+    abstention_by_cell = {}  # false abstention: abstaining under oracle, where the document answers
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     rows = []
     finished = []  # dimensions and metrics.json of each finished eval cell (chosen-pair comparisons)
@@ -708,14 +768,22 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             folder = eval_dir / setting
             if not (is_complete(folder) and (folder / "metrics.json").exists()):
                 continue
-            table_cell = make_cell(config["train_retriever"], setting,
-                                   json.loads((folder / "metrics.json").read_text()))
+            if setting in EXPERIMENT_SETTINGS:
+                experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
+                                    "train_retriever": config["train_retriever"],
+                                    "metrics": json.loads((folder / "metrics.json").read_text())})
+                continue
+            cell_metrics = json.loads((folder / "metrics.json").read_text())
+            if setting == "oracle" and cell_metrics.get("abstention"):
+                abstention_by_cell[record["name"]] = cell_metrics["abstention"]
+            table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
             rows.append((record, table_cell))
             finished.append({"dims": {**record.get("axes", {}), "hub": config["hub"],
                                       "train_retriever": config["train_retriever"], "test_retriever": setting},
                              "cell": record["name"], "metrics_path": folder / "metrics.json"})
     if not rows:
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+
 
     def group_of(record: dict, drop_seed: bool) -> str:
         others = {k: v for k, v in record.get("axes", {}).items()
@@ -787,6 +855,10 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         writer.writerow(run_row(record, c))
     write_text(out / "sweep.csv", buf.getvalue())
     summary: dict = {"axes": axis_keys, "tables": tables}
+    from ratune.io import sha256_file
+
+    summary["sources"] = {str(f["metrics_path"].relative_to(sweep_dir)): sha256_file(f["metrics_path"])
+                          for f in finished}
     if replicate:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -798,6 +870,12 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         write_text(out / "replicates.csv", buf.getvalue())
         summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
         summary["replicates"] = replicates_info(summary["seeds"])
+    from ratune.eval.robustness import worst_case, worst_case_markdown
+
+    summary["worst_case"] = {}
+    for name, table in tables.items():  # each trained model's lowest accuracy across test settings
+        summary["worst_case"][name] = worst_case(table["cells"])
+        write_text(out / name / "worst_case.md", worst_case_markdown(summary["worst_case"][name]))
     if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table (ties: first cell)
         best: dict[str, dict] = {}
         for record, c in rows:
@@ -810,6 +888,13 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                                "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
                                                f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}
         summary["best"] = best
+    if experiments:
+        from ratune.eval.robustness import experiments_markdown, experiment_rows
+
+        exp_rows = experiment_rows(experiments, abstention_by_cell)
+        write_json(out / "experiments.json", {"experiments": exp_rows})
+        write_text(out / "experiments.md", experiments_markdown(exp_rows))
+        summary["experiments"] = len(exp_rows)
     if pairs is None:
         pairs = load_compare_pairs(sweep_dir)
     if pairs:
@@ -872,10 +957,12 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
     if pair_args:
         pairs = [ComparePair(a=parse_selector(a), b=parse_selector(b)) for a, b in pair_args]
     tables = report_sweep(sweep_dir, out, pairs=pairs)
+    report_dir = Path(out or Path(sweep_dir) / "report")
     for name, table in tables.items():
         print(f"<!-- {name} -->")
         print(table2_markdown(table))
-    report_dir = Path(out or Path(sweep_dir) / "report")
+        print("Worst case across test settings:\n")
+        print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
     if pairs is not None or load_compare_pairs(sweep_dir):
         print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
     for name, b in json.loads((report_dir / "sweep.json").read_text(encoding="utf-8")).get("best", {}).items():

@@ -11,7 +11,9 @@ Names (the test-time settings of Gorilla, section 4.1, plus ours):
 see BM25_VARIANTS), ``dense``
 (sentence-transformers, all-MiniLM-L6-v2 offline), ``gpt_index`` and ``paper_bm25`` (the paper's
 own retrieved documents, read from the released question files and mapped back to database
-records, so our serializer renders them).
+records, so our serializer renders them), and ``dense_ft`` (a bi-encoder finetuned on one hub's
+training split by :mod:`ratune.retrieval.finetune`; needs the model folder, and refuses a folder
+trained for another hub).
 """
 
 from __future__ import annotations
@@ -25,11 +27,18 @@ from typing import Sequence
 
 from ratune.data.apibench import api_database_path, api_identity, load_api_database, questions_path
 from ratune.data.prompt import serialize_document
-from ratune.errors import RatuneError
-from ratune.io import iter_jsonl
+from ratune.errors import InputError, RatuneError
+from ratune.io import iter_jsonl, read_json
 
 #: Retriever names accepted by :func:`make_retriever`.
 RETRIEVERS = ("none", "oracle", "bm25", "bm25_paper", "dense", "gpt_index", "paper_bm25")
+
+#: Retrievers that need a trained model folder (``dense_model``), so not part of RETRIEVERS' "all".
+TRAINED_RETRIEVERS = ("dense_ft",)
+
+#: File that marks a sentence-transformers folder as a ratune finetuned retriever and records
+#: its hub, base model, training data and settings (written by :mod:`ratune.retrieval.finetune`).
+RETRIEVER_METADATA_FILE = "ratune_retriever.json"
 
 #: Test-time settings of the eval stage and the retriever each one uses (paper, Table 2 columns).
 TEST_SETTINGS = {"0_shot": "none", "bm25": "bm25", "dense": "dense", "gpt_index": "gpt_index",
@@ -164,14 +173,63 @@ def default_dense_model() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
+def dense_document_text(doc: dict) -> str:
+    """The text the dense retriever embeds for an API document (the one owner of that choice).
+
+    It is :func:`~ratune.data.prompt.serialize_document` (compact JSON in database key order),
+    cut by the model to its ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2). The
+    finetuning pairs (:mod:`ratune.retrieval.finetune`) use this same function, so the model is
+    trained on exactly the text it later indexes.
+    """
+    return serialize_document(doc)
+
+
+def read_retriever_metadata(model: str | Path) -> dict | None:
+    """The ``ratune_retriever.json`` of a model folder, or None for a plain sentence-transformers folder.
+
+    Raises:
+        InputError: the file exists but is not a JSON object.
+    """
+    path = Path(model) / RETRIEVER_METADATA_FILE
+    if not path.is_file():
+        return None
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise InputError(str(path), None, None, "expected a JSON object")
+    return meta
+
+
+def check_retriever_hub(model: str | Path, hub: str) -> dict | None:
+    """Refuse a finetuned retriever trained for another hub; return its metadata (None if not finetuned).
+
+    A finetuned retriever has seen one hub's instructions and documents only; used for another hub's
+    corpus it would silently give meaningless rankings, so that is an error.
+
+    Raises:
+        RatuneError: the folder's metadata names another hub (or none); the message names both.
+    """
+    meta = read_retriever_metadata(model)
+    if meta is not None and meta.get("hub") != hub:
+        raise RatuneError(
+            f"{Path(model) / RETRIEVER_METADATA_FILE}: this retriever was finetuned for hub {meta.get('hub')!r}, "
+            f"not {hub!r}; train one for {hub} with `ratune retrieval train --hub {hub} --out DIR` "
+            f"or use the pretrained dense retriever")
+    return meta
+
+
 class DenseRetriever(Retriever):
     """Bi-encoder retrieval with sentence-transformers: cosine similarity of normalized embeddings.
 
     Args:
         corpus: API documents (deduplicated here).
         hub: the hub name (recorded in metadata).
-        model: a sentence-transformers folder; default all-MiniLM-L6-v2 (offline package).
+        model: a sentence-transformers folder; default all-MiniLM-L6-v2 (offline package). A folder
+            written by :func:`ratune.retrieval.finetune.train_dense_retriever` (it holds
+            ``ratune_retriever.json``) makes this the ``dense_ft`` retriever.
         batch_size: encoding batch size.
+
+    Raises:
+        RatuneError: ``model`` is a finetuned retriever for another hub (checked before loading).
     """
 
     name = "dense"
@@ -181,10 +239,13 @@ class DenseRetriever(Retriever):
 
         self.hub = hub
         self.model_path = str(model or default_dense_model())
+        self.finetuned = check_retriever_hub(self.model_path, hub)
+        if self.finetuned is not None:
+            self.name = "dense_ft"
         self.corpus = dedup_corpus(corpus)
         self.batch_size = batch_size
         self._model = SentenceTransformer(self.model_path, device="cpu")
-        self._doc_emb = self._model.encode([serialize_document(d) for d in self.corpus], batch_size=batch_size,
+        self._doc_emb = self._model.encode([dense_document_text(d) for d in self.corpus], batch_size=batch_size,
                                            normalize_embeddings=True, convert_to_numpy=True,
                                            show_progress_bar=False)
 
@@ -198,8 +259,13 @@ class DenseRetriever(Retriever):
         return [[self.corpus[i] for i in row] for row in order]
 
     def metadata(self):
-        return {"name": self.name, "hub": self.hub, "model": Path(self.model_path).name,
-                "text": "serialized document", "corpus_size": len(self.corpus)}
+        out = {"name": self.name, "hub": self.hub, "model": Path(self.model_path).name,
+               "text": "serialized document", "corpus_size": len(self.corpus)}
+        if self.finetuned is not None:
+            out["finetuned"] = {k: self.finetuned.get(k) for k in
+                                ("hub", "base_model", "train_file", "train_sha256", "n_pairs", "epochs",
+                                 "batch_size", "learning_rate", "seed")}
+        return out
 
 
 _PAPER_DOC = "Use this API documentation for reference:"
@@ -279,13 +345,26 @@ class PrecomputedRetriever(Retriever):
 
 
 def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None) -> Retriever:
-    """Build a retriever by name (one of RETRIEVERS) over the hub's API database.
+    """Build a retriever by name (one of RETRIEVERS or TRAINED_RETRIEVERS) over the hub's API database.
+
+    Args:
+        dense_model: the sentence-transformers folder for ``dense`` (default all-MiniLM-L6-v2) and
+            ``dense_ft`` (required: a folder written by ``ratune retrieval train``).
 
     Raises:
-        RatuneError: for an unknown name.
+        RatuneError: for an unknown name; ``dense_ft`` without ``dense_model`` or with a folder
+            that is not a finetuned retriever; a finetuned folder trained for another hub.
     """
-    if name not in RETRIEVERS:
-        raise RatuneError(f"unknown retriever {name!r}: expected one of {', '.join(RETRIEVERS)}")
+    if name not in RETRIEVERS + TRAINED_RETRIEVERS:
+        raise RatuneError(f"unknown retriever {name!r}: expected one of {', '.join(RETRIEVERS + TRAINED_RETRIEVERS)}")
+    if name == "dense_ft":
+        if dense_model is None:
+            raise RatuneError("the dense_ft retriever needs the finetuned model folder (dense_model); "
+                              f"make one with `ratune retrieval train --hub {hub} --out DIR`")
+        if read_retriever_metadata(dense_model) is None:
+            raise RatuneError(f"{dense_model}: not a ratune finetuned retriever (no {RETRIEVER_METADATA_FILE}); "
+                              f"use the dense retriever for a plain sentence-transformers folder")
+        check_retriever_hub(dense_model, hub)  # fail before reading the corpus
     if name == "none":
         return NoRetriever()
     if name == "oracle":
@@ -293,7 +372,7 @@ def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path
     corpus = load_api_database(api_database_path(apibench_dir, hub))
     if name in BM25_VARIANTS:
         return BM25Retriever(corpus, hub=hub, variant=name)
-    if name == "dense":
+    if name in ("dense", "dense_ft"):
         return DenseRetriever(corpus, hub=hub, model=dense_model)
     return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir,
                                 setting="gpt_index" if name == "gpt_index" else "bm25")

@@ -139,3 +139,96 @@ def test_counting_model_ignores_padding_of_finished_rows(et):
     counting = et.CountingModel(Fake(), eos_id=2)
     counting.generate(torch.tensor([[0, 1], [0, 1]]))
     assert counting.generated == 3 + 2
+
+
+@pytest.fixture(scope="module")
+def gt():
+    return _load("gpu_train")
+
+
+def test_gpu_train_exits_0_without_a_gpu():
+    """On a CPU-only machine (here: CUDA hidden) bench/gpu_train.py says so and exits 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for extra in ([], ["--json"]):
+        proc = subprocess.run([sys.executable, str(BENCH / "gpu_train.py"), *extra], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout.strip()
+        if extra:
+            assert json.loads(out) == {"skipped": "no CUDA GPU on this machine: bench/gpu_train.py measures GPU "
+                                                  "training throughput; nothing to do"}
+        else:
+            assert out.startswith("no CUDA GPU on this machine")
+
+
+def test_mfu_arithmetic_by_hand(gt):
+    # 7e9 params, 1e6 tokens in 100 s on one 989 TFLOP/s GPU: 6 x 7e9 x 1e4 tok/s = 4.2e14 FLOP/s
+    assert gt.mfu(7e9, 1e6, 100.0, 989e12) == pytest.approx(4.2e14 / 989e12)  # 0.4247
+    # the same tokens over 8 GPUs: each does an eighth of the work
+    assert gt.mfu(7e9, 1e6, 100.0, 989e12, n_gpus=8) == pytest.approx(4.2e14 / 989e12 / 8)
+    # attention term, LLaMA-7B at 640-token examples: 12 x 32 x 4096 x 640 = 1.00663296e9 FLOP/token
+    extra = gt.attention_flops_per_token(32, 4096, 640)
+    assert extra == 1_006_632_960
+    assert gt.mfu(7e9, 1e6, 100.0, 989e12, extra_flops_per_token=extra) == \
+        pytest.approx((42e9 + 1_006_632_960) * 1e4 / 989e12)
+    # issue 8's estimate: 39 M tokens at 50 % MFU on 8 H100s take 6 x 6.7e9 x 39e6 / (0.5 x 8 x 989e12) = 396 s
+    seconds = 6 * 6.7e9 * 39e6 / (0.5 * 8 * 989e12)
+    assert gt.mfu(6.7e9, 39e6, seconds, 989e12, n_gpus=8) == pytest.approx(0.5)
+    assert 6 < seconds / 60 < 7
+    with pytest.raises(ValueError):
+        gt.mfu(1, 1, 0.0, 1.0)
+    # the peak table: the specific variant wins over the family name
+    assert gt.peak_tflops_for("NVIDIA H100 80GB HBM3") == 989.0
+    assert gt.peak_tflops_for("NVIDIA H100 PCIe") == 756.0
+    assert gt.peak_tflops_for("NVIDIA H100 NVL") == 835.0
+    assert gt.peak_tflops_for("NVIDIA H200") == 989.0
+    assert gt.peak_tflops_for("NVIDIA A100-SXM4-80GB") == 312.0
+    assert gt.peak_tflops_for("NVIDIA L40S") == 362.0 and gt.peak_tflops_for("NVIDIA L4") == 121.0
+    assert gt.peak_tflops_for("Some Future GPU") is None and gt.peak_tflops_for(None) is None
+
+
+def test_matmul_params_by_hand(gt):
+    """Tiny Llama, hidden 8, MLP 16, 1 layer, 2 heads, 1 KV head (head dim 4), vocab 10."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def model(tied):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1,
+                                            tie_word_embeddings=tied))
+
+    # layer: q 8x8 + k 8x4 + v 8x4 + o 8x8 = 192; MLP 3 x 8x16 = 384; 2 norms 16; final norm 8
+    body = 192 + 384 + 16 + 8
+    assert gt.matmul_params(model(False)) == body + 80  # untied head 10x8 counted, input table not
+    assert gt.matmul_params(model(True)) == body + 80  # tied: the one table counted once, as the head
+
+
+def test_gpu_train_loop_runs_on_cpu_for_tests(gt, tiny_model_dir):
+    """The measuring loop itself (packed position_ids, backward, AdamW) on the tiny model on CPU."""
+    r = gt.run(model_name=str(tiny_model_dir), steps=2, warmup=1, micro_batch=2, seq_len=32, doc_len=16,
+               peak_tflops=1.0, device="cpu")
+    assert r["tokens_per_step"] == 64 and r["steps"] == 2 and len(r["step_seconds"]) == 2
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(128 / r["seconds"], rel=0.01)
+    assert r["mfu"] == pytest.approx(6 * r["matmul_params"] * 128 / r["seconds"] / 1e12, abs=1e-4)  # 4 decimals
+    extra = 12 * 2 * 32 * 16  # layers 2, hidden 32, doc_len 16
+    assert r["mfu_with_attention"] == pytest.approx((6 * r["matmul_params"] + extra) * 128 / r["seconds"] / 1e12,
+                                                    abs=1e-4)
+    assert r["loss_first"] > 0
+
+
+def test_gpu_run_plan_exits_0_without_a_gpu():
+    """bench/gpu_run_plan.sh on a CPU-only machine (CUDA hidden): says so, runs nothing, exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(BENCH / "gpu_run_plan.sh")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ("no CUDA GPU on this machine: bench/gpu_run_plan.sh measures GPU throughput; "
+                                   "nothing to do")

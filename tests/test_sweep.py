@@ -308,3 +308,57 @@ def test_run_command_logs_and_raises(tmp_path):
     assert "hello" in log.read_text() and log.read_text().startswith("$ python -c")
     with pytest.raises(RatuneError, match="exited with status 3"):
         sw.run_command(["python", "-c", "import sys; print('boom'); sys.exit(3)"], log)
+
+
+def test_settings_added_later_at_their_default_are_not_changes(tmp_path):
+    """A cell.json written before a setting existed: the setting at its default is no change;
+    any other value is."""
+    path = write_sweep(tmp_path)
+    sweep = sw.load_sweep(path)
+    cell = sw.expand(sweep)[0]
+    cell.dir.mkdir(parents=True)
+    record = sw.cell_record(sweep, cell)
+    del record["config"]["seed"]          # TrainConfig default 42
+    del record["data"]["top_k"]           # SweepData default 1
+    del record["eval"]["batch_size"]      # SweepEval default 8
+    (cell.dir / "cell.json").write_text(json.dumps(record))
+    assert sw.changed_keys(sweep, cell) == []
+    write_sweep(tmp_path, base={**BASE, "seed": 7}, data={"max_length": 256, "top_k": 2})
+    sweep = sw.load_sweep(path)
+    assert sw.changed_keys(sweep, sw.expand(sweep)[0]) == ["config.seed", "data.top_k"]
+
+
+def test_mixture_modes_in_the_shared_data_build(tmp_path):
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "mix-rat"]},
+                       data={"max_length": 256, "mixtures": ["rat:none=0.5,distractors=0.5", "unused:oracle=1"],
+                             "mixture_seed": 4, "distractors": 2})
+    sweep = sw.load_sweep(path)
+    cells = sw.expand(sweep)
+    (entry,) = sw.data_plan(sweep, cells).values()
+    cmd = sw.data_command(sweep, "torchhub", entry)
+    assert cmd[cmd.index("--modes") + 1] == "none" and cmd[cmd.index("--modes") + 2] == "--max-length"
+    assert cmd[cmd.index("--mixture") + 1] == "rat:none=0.5,distractors=0.5" and cmd.count("--mixture") == 1
+    assert cmd[-6:] == ["--mixture-seed", "4", "--distractors", "2", "--top1-retriever", "bm25"]
+
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "mix-other"]},
+                       data={"max_length": 256, "mixtures": ["rat:none=1"]})
+    sweep = sw.load_sweep(path)
+    with pytest.raises(RatuneError, match="train_retriever mix-other names a mixture that data.mixtures does not "
+                                          "define \\(defined: mix-rat\\)"):
+        sw.data_plan(sweep, sw.expand(sweep))
+    path = write_sweep(tmp_path, data={"max_length": 256, "mixtures": ["rat:none=0.5"]})
+    sweep = sw.load_sweep(path)
+    with pytest.raises(RatuneError, match="data.mixtures: mixture rat: probabilities sum to 0.5"):
+        sw.data_command(sweep, "torchhub", sw.data_plan(sweep, sw.expand(sweep))["torchhub"])
+
+
+def test_eval_command_passes_backend_and_trust_remote_code(tmp_path):
+    path = write_sweep(tmp_path, base={**BASE, "trust_remote_code": True},
+                       eval={"settings": ["oracle", "swap"], "backend": "vllm"})
+    sweep = sw.load_sweep(path)
+    cmd = sw.eval_command(sweep, sw.expand(sweep)[0])
+    assert cmd[cmd.index("--settings") + 1:cmd.index("--settings") + 3] == ["oracle", "swap"]
+    assert cmd[cmd.index("--backend") + 1] == "vllm" and "--trust-remote-code" in cmd
+    plain = sw.load_sweep(write_sweep(tmp_path))
+    cmd = sw.eval_command(plain, sw.expand(plain)[0])
+    assert "--backend" not in cmd and "--trust-remote-code" not in cmd

@@ -217,3 +217,73 @@ def test_resume_from_missing_path_is_an_error(tmp_path, tiny_model_dir):
     with pytest.raises(RatuneError, match="no checkpoint to resume"):
         train(cfg, resume_from="latest")
     assert not (tmp_path / "run" / "model").exists()
+
+
+def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir):
+    """One process, LoRA: each Trainer checkpoint, adapter/ and the merged model/ were reloaded and
+    compared with the in-memory model when they were saved (issue 4 item 4); the merged model/
+    is the saved adapter merged into a fresh base."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ratune.train.sft import train
+
+    data = _make_data(tmp_path / "data")
+    out = tmp_path / "run"
+    final = train(_config(tiny_model_dir, data, out, global_batch_size=2, max_steps=2, max_examples=4, save_steps=1,
+                          lora={"enabled": True, "r": 4, "alpha": 8}))
+    assert final == out / "model"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["distributed"] == {"world_size": 1, "accelerator_num_processes": 1, "distributed_type": "NO",
+                                       "deepspeed": False, "zero_stage": None}
+    checks = manifest["save_checks"]
+    assert [c["folder"] for c in checks] == ["trainer/checkpoint-1", "trainer/checkpoint-2", "adapter", "model"]
+    assert [c["tensors"] for c in checks[:3]] == [28, 28, 28]
+    assert all(c["max_abs_logit_diff"] <= 1e-4 for c in checks), checks
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    rebuilt = PeftModel.from_pretrained(base, str(out / "adapter")).merge_and_unload().state_dict()
+    merged = _weights(final)
+    for name, w in merged.items():
+        assert torch.equal(w, rebuilt[name]), name
+
+
+def test_padding_free_and_packing_train_like_padded_batches(tmp_path, tiny_model_dir):
+    """The config switches through the real train(): padding_free and packing give the padded run's
+    first-step loss and updated weights (1e-5), no position is padding, and the manifest records the
+    token shares and the attention implementation that keeps examples apart."""
+    import torch
+
+    from ratune.train.sft import train
+
+    data = _make_data(tmp_path / "data")
+    runs = {}
+    for name, switches in [("padded", {}), ("padding_free", {"padding_free": True}), ("packing", {"packing": True})]:
+        out = tmp_path / name
+        # one micro-batch of 8 holds every row, so all three runs see the same examples in step 1;
+        # packing's bins of 512 tokens then hold all 8 rows in one micro-batch too
+        final = train(_config(tiny_model_dir, data, out, global_batch_size=8, per_device_batch_size=8,
+                              max_steps=1, max_examples=8, **switches))
+        manifest = json.loads((out / "manifest.json").read_text())
+        runs[name] = {"loss": json.loads((out / "log_history.json").read_text())[0]["loss"],
+                      "weights": _weights(final), "shares": manifest["data"]["token_shares"],
+                      "attn": manifest["data"].get("attn_implementation")}
+    assert runs["padded"]["shares"]["mode"] == "per_batch" and runs["padded"]["shares"]["real_token_share"] < 0.9
+    assert runs["padded"]["attn"] is None
+    for name in ("padding_free", "packing"):
+        run = runs[name]
+        assert run["shares"]["mode"] == name and run["shares"]["real_token_share"] == 1.0
+        assert run["attn"] == "sdpa"
+        assert run["loss"] == pytest.approx(runs["padded"]["loss"], abs=1e-5), name
+        for key, w in runs["padded"]["weights"].items():
+            torch.testing.assert_close(run["weights"][key], w, atol=1e-5, rtol=0, msg=f"{name} {key}")
+
+
+def test_packing_and_padding_free_are_exclusive(tmp_path, tiny_model_dir):
+    from ratune.config import validate
+
+    with pytest.raises(RatuneError, match="packing: true and padding_free: true are exclusive"):
+        validate(type(_config(tiny_model_dir, tmp_path, tmp_path / "o")),
+                 {**_config(tiny_model_dir, tmp_path, tmp_path / "o").model_dump(), "packing": True,
+                  "padding_free": True}, "t")

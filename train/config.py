@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ratune.errors import RatuneError
 
@@ -32,7 +32,8 @@ class TrainConfig(BaseModel):
     Attributes (the paper's values in brackets where it gives them):
         model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
         data_dir: output folder of ``ratune data build``.
-        train_retriever: which built mode to train on (none, oracle, bm25, dense).
+        train_retriever: which built mode to train on (none, oracle, bm25, dense, or a mixture
+            ``mix-NAME`` built with ``ratune data build --mixture``; data/mixture.py).
         output_dir: the run folder; refused when it exists unless resuming.
         max_length: tokens per row [2048]; rows are never truncated here (the builder already
             applied the over-length policy; a longer row is an error).
@@ -46,14 +47,30 @@ class TrainConfig(BaseModel):
         chat_template: ``chatml`` to give a tokenizer without a chat template the ChatML one.
         load_in_4bit: QLoRA (Dettmers et al., 2023): load the frozen base in 4-bit NF4 with
             bitsandbytes (optional extra ``qlora``; CUDA only) and train LoRA on top; needs
-            ``lora.enabled``.
+            ``lora.enabled``. Only ``adapter/`` is saved (no merged ``model/``).
+        deepspeed: a DeepSpeed JSON (configs/deepspeed/); ZeRO-3 ones must set
+            ``stage3_gather_16bit_weights_on_model_save: true``.
+        packing: TRL packing (bfd): whole rows packed into bins of max_length, padding-free;
+            the batch size then counts bins, not examples (about 3 oracle rows per 2048 bin).
+        padding_free: TRL padding-free batching without packing: each micro-batch of whole
+            examples is one concatenated row with per-example position_ids, no padding; batch
+            sizes keep counting examples (the paper's 64). The GPU configs use it.
+        attn_implementation: attention kernel passed to from_pretrained (None: transformers'
+            default, sdpa). All three keep packed / padding-free examples apart
+            (tests/test_packing.py checks sdpa and eager); flash_attention_2 (CUDA, ``pip install
+            flash-attn``) takes the example boundaries from TRL's position_ids without a mask and
+            is the fast choice on GPUs; sdpa/eager build a block-diagonal mask (exact, slower).
+        verify_saves: check every save when it is made (reload, non-empty tensors, logits on
+            two prompts; :mod:`ratune.train.checks`). Costs one model load on rank 0 per save
+            (seconds for a small model, a minute or more for 7B); keep it on unless saves are
+            frequent and the model is large.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
     data_dir: str
-    train_retriever: Literal["none", "oracle", "bm25", "dense"]
+    train_retriever: str
     output_dir: str
     hub: Literal["torchhub", "huggingface", "tensorflowhub"] = "torchhub"
     max_length: int = Field(2048, ge=16)
@@ -73,6 +90,8 @@ class TrainConfig(BaseModel):
     gradient_checkpointing: bool = False
     deepspeed: str | None = None
     packing: bool = False
+    padding_free: bool = False
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
     seed: int = 42
     torch_threads: int | None = None
     logging_steps: int = Field(1, ge=1)
@@ -80,11 +99,25 @@ class TrainConfig(BaseModel):
     chat_template: Literal["chatml"] | None = None
     trust_remote_code: bool = False
     load_in_4bit: bool = False
+    verify_saves: bool = True
+
+    @field_validator("train_retriever")
+    @classmethod
+    def _train_mode(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"none|oracle|bm25|dense|mix-[a-z0-9][a-z0-9_]*", value):
+            raise ValueError(f"expected none, oracle, bm25, dense or mix-NAME (a mixture built with "
+                             f"`ratune data build --mixture NAME:...`), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _check(self):
         if self.bf16 and self.dtype == "float16":
             raise ValueError("bf16: true contradicts dtype: float16")
+        if self.packing and self.padding_free:
+            raise ValueError("packing: true and padding_free: true are exclusive: packing already runs padding-free "
+                             "(choose padding_free to keep counting examples per batch)")
         if self.load_in_4bit and not self.lora.enabled:
             raise ValueError("load_in_4bit: true (QLoRA) needs lora.enabled: true; 4-bit weights cannot be trained")
         return self

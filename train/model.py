@@ -114,17 +114,25 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
     return tokenizer
 
 
-def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_remote_code: bool = False):
+def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_remote_code: bool = False,
+               attn_implementation: str | None = None):
     """Load a causal LM with ``from_pretrained`` (safetensors only; no pickles).
 
     Args:
         model_path: a local folder (or a hub id where the hub is reachable).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: only when a config asks for it.
+        attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``; None = transformers' default.
+    Raises:
+        RatuneError: flash_attention_2 asked for without the flash-attn package.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise RatuneError("attn_implementation: flash_attention_2 needs the flash-attn package (CUDA): "
+                          "pip install flash-attn --no-build-isolation, or use attn_implementation: sdpa")
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return AutoModelForCausalLM.from_pretrained(
-        str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, use_safetensors=True
-    )
+        str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, use_safetensors=True,
+        **extra)

@@ -11,9 +11,35 @@ Run folder (``output_dir``)::
     manifest.json      versions, git commit, data manifest hash, resolved batch, seeds, counts
     trainer/           HF Trainer checkpoints (for --resume-from)
     model/             the final model: safetensors, tokenizer, generation config; LoRA merged
+                       (not written for QLoRA, see below)
     adapter/           the LoRA adapter alone (when LoRA is on)
     log_history.json   the Trainer's log history (loss, learning rate per step)
     .complete          written last
+
+Every save is checked when it is made (:mod:`ratune.train.checks`): each Trainer checkpoint,
+``adapter/`` and ``model/`` must reload with ``from_pretrained`` (adapters with peft on a fresh
+base), hold no empty tensor, and give the in-memory model's logits on two fixed prompts; an
+empty or partial save is a RatuneError at save time. Under ZeRO-3 the weights are gathered for
+saving (the DeepSpeed JSON must set ``stage3_gather_16bit_weights_on_model_save: true``, checked
+before training). The LoRA ``model/`` is the saved ``adapter/`` merged into a freshly loaded base,
+so it is exactly what a user rebuilds from the adapter.
+
+QLoRA (``load_in_4bit: true``): only ``adapter/`` is saved, no ``model/``: merging into a 4-bit
+base (``merge_and_unload``) would round the merged weights to 4 bits again, a lossy model that
+is not the one trained. Merge the adapter into the 16/32-bit base afterwards instead
+(peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` on the unquantized base;
+``ratune export RUN --merge-lora`` does this for runs it supports); :func:`train` returns the
+adapter folder. The save check reloads the adapter on a fresh 4-bit base (GPU only).
+
+Distributed runs (``accelerate launch``): the process count the trainer actually sees, its
+distributed type and the DeepSpeed ZeRO stage are recorded in the manifest (``distributed``).
+WORLD_SIZE disagreeing with the trainer's process count, a config naming DeepSpeed while the
+trainer does not run DeepSpeed, a ZeRO stage other than the JSON's, and ``accelerate launch --cpu
+--num_processes N>1`` (which starts ONE process) are errors, never a silent fallback. DeepSpeed on
+CPU (the tests' path): ``deepspeed.init_distributed(dist_backend="gloo")`` runs before the
+training arguments are built and they say ``use_cpu``; launch two processes with
+``accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml`` (torchrun; the
+MULTI_CPU config cpu_2proc.yaml starts one process unless MPI is used).
 """
 
 from __future__ import annotations
@@ -29,8 +55,134 @@ from ratune.errors import RatuneError
 from ratune.train.config import TrainConfig
 
 
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
 def _num_processes() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The process count the launcher set (torchrun: WORLD_SIZE; mpirun: its own variables); 1 without one."""
+    for key in _WORLD_SIZE_VARS:
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 1
+
+
+def check_launcher() -> None:
+    """Refuse a launcher that silently started fewer processes than asked.
+
+    ``accelerate launch --cpu --num_processes N`` (N > 1) and a MULTI_CPU config without an MPI
+    hostfile (configs/accelerate/cpu_2proc.yaml) run ONE process with no WORLD_SIZE/RANK, but set
+    MASTER_ADDR/MASTER_PORT as for a distributed run (accelerate 1.15, simple launcher); that
+    combination is detected here.
+
+    Raises:
+        RatuneError: naming the launcher to use instead.
+    """
+    env = os.environ
+    if (env.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in env
+            and not any(k in env for k in _WORLD_SIZE_VARS) and "RANK" not in env):
+        raise RatuneError(
+            "accelerate started a single process although more than one was asked for (MASTER_ADDR is set, "
+            "WORLD_SIZE is not): `accelerate launch --cpu --num_processes N` runs ONE process; use "
+            "`accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml` (torchrun; with or "
+            "without DeepSpeed) or an MPI launch (--mpirun_hostfile)")
+
+
+def deepspeed_settings(path: str | None) -> dict | None:
+    """Read a DeepSpeed JSON and check what the save-time checks rely on.
+
+    Returns:
+        ``{"path", "zero_stage"}`` (stage 0 when the JSON has no ``zero_optimization``), or None
+        when ``path`` is None.
+    Raises:
+        RatuneError: the file is missing or not JSON, or it is ZeRO-3 without
+            ``stage3_gather_16bit_weights_on_model_save: true`` (its saves would hold only each
+            rank's empty partitions).
+    """
+    if path is None:
+        return None
+    try:
+        ds = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise RatuneError(f"{path}: cannot read the DeepSpeed config ({exc})") from None
+    zero = ds.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0))
+    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+        raise RatuneError(f"{path}: ZeRO-3 needs \"stage3_gather_16bit_weights_on_model_save\": true in "
+                          "zero_optimization, or the saved model holds empty partitions")
+    return {"path": str(path), "zero_stage": stage}
+
+
+def init_deepspeed_on_cpu(config: TrainConfig) -> bool:
+    """On a machine without CUDA, initialise DeepSpeed's process group with gloo before the
+    training arguments are built (otherwise accelerate counts 1 process where DeepSpeed counts
+    WORLD_SIZE, and DeepSpeed's train_batch_size assertion fails). A process started without a
+    distributed launcher is set up as rank 0 of 1 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT, only where unset).
+
+    Returns:
+        True when it initialised DeepSpeed here (the training arguments must then say use_cpu).
+    Raises:
+        RatuneError: deepspeed is not installed.
+    """
+    import torch
+
+    if not config.deepspeed or torch.cuda.is_available():
+        return False
+    try:
+        import deepspeed
+    except ImportError:
+        raise RatuneError(f"deepspeed: {config.deepspeed} needs the deepspeed package: pip install -e '.[deepspeed]' "
+                          "(make setup installs it)") from None
+    if "RANK" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port)}.items():
+            os.environ.setdefault(key, value)
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    return True
+
+
+def distributed_facts(trainer) -> dict:
+    """What the trainer actually runs: ``{"world_size", "accelerator_num_processes",
+    "distributed_type", "deepspeed", "zero_stage"}`` (zero_stage None without DeepSpeed)."""
+    acc = trainer.accelerator
+    ds = bool(getattr(trainer, "is_deepspeed_enabled", False))
+    stage = None
+    if ds:
+        plugin = acc.state.deepspeed_plugin
+        stage = int(plugin.zero_stage) if plugin is not None and plugin.zero_stage is not None else None
+    return {"world_size": int(trainer.args.world_size), "accelerator_num_processes": int(acc.num_processes),
+            "distributed_type": str(getattr(acc.distributed_type, "value", acc.distributed_type)),
+            "deepspeed": ds, "zero_stage": stage}
+
+
+def check_distributed(facts: dict, *, expected_processes: int, deepspeed: dict | None) -> None:
+    """Refuse a silent fallback to fewer processes or to training without DeepSpeed.
+
+    Args:
+        facts: :func:`distributed_facts`.
+        expected_processes: WORLD_SIZE from the launcher (1 without one).
+        deepspeed: :func:`deepspeed_settings` of the config.
+    Raises:
+        RatuneError: naming the expected and the actual value.
+    """
+    seen = {facts["world_size"], facts["accelerator_num_processes"]}
+    if seen != {expected_processes}:
+        raise RatuneError(f"the launcher started {expected_processes} process(es) (WORLD_SIZE) but the trainer sees "
+                          f"world_size {facts['world_size']} and accelerator num_processes "
+                          f"{facts['accelerator_num_processes']} ({facts['distributed_type']}); refusing to train "
+                          "with a batch arithmetic that does not hold")
+    if deepspeed is not None:
+        if not facts["deepspeed"] or facts["distributed_type"] != "DEEPSPEED":
+            raise RatuneError(f"deepspeed: {deepspeed['path']} is configured but the trainer runs "
+                              f"{facts['distributed_type']} without DeepSpeed; refusing a silent fallback")
+        if facts["zero_stage"] != deepspeed["zero_stage"]:
+            raise RatuneError(f"{deepspeed['path']} asks for ZeRO stage {deepspeed['zero_stage']} but the trainer "
+                              f"runs stage {facts['zero_stage']}")
 
 
 def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
@@ -103,7 +255,8 @@ def _load_4bit(model_path, config: TrainConfig):
     model = AutoModelForCausalLM.from_pretrained(
         str(model_path), quantization_config=quant, dtype=torch.bfloat16,
         trust_remote_code=config.trust_remote_code, use_safetensors=True,
-        device_map={"": int(os.environ.get("LOCAL_RANK", "0"))})
+        device_map={"": int(os.environ.get("LOCAL_RANK", "0"))},
+        **({"attn_implementation": config.attn_implementation} if config.attn_implementation else {}))
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
 
 
@@ -143,8 +296,13 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
             checkpoint folder.
         config_path: recorded in the manifest.
     Returns:
-        The folder of the final model (``output_dir/model``).
+        The folder of the final model (``output_dir/model``; ``output_dir/adapter`` for QLoRA).
+    Raises:
+        RatuneError: bad launcher or process count, DeepSpeed configured but not running, a
+            save that does not reload (see :mod:`ratune.train.checks`), and the errors of the
+            helpers (batch arithmetic, output folder, resume path, data).
     """
+    check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     import torch
     from datasets import Dataset
     from transformers import set_seed
@@ -152,11 +310,13 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
 
     from ratune.io import write_json, write_text
     from ratune.manifest import base_manifest, mark_complete
+    from ratune.train import checks
     from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
 
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
         require_qlora()  # before any folder is made or model loaded
+    ds_settings = deepspeed_settings(config.deepspeed)
     nproc = _num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
     out = _prepare_output_dir(config, resume_from)
@@ -167,12 +327,21 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
                                chat_template=config.chat_template)
     columns, stats = load_training_rows(config, tokenizer)
+    from ratune.train.tokens import check_packing_attention, shares_for_rows
+
+    # share of processed positions that are real / carry loss, under this run's batching
+    stats["token_shares"] = shares_for_rows(columns, micro_batch_size=per_device, packing=config.packing,
+                                            max_length=config.max_length, seed=config.seed,
+                                            padding_free=config.padding_free)
     dataset = Dataset.from_dict(columns)
 
-    if config.load_in_4bit:
-        model = _load_4bit(model_path, config)
-    else:
-        model = load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code)
+    def load_base():
+        if config.load_in_4bit:
+            return _load_4bit(model_path, config)
+        return load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
+                          attn_implementation=config.attn_implementation)
+
+    model = load_base()
     if config.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
@@ -180,7 +349,11 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
             r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
             target_modules=config.lora.target_modules, task_type="CAUSAL_LM"))
 
-    use_cpu = not torch.cuda.is_available()
+    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
+        stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
+
+    # DeepSpeed on CPU: its gloo process group must exist before the training arguments are built
+    use_cpu = init_deepspeed_on_cpu(config) or not torch.cuda.is_available()
     args = SFTConfig(
         output_dir=str(out / "trainer"),
         per_device_train_batch_size=per_device,
@@ -201,19 +374,33 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         data_seed=config.seed,
         use_cpu=use_cpu,
         report_to=[],
-        max_length=config.max_length,
+        # TRL refuses padding_free with a max_length; load_training_rows already refused longer rows
+        max_length=None if config.padding_free else config.max_length,
         packing=config.packing,
+        packing_strategy="bfd",  # the padding-free packing tests/test_packing.py checks ("wrapped" cuts rows)
+        padding_free=config.padding_free or config.packing,
         completion_only_loss=True,
         dataset_num_proc=None,
         dataloader_num_workers=0,
         save_only_model=False,
     )
+    weights_dtype = getattr(torch, config.dtype)
+    save_checks: list[dict] = []
+    callbacks = []
+    if config.verify_saves:
+        callbacks.append(checks.make_save_callback(tokenizer, adapter=config.lora.enabled, load_base=load_base,
+                                                   dtype=weights_dtype, record=save_checks))
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=callbacks)
+    facts = distributed_facts(trainer)
+    check_distributed(facts, expected_processes=nproc, deepspeed=ds_settings)
+
     manifest = base_manifest("train")
     manifest.update({
         "config_path": config_path, "config": config.model_dump(), "model_path": str(model_path),
         "num_processes": nproc, "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
         "global_batch_size": per_device * accumulation * nproc, "seed": config.seed, "data": stats,
-        "resumed_from": resume,
+        "resumed_from": resume, "distributed": facts,
     })
     data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
@@ -222,31 +409,66 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
         # the evaluator renders prompts with the document budget the model was trained with
         manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"]}
-    if _is_main_process():
+    main_process = trainer.is_world_process_zero()
+    if main_process:
         write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
         write_json(out / "manifest.json", manifest)
 
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     result = trainer.train(resume_from_checkpoint=resume)
 
-    final = out / "model"
-    tmp = out / "model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    trained = trainer.model
+    # Final saves. trainer.save_model gathers ZeRO-3 partitions (all ranks call it; rank 0 writes).
+    reference = checks.prompt_logits(trainer.model, tokenizer, device=trainer.args.device) \
+        if config.verify_saves else None
     if config.lora.enabled:
-        trained.save_pretrained(str(out / "adapter"))
-        trained = trained.merge_and_unload()
-    if trainer.is_world_process_zero():
-        trained.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
+        adapter = _save_folder(out / "adapter", lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
+        if config.verify_saves:
+            save_checks.append(checks.verify_on_rank0(adapter, None, tokenizer, adapter=True, load_base=load_base,
+                                                      dtype=weights_dtype, reference=reference))
+    final = out / "model"
+    if config.load_in_4bit:
+        final = out / "adapter"  # no merged model/ for QLoRA (module docstring)
+    elif config.lora.enabled:
+        def write_merged(tmp):
+            if main_process:  # the saved adapter merged into a fresh base: what a user rebuilds from adapter/
+                from peft import PeftModel
+
+                with checks.plain_loading():  # rank 0 alone: no ZeRO-3 partitioning of the fresh base
+                    merged = PeftModel.from_pretrained(load_base(), str(out / "adapter")).merge_and_unload()
+                merged.save_pretrained(str(tmp), safe_serialization=True)
+                tokenizer.save_pretrained(str(tmp))
+        _save_folder(final, write_merged, main_process, trainer)
+    else:
+        _save_folder(final, lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
+    if config.verify_saves and not config.load_in_4bit:
+        save_checks.append(checks.verify_on_rank0(final, None, tokenizer, adapter=False, dtype=weights_dtype,
+                                                  reference=reference))
+
+    if main_process:
         manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
         manifest["steps"] = trainer.state.global_step
-        write_json(tmp / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
+        write_json(final / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
         write_json(out / "manifest.json", manifest)
         write_json(out / "log_history.json", trainer.state.log_history)
         mark_complete(out)
+    trainer.accelerator.wait_for_everyone()
+    return final
+
+
+def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
+    """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes), then rename.
+
+    Drops the Trainer's pickled ``training_args.bin`` (model folders hold safetensors and JSON only).
+    """
+    tmp = final.with_name(final.name + ".tmp")
+    if main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if main_process:
+        (tmp / "training_args.bin").unlink(missing_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    trainer.accelerator.wait_for_everyone()
     return final
 
 

@@ -1,0 +1,221 @@
+"""Mixed retrieval training (issue 9): per example, a document condition drawn from a mixture.
+
+A RAT model trained with no document is hurt by a weak retriever at test time; one trained with
+the gold document collapses without it (Gorilla, Table 2). RAFT (Zhang et al. 2024, from the
+Gorilla authors) trains with distractor documents and sometimes without the gold one. A mixture
+gives each training example one of these *components*, drawn independently with the configured
+probabilities:
+
+``none``
+    no document (the plain instruction);
+``oracle``
+    the gold API document;
+``top1``
+    the top-1 document of a retriever (``bm25`` by default), which may be the wrong API;
+``distractors``
+    the gold document among ``distractors`` (default 3) other APIs of the same hub, drawn at
+    random without replacement; the gold document's position is drawn uniformly;
+``irrelevant``
+    one document of an API from *another domain*, which cannot answer the request, and the
+    abstention as the answer (:func:`ratune.data.prompt.abstain_answer`; BFCL's irrelevance
+    category): teaches the model to say that no API fits instead of calling one.
+
+Several documents use the one multi-document format of :func:`ratune.data.prompt.build_user_turn`:
+the reference phrase once, then one serialized document per line. Draws are deterministic given
+the mixture's seed (Python's ``random.Random``, one stream per split, examples in file order);
+the build manifest records the realised share of each component.
+
+A mixture is written ``NAME:none=0.25,oracle=0.25,top1=0.25,distractors=0.25`` on the command line
+(``ratune data build --mixture ...``) and builds the train-time mode ``mix-NAME``, which a training
+config selects as ``train_retriever: mix-NAME``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ratune.errors import RatuneError
+
+#: The components a mixture draws from, in the order draws use (new ones are appended, so a
+#: mixture that does not use them draws exactly as before).
+MIXTURE_COMPONENTS = ("none", "oracle", "top1", "distractors", "irrelevant")
+
+#: Prefix of a mixture's train-time mode (its folder in the data build and its train_retriever).
+MIXTURE_PREFIX = "mix-"
+
+#: Retrievers that may supply the ``top1`` component.
+TOP1_RETRIEVERS = ("bm25", "dense")
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """A mixture of document conditions for training (see the module docstring).
+
+    Attributes:
+        name: ``[a-z0-9_]+``; the built mode is ``mix-{name}``.
+        weights: ``{component: probability}``; components from MIXTURE_COMPONENTS, each >= 0,
+            summing to 1 (within 1e-6); missing components have probability 0.
+        top1_retriever: the retriever of the ``top1`` component (bm25 or dense).
+        distractors: how many other APIs' documents join the gold one in ``distractors``.
+        seed: seed of the draws.
+    """
+
+    name: str
+    weights: dict = field(default_factory=dict)
+    top1_retriever: str = "bm25"
+    distractors: int = 3
+    seed: int = 0
+
+    def __post_init__(self):
+        if not _NAME.match(self.name):
+            raise RatuneError(f"mixture name {self.name!r}: use lower-case letters, digits and _ (e.g. rat_mix)")
+        unknown = sorted(set(self.weights) - set(MIXTURE_COMPONENTS))
+        if unknown:
+            raise RatuneError(f"mixture {self.name}: unknown component(s) {', '.join(unknown)}; "
+                              f"expected {', '.join(MIXTURE_COMPONENTS)}")
+        if any(w < 0 for w in self.weights.values()):
+            raise RatuneError(f"mixture {self.name}: negative probability in {self.weights}")
+        total = sum(self.weights.values())
+        if abs(total - 1.0) > 1e-6:
+            raise RatuneError(f"mixture {self.name}: probabilities sum to {total:g}, not 1")
+        if self.top1_retriever not in TOP1_RETRIEVERS:
+            raise RatuneError(f"mixture {self.name}: top1 retriever {self.top1_retriever!r} is not one of "
+                              f"{', '.join(TOP1_RETRIEVERS)}")
+        if self.distractors < 1:
+            raise RatuneError(f"mixture {self.name}: distractors must be >= 1, got {self.distractors}")
+
+    @property
+    def mode(self) -> str:
+        """The train-time mode this mixture builds: ``mix-{name}``."""
+        return MIXTURE_PREFIX + self.name
+
+    @classmethod
+    def parse(cls, spec: str, *, top1_retriever: str = "bm25", distractors: int = 3, seed: int = 0) -> "Mixture":
+        """``NAME:none=0.25,oracle=0.5,top1=0.25`` -> Mixture.
+
+        Raises:
+            RatuneError: malformed spec (naming the part), or an invalid mixture.
+        """
+        if ":" not in spec:
+            raise RatuneError(f"--mixture {spec!r}: expected NAME:component=probability,... "
+                              "(e.g. rat_mix:none=0.25,oracle=0.25,top1=0.25,distractors=0.25)")
+        name, body = spec.split(":", 1)
+        weights = {}
+        for item in filter(None, (s.strip() for s in body.split(","))):
+            key, sep, value = item.partition("=")
+            try:
+                weights[key.strip()] = float(value)
+            except ValueError:
+                raise RatuneError(f"--mixture {spec!r}: {item!r} is not component=probability") from None
+            if not sep:
+                raise RatuneError(f"--mixture {spec!r}: {item!r} is not component=probability")
+        return cls(name=name.strip(), weights=weights, top1_retriever=top1_retriever, distractors=distractors,
+                   seed=seed)
+
+    def metadata(self) -> dict:
+        """What the build manifest records about the mixture (before the realised shares)."""
+        return {"name": self.name, "mode": self.mode,
+                "weights": {c: self.weights.get(c, 0.0) for c in MIXTURE_COMPONENTS},
+                "top1_retriever": self.top1_retriever, "distractors": self.distractors, "seed": self.seed,
+                "draws": "random.Random(f'{seed}:{split}'), one draw per example in file order"}
+
+
+def is_mixture_mode(mode: str) -> bool:
+    """Whether a train-time mode names a mixture (``mix-NAME``)."""
+    return mode.startswith(MIXTURE_PREFIX)
+
+
+def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], top1_docs: Sequence[Sequence[dict]],
+                   database: Sequence[dict]) -> tuple[list[list[dict]], list[str]]:
+    """Draw each example's component and documents.
+
+    Args:
+        mixture: the mixture.
+        split: the split name (``train`` / ``eval``): each split has its own random stream.
+        gold_docs: the gold document of each example (length n).
+        top1_docs: the ``top1_retriever``'s ranked documents of each example (length n; only the
+            first is used).
+        database: the hub's API documents (the distractor pool; one per API identity is used).
+
+    Returns:
+        ``(docs_per_example, components)``, both of length n.
+
+    Raises:
+        RatuneError: fewer other APIs in the database than ``mixture.distractors``.
+    """
+    from ratune.data.apibench import api_identity
+
+    pool: dict[str, dict] = {}
+    for doc in database:
+        pool.setdefault(api_identity(doc), doc)
+    identities = sorted(pool)
+    rng = random.Random(f"{mixture.seed}:{split}")
+    components = [c for c in MIXTURE_COMPONENTS if mixture.weights.get(c, 0) > 0]
+    weights = [mixture.weights[c] for c in components]
+    docs_out, drawn = [], []
+    for gold, ranked in zip(gold_docs, top1_docs, strict=True):
+        component = rng.choices(components, weights)[0]
+        if component == "none":
+            docs = []
+        elif component == "oracle":
+            docs = [gold]
+        elif component == "top1":
+            docs = list(ranked[:1])
+        elif component == "irrelevant":
+            domain = gold.get("domain")
+            unrelated = [i for i in identities if pool[i].get("domain") != domain]
+            if not unrelated:
+                raise RatuneError(f"mixture {mixture.name}: no API outside the domain {domain!r} to use as an "
+                                  "irrelevant document")
+            docs = [pool[rng.choice(unrelated)]]
+        else:
+            gold_id = api_identity(gold)
+            others = [i for i in identities if i != gold_id]
+            if len(others) < mixture.distractors:
+                raise RatuneError(f"mixture {mixture.name}: {mixture.distractors} distractors asked, but the "
+                                  f"database has only {len(others)} other APIs")
+            docs = [pool[i] for i in rng.sample(others, mixture.distractors)]
+            docs.insert(rng.randrange(mixture.distractors + 1), gold)
+        docs_out.append(docs)
+        drawn.append(component)
+    return docs_out, drawn
+
+
+def realised_shares(components: Sequence[str]) -> dict:
+    """``{component: {"n": count, "share": fraction}}`` over MIXTURE_COMPONENTS, plus any other
+    component that occurs (``none_low_utility``); share 0 when empty."""
+    n = len(components)
+    names = [*MIXTURE_COMPONENTS, *sorted(set(components) - set(MIXTURE_COMPONENTS))]
+    return {c: {"n": sum(x == c for x in components), "share": (sum(x == c for x in components) / n) if n else 0.0}
+            for c in names}
+
+
+def apply_utility_filter(mixture: Mixture, lines: Sequence[int], docs: list[list[dict]], components: list[str],
+                         keep: dict[tuple[int, str], bool]) -> tuple[list[list[dict]], list[str], dict]:
+    """Drop single documents whose measured utility is too low (:mod:`ratune.data.utility`).
+
+    An ``oracle`` example is looked up as ``(line, "oracle")``, a ``top1`` example as ``(line,
+    mixture.top1_retriever)``; when ``keep`` says False the example gets no document and the
+    component ``none_low_utility``. ``distractors`` examples (several documents) and examples
+    without a measurement are left as drawn.
+
+    Returns:
+        ``(docs, components, {"filtered": n, "unmeasured": n})``.
+    """
+    stats = {"filtered": 0, "unmeasured": 0}
+    docs, components = list(docs), list(components)
+    for i, (line, component) in enumerate(zip(lines, components)):
+        if component not in ("oracle", "top1"):
+            continue
+        key = (line, "oracle" if component == "oracle" else mixture.top1_retriever)
+        if key not in keep:
+            stats["unmeasured"] += 1
+        elif not keep[key]:
+            docs[i], components[i] = [], "none_low_utility"
+            stats["filtered"] += 1
+    return docs, components, stats

@@ -1,0 +1,193 @@
+"""Document utility (issue 9; the idea of Toolformer, Schick et al. 2023, section 2): how much a
+retrieved document lowers a model's loss on the answer.
+
+For a training example and a model, the *utility* of the document a retrieval mode gives it is
+
+    utility = L(answer | instruction) - L(answer | instruction + document)
+
+where ``L`` is the model's mean cross-entropy per answer token (nats; the answer tokens are the
+completion-only loss tokens of :func:`ratune.train.labels.tokenize_row`, EOS included). Positive
+utility: the document makes the right answer more likely. Both prompts are the built rows of a
+``ratune data build`` folder (mode ``none`` and the document mode), paired by example line.
+
+``ratune data utility --data DIR --modes oracle bm25 --model M --out DIR`` writes
+``utility.jsonl`` (one row per example and mode), ``utility.json`` (the distribution per mode:
+mean, quantiles, share above 0) and ``utility.png`` (histograms). ``ratune data build --mixture
+... --utility-file OUT/utility.jsonl --min-utility X`` keeps a mixture's single document (oracle or
+top1) only when its utility exceeds X, and gives the example no document otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from ratune.errors import RatuneError
+
+#: Which data-build mode measures the utility of each mixture component's document.
+COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_retriever mode
+
+
+def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 8) -> list[float]:
+    """Mean cross-entropy per answer token (nats) of each (user turn, answer) pair.
+
+    Rows are tokenized exactly as for training (prompt by the chat template, answer + EOS, loss on
+    the answer only), right-padded in batches sorted by length; padding never enters the loss.
+
+    Args:
+        model: a causal LM (eval mode is set here).
+        tokenizer: its tokenizer (with a chat template and an EOS token).
+        pairs: ``[(user_turn, completion), ...]``.
+        batch_size: rows per forward pass.
+    Returns:
+        One loss per pair, in the order given.
+    """
+    import torch
+
+    from ratune.train.labels import tokenize_row
+
+    rows = [tokenize_row(tokenizer, u, c) for u, c in pairs]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
+    losses = [math.nan] * len(rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = max(len(rows[i].input_ids) for i in idx)
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            labels = torch.full((len(idx), width), -100, dtype=torch.long)
+            for b, i in enumerate(idx):
+                r = rows[i]
+                n = len(r.input_ids)
+                ids[b, :n] = torch.tensor(r.input_ids)
+                mask[b, :n] = 1
+                labels[b, :n] = torch.tensor([t if m else -100 for t, m in zip(r.input_ids, r.completion_mask)])
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            # position t predicts token t + 1
+            ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100,
+                                                   reduction="none")
+            counted = (labels[:, 1:] != -100).sum(dim=1)
+            for b, i in enumerate(idx):
+                losses[i] = float(ce[b].sum() / counted[b])
+    return losses
+
+
+def measure_utility(data_dir, modes: Sequence[str], model, tokenizer, *, split: str = "train",
+                    max_examples: int | None = None, batch_size: int = 8, progress: bool = True) -> list[dict]:
+    """Utility of each document mode's documents for the examples of a data build.
+
+    Args:
+        data_dir: a ``ratune data build`` folder holding mode ``none`` and each of ``modes``.
+        modes: document modes (oracle, bm25, dense, ...).
+        split: the split to measure.
+        max_examples: the first N examples (by line) only.
+
+    Returns:
+        ``[{"line", "mode", "loss_without", "loss_with", "utility", "document_api_calls",
+        "gold_api_call"}]``, sorted by mode then line; only examples present in both modes.
+
+    Raises:
+        RatuneError: the folder is not a complete build, or lacks mode none or a requested mode.
+    """
+    from datasets import load_from_disk
+    from tqdm.auto import tqdm
+
+    from ratune.manifest import is_complete
+
+    data_dir = Path(data_dir)
+    if not is_complete(data_dir):
+        raise RatuneError(f"{data_dir}: not a complete `ratune data build` output (no .complete marker)")
+    for mode in ("none", *modes):
+        if not (data_dir / mode).is_dir():
+            raise RatuneError(f"{data_dir}: mode {mode!r} was not built; rebuild with --modes none {' '.join(modes)}")
+    base = {r["line"]: r for r in load_from_disk(str(data_dir / "none"))[split]}
+    lines = sorted(base)[:max_examples] if max_examples else sorted(base)
+    without = dict(zip(lines, answer_losses(model, tokenizer, [(base[x]["user_turn"], base[x]["completion"])
+                                                               for x in lines], batch_size=batch_size)))
+    out = []
+    for mode in tqdm(modes, desc="utility", disable=not progress):
+        rows = {r["line"]: r for r in load_from_disk(str(data_dir / mode))[split] if r["line"] in without}
+        keys = sorted(rows)
+        with_doc = answer_losses(model, tokenizer, [(rows[x]["user_turn"], rows[x]["completion"]) for x in keys],
+                                 batch_size=batch_size)
+        for line, loss in zip(keys, with_doc):
+            out.append({"line": line, "mode": mode, "loss_without": without[line], "loss_with": loss,
+                        "utility": without[line] - loss, "document_api_calls": rows[line]["document_api_calls"],
+                        "gold_api_call": rows[line]["gold_api_call"]})
+    return out
+
+
+def summarize(records: Sequence[dict]) -> dict[str, dict]:
+    """Per mode: ``n``, ``mean``, ``p10``, ``p50``, ``p90`` (nearest rank), ``share_positive`` and,
+    when documents can be wrong, the mean utility of right (gold) vs wrong documents."""
+    import numpy as np
+
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in records):
+        rs = [r for r in records if r["mode"] == mode]
+        u = np.asarray([r["utility"] for r in rs])
+        entry = {"n": len(rs), "mean": float(u.mean()),
+                 **{f"p{q}": float(np.percentile(u, q, method="nearest")) for q in (10, 50, 90)},
+                 "share_positive": float((u > 0).mean())}
+        right = [r["utility"] for r in rs if r["gold_api_call"] in r["document_api_calls"]]
+        wrong = [r["utility"] for r in rs if r["gold_api_call"] not in r["document_api_calls"]]
+        entry["right_document"] = {"n": len(right), "mean": float(np.mean(right)) if right else None}
+        entry["wrong_document"] = {"n": len(wrong), "mean": float(np.mean(wrong)) if wrong else None}
+        out[mode] = entry
+    return out
+
+
+def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
+    """Write utility.jsonl, utility.json (``meta`` + per-mode summary) and utility.png; returns the summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ratune.io import atomic_write, write_json
+    from ratune.manifest import mark_complete
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "utility.jsonl") as fh:
+        for r in records:
+            fh.write(json.dumps(r, sort_keys=True) + "\n")
+    summary = summarize(records)
+    write_json(out / "utility.json", {**meta, "definition": "mean answer-token NLL without - with the document "
+                                                            "(nats; > 0: the document helps)", "modes": summary})
+    modes = list(summary)
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(4 * max(1, len(modes)), 3), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        ax.hist([r["utility"] for r in records if r["mode"] == mode], bins=40, color="tab:blue")
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_title(f"{mode}: mean {summary[mode]['mean']:.2f}, >0 {100 * summary[mode]['share_positive']:.0f} %")
+        ax.set_xlabel("utility (nats per answer token)")
+    fig.tight_layout()
+    tmp = out / "utility.tmp.png"
+    fig.savefig(tmp, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    tmp.replace(out / "utility.png")
+    mark_complete(out)
+    return summary
+
+
+def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
+    """``{(line, mode): utility > min_utility}`` from a utility.jsonl file.
+
+    Raises:
+        InputError: a malformed line (file and line named).
+    """
+    from ratune.errors import InputError
+    from ratune.io import iter_jsonl
+
+    keep = {}
+    for lineno, row in iter_jsonl(path):
+        try:
+            keep[(int(row["line"]), str(row["mode"]))] = float(row["utility"]) > min_utility
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(path, lineno, "utility", f"expected line, mode and utility: {exc}") from None
+    return keep

@@ -1,0 +1,73 @@
+"""Abstention (issue 9; BFCL's irrelevance category): a model given only documents that cannot
+answer the request should say that no API fits instead of calling one.
+
+The test setting ``irrelevant`` gives each eval question one document of an API from *another
+domain* than its gold API (drawn deterministically: ``random.Random(f"{seed}:{question_id}")``
+over the other domains' API identities in sorted order). An answer *abstains* when its api_call
+line is :data:`ratune.data.prompt.ABSTAIN_API_CALL` (:func:`ratune.data.prompt.is_abstention`).
+
+- abstention rate: the share of abstaining answers under ``irrelevant`` (higher is better);
+- false-abstention rate: the share of abstaining answers under a setting whose documents can
+  answer (``oracle``; lower is better).
+
+Every eval cell's metrics.json carries ``abstention`` (rate, count, 95 % Wilson interval), so both
+rates are read from the same files. Models learn the abstention from the mixture component
+``irrelevant`` (:mod:`ratune.data.mixture`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from ratune.retrieval.retrievers import Query, Retriever
+
+#: Seed of the irrelevant-document draws.
+DEFAULT_IRRELEVANT_SEED = 0
+
+
+class IrrelevantRetriever(Retriever):
+    """Gives each query one document of an API from another domain (see the module docstring)."""
+
+    name = "irrelevant"
+
+    def __init__(self, database: Sequence[dict], seed: int = DEFAULT_IRRELEVANT_SEED):
+        from ratune.data.apibench import api_identity
+
+        self.seed = seed
+        self._pool: dict[str, dict] = {}
+        for doc in database:
+            self._pool.setdefault(api_identity(doc), doc)
+        self._ids = sorted(self._pool)
+
+    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
+        """``[[document of another domain]]`` per query (``[]`` if the hub has one domain only)."""
+        out = []
+        for q in queries:
+            domain = (q.gold or {}).get("domain")
+            others = [i for i in self._ids if self._pool[i].get("domain") != domain]
+            out.append([self._pool[random.Random(f"{self.seed}:{q.question_id}").choice(others)]] if others else [])
+        return out
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "seed": self.seed,
+                "rule": "an API of another domain, random.Random(f'{seed}:{question_id}')"}
+
+
+def abstention(responses: Sequence[dict]) -> dict:
+    """``{"n", "abstained_n", "rate", "rate_ci"}`` of a setting's responses (fractions; 95 % Wilson).
+
+    An answer abstains when its ``<<<api_call>>>:`` line holds the abstention
+    (:func:`ratune.data.prompt.answer_field`; the official api_call extraction keeps trailing
+    marker characters when a call has no parenthesis, so it is not used here).
+
+    Args:
+        responses: ``[{"question_id", "text"}]``.
+    """
+    from ratune.data.prompt import answer_field, is_abstention
+    from ratune.eval.stats import wilson_interval
+
+    n = len(responses)
+    k = sum(is_abstention(answer_field(r.get("text"), "api_call")) for r in responses)
+    return {"n": n, "abstained_n": k, "rate": k / n if n else 0.0,
+            "rate_ci": list(wilson_interval(k, n)) if n else None}

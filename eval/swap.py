@@ -1,0 +1,115 @@
+"""Document swap (Gorilla, section 4.4 and Figure 6): does the model follow the document it is
+given, or the API it memorised?
+
+For each eval question whose gold API shares its domain with at least one other API of the hub,
+the test-time document is *another* API's document of the same domain, drawn deterministically
+(``random.Random(f"{seed}:{question_id}")`` over the other APIs' identities in sorted order).
+Questions whose domain has a single API are left out (counted). The model's answer is then
+classified with the strict metric's API keys (:meth:`ratune.eval.scoring.Scorer.names_api`):
+
+``follows_document``
+    the call names the swapped-in API (the model adapted to the document);
+``follows_memory``
+    the call names the question's gold API (the model ignored the document);
+``neither``
+    any other call, or no call.
+
+The rates are fractions of the swapped questions, each with a 95 % Wilson interval. The paper's
+claim is that a RAT model follows the document; a model finetuned without documents follows its
+memory. ``ratune eval run --settings swap`` runs it as a test setting (its own folder, never a
+Table 2 column).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from ratune.retrieval.retrievers import Query, Retriever
+
+#: Seed of the swap draws (recorded in the retriever metadata and so in every swap cell).
+DEFAULT_SWAP_SEED = 0
+
+
+class SwapRetriever(Retriever):
+    """Gives each query another API's document of its gold API's domain (see the module docstring).
+
+    Args:
+        database: the hub's API documents.
+        seed: seed of the draws.
+    """
+
+    name = "swap"
+
+    def __init__(self, database: Sequence[dict], seed: int = DEFAULT_SWAP_SEED):
+        from ratune.data.apibench import api_identity
+
+        self.seed = seed
+        self._by_domain: dict[str, dict[str, dict]] = {}
+        for doc in database:
+            self._by_domain.setdefault(str(doc.get("domain")), {}).setdefault(api_identity(doc), doc)
+
+    def swapped(self, query: Query) -> dict | None:
+        """The swapped-in document for a query, or None when its domain has no other API."""
+        from ratune.data.apibench import api_identity
+
+        gold = query.gold or {}
+        pool = self._by_domain.get(str(gold.get("domain")), {})
+        others = sorted(k for k in pool if k != api_identity(gold))
+        if not others:
+            return None
+        return pool[random.Random(f"{self.seed}:{query.question_id}").choice(others)]
+
+    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
+        """``[[swapped document]]`` per query, ``[]`` where none exists."""
+        out = []
+        for q in queries:
+            doc = self.swapped(q)
+            out.append([doc] if doc is not None else [])
+        return out
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "seed": self.seed,
+                "rule": "another API of the gold API's domain, random.Random(f'{seed}:{question_id}')"}
+
+
+def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) -> dict:
+    """Classify answers to swapped prompts (see the module docstring).
+
+    Args:
+        scorer: a :class:`ratune.eval.scoring.Scorer` of the hub.
+        responses: ``[{"question_id", "text"}]``.
+        swapped: ``{question_id: swapped-in document}``; questions not in it are left out.
+
+    Returns:
+        ``{"n", "left_out", "follows_document", "follows_memory", "neither"}`` (fractions of n),
+        the counts as ``*_n`` and 95 % Wilson intervals as ``*_ci``, plus ``per_question``
+        ``[{"question_id", "outcome", "swapped_api_call"}]``.
+    """
+    from ratune.eval.stats import wilson_interval
+
+    counts = {"follows_document": 0, "follows_memory": 0, "neither": 0}
+    per_question, left_out = [], 0
+    for r in responses:
+        doc = swapped.get(r["question_id"])
+        if doc is None:
+            left_out += 1
+            continue
+        gold = scorer.eval_api_data[r["question_id"] - 1].get("api_call") or ""
+        if scorer.names_api(r.get("text"), doc["api_call"]):
+            outcome = "follows_document"
+        elif scorer.names_api(r.get("text"), gold):
+            outcome = "follows_memory"
+        else:
+            outcome = "neither"
+        counts[outcome] += 1
+        per_question.append({"question_id": r["question_id"], "outcome": outcome,
+                             "swapped_api_call": doc["api_call"]})
+    n = sum(counts.values())
+    out = {"n": n, "left_out": left_out}
+    for key, k in counts.items():
+        out[key] = k / n if n else 0.0
+        out[f"{key}_n"] = k
+        out[f"{key}_ci"] = list(wilson_interval(k, n)) if n else None
+    out["per_question"] = per_question
+    return out

