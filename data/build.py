@@ -47,11 +47,16 @@ class BuildSettings:
             The paper uses 2048 (appendix); the CPU demo uses less.
         max_document_tokens: budget per document before the length check; None = no budget.
         top_k: documents per prompt for the bm25 and dense modes (the paper uses top-1).
+        force_gold: for the bm25 and dense modes on the *train* split, put the gold document in
+            place of the lowest-ranked one when the retriever missed it (RAFT-style: the model
+            always sees the right API among the retrieved ones while training; eval rows are never
+            changed). Counted per split and mode as ``forced_gold``.
     """
 
     max_length: int = 2048
     max_document_tokens: int | None = None
     top_k: int = 1
+    force_gold: bool = False
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
@@ -120,6 +125,22 @@ def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibe
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir)
     queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
     return retriever_cache[mode].retrieve(queries, top_k=1 if mode == "oracle" else top_k)
+
+
+def force_gold_documents(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]]
+                         ) -> tuple[list[list[dict]], int]:
+    """Put each example's gold document in place of its lowest-ranked retrieved one when the
+    retrieval missed it (compared by API identity); returns ``(docs, how many were replaced)``."""
+    from ratune.data.apibench import api_identity
+
+    out, forced = [], 0
+    for ex, docs in zip(examples, docs_per_example):
+        docs = list(docs)
+        if docs and api_identity(ex.api) not in {api_identity(d) for d in docs}:
+            docs[-1] = ex.api
+            forced += 1
+        out.append(docs)
+    return out, forced
 
 
 def _percentiles(values: list[int]) -> dict:
@@ -207,7 +228,12 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         for split, examples in splits.items():
             docs = retrieve_for_mode(mode, examples, hub=hub, apibench_dir=apibench_dir, top_k=settings.top_k,
                                      retriever_cache=cache)
+            forced = 0
+            if settings.force_gold and split == "train" and mode in ("bm25", "dense"):
+                docs, forced = force_gold_documents(examples, docs)
             rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings)
+            if settings.force_gold and mode in ("bm25", "dense"):
+                c["forced_gold"] = forced
             counts.setdefault(split, {})[mode] = c
             lengths.setdefault(split, {})[mode] = _percentiles(
                 [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
@@ -258,7 +284,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         "rows_read": read_counts, "validation": validation.to_manifest(),
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
-                     "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS},
+                     "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
+                     "force_gold": settings.force_gold},
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs),
         "retrievers": {m: r.metadata() for m, r in cache.items()},
     })

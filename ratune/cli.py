@@ -64,7 +64,8 @@ def _data_build(args) -> int:
     manifest = build_dataset(
         apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
-                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k),
+                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k,
+                                                 force_gold=args.force_gold),
         lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
         mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
     summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
@@ -108,12 +109,19 @@ def _retrieval_eval(args) -> int:
     from ratune.data.apibench import load_examples, resolve_apibench_dir
     from ratune.io import write_json, write_text
     from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
+    from ratune.errors import RatuneError
     from ratune.retrieval.retrievers import RETRIEVERS, make_retriever
 
     apibench = resolve_apibench_dir(args.apibench)
     names = [r for r in RETRIEVERS if r != "none"] if args.retriever == "all" else [args.retriever]
+    if args.dense_model and "dense_ft" not in names:
+        names.append("dense_ft")
+    if "dense_ft" in names and not args.dense_model:
+        raise RatuneError("--retriever dense_ft needs --dense-model DIR (a `ratune retrieval train` output)")
     examples = load_examples(apibench, args.hub, "eval")
-    retrievers = {n: make_retriever(n, hub=args.hub, apibench_dir=apibench) for n in names}
+    retrievers = {n: make_retriever(n, hub=args.hub, apibench_dir=apibench,
+                                    **({"dense_model": args.dense_model} if n == "dense_ft" else {}))
+                  for n in names}
     results = [evaluate_retriever(r, examples) for r in retrievers.values()]
     agreement = [top1_agreement(retrievers[n], retrievers["paper_bm25"], examples)
                  for n in ("bm25", "bm25_paper") if n in retrievers and "paper_bm25" in retrievers]
@@ -236,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-length", type=int, default=2048, help="tokens per row (paper: 2048)")
     b.add_argument("--max-document-tokens", type=int, default=None, help="document budget in tokens")
     b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
+    b.add_argument("--force-gold", action="store_true",
+                   help="bm25/dense modes, train split: the gold document replaces the lowest-ranked one when "
+                        "the retriever missed it (counted as forced_gold)")
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     b.add_argument("--leakage", choices=("error", "drop", "allow"), default="error",
@@ -263,10 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
     r.add_argument("--apibench")
     r.add_argument("--hub", required=True, choices=HUBS)
-    r.add_argument("--retriever", default="all", choices=("all",) + tuple(x for x in RETRIEVERS if x != "none"))
+    r.add_argument("--retriever", default="all",
+                   choices=("all", *(x for x in RETRIEVERS if x != "none"), "dense_ft"))
+    r.add_argument("--dense-model", default=None, metavar="DIR",
+                   help="a finetuned retriever folder (`ratune retrieval train`); adds dense_ft to the report")
     r.add_argument("--out", help="also write retrieval_{hub}.json and .md here")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_retrieval_eval)
+    from ratune.retrieval.finetune import add_train_arguments, run_train
+
+    rt = retrieval.add_parser("train", help="finetune the dense retriever on a hub's training split (in-batch negatives)")
+    add_train_arguments(rt)
+    rt.set_defaults(func=run_train)
 
     t = stages.add_parser("train", help="finetune from a YAML config")
     t.add_argument("--config", required=True)

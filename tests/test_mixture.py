@@ -190,3 +190,47 @@ def test_abstention_rows_in_a_real_build(mixed_build):
     for r in rows:
         if r["doc_component"] == "oracle":
             assert r["completion"] == oracle[r["line"]]["completion"]
+
+
+def test_force_gold_in_train_time_retrieval(tmp_path, apibench, smol_tokenizer):
+    """--force-gold: every bm25 training row has its gold document among its top-2 (replacing the
+    lowest-ranked one where BM25 missed it, as many as BM25 missed); eval rows are unchanged."""
+    from datasets import load_from_disk
+
+    from ratune.data.apibench import api_identity
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.retrieval.retrievers import Query, make_retriever
+
+    built = {}
+    for force in (False, True):
+        out = tmp_path / f"force_{force}"
+        manifest = build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=out, tokenizer=smol_tokenizer,
+                                 tokenizer_name="smol", modes=["bm25"], progress=False,
+                                 settings=BuildSettings(max_length=1536, max_document_tokens=96, top_k=2,
+                                                        force_gold=force))
+        built[force] = (manifest, load_from_disk(str(out / "bm25")))
+    manifest, ds = built[True]
+    train = ds["train"]
+    assert all(r["gold_api_call"] in r["document_api_calls"] and len(r["document_api_calls"]) == 2 for r in train)
+    # how many BM25 missed, counted independently
+    examples = load_examples_for_test(apibench)
+    ranked = make_retriever("bm25", hub="torchhub", apibench_dir=apibench).retrieve(
+        [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples], top_k=2)
+    missed = sum(api_identity(e.api) not in {api_identity(d) for d in docs} for e, docs in zip(examples, ranked))
+    assert manifest["counts"]["train"]["bm25"]["forced_gold"] == missed > 0
+    assert manifest["counts"]["eval"]["bm25"]["forced_gold"] == 0 and manifest["settings"]["force_gold"] is True
+    assert built[False][1]["eval"]["user_turn"] == ds["eval"]["user_turn"]
+    unforced = {r["line"]: r for r in built[False][1]["train"]}
+    for r in train:  # rows BM25 got right are untouched; the others keep their top-1 and gain the gold
+        before = unforced[r["line"]]["document_api_calls"]
+        if r["gold_api_call"] in before:
+            assert r["document_api_calls"] == before
+        else:
+            assert r["document_api_calls"] == [before[0], r["gold_api_call"]]
+
+
+def load_examples_for_test(apibench):
+    """The TorchHub training examples the build keeps (duplicates removed; the released file has none)."""
+    from ratune.data.apibench import load_examples
+
+    return load_examples(apibench, "torchhub", "train")

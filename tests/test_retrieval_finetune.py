@@ -147,3 +147,22 @@ def test_cli_arguments_and_hub_without_training_split(apibench, tmp_path):
     with pytest.raises(RatuneError, match="no training split for huggingface"):
         run_train(args)
     assert not (tmp_path / "hf").exists()
+
+
+def test_cli_retrieval_eval_with_a_finetuned_folder(apibench, trained, capsys):
+    """`ratune retrieval eval --retriever dense_ft --dense-model DIR` measures the folder; without
+    the folder the name is refused."""
+    import json
+
+    from ratune.cli import main
+
+    folder, meta = trained
+    assert main(["retrieval", "eval", "--apibench", str(apibench), "--hub", "torchhub", "--retriever", "dense_ft",
+                 "--dense-model", str(folder), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["retriever"] == "dense_ft" and result["n"] == 186
+    assert result["metadata"]["finetuned"]["train_sha256"] == meta["train_sha256"]
+    assert 0 <= result["top1"] <= result["recall@5"] <= result["recall@10"] <= 1
+    assert main(["retrieval", "eval", "--apibench", str(apibench), "--hub", "torchhub", "--retriever",
+                 "dense_ft"]) == 2
+    assert "--retriever dense_ft needs --dense-model DIR" in capsys.readouterr().err
