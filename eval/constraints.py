@@ -130,7 +130,7 @@ def constraint_metrics(scorer, responses: Sequence[dict], constraints: dict[int,
         ``{"n", "task_gorilla", "task_strict", "constraint_met", "both"}`` as fractions, with
         ``*_n`` counts and ``*_ci`` 95 % Wilson intervals, and ``per_question``.
     """
-    from ratune.eval.stats import wilson_interval
+    from ratune.eval.stats import count_rates
 
     counts = {"task_gorilla": 0, "task_strict": 0, "constraint_met": 0, "both": 0}
     per_question = []
@@ -146,10 +146,4 @@ def constraint_metrics(scorer, responses: Sequence[dict], constraints: dict[int,
             counts[key] += value
         per_question.append({"question_id": r["question_id"], "min_top1": constraint.min_top1, **outcome})
     n = len(per_question)
-    out = {"n": n}
-    for key, k in counts.items():
-        out[key] = k / n if n else 0.0
-        out[f"{key}_n"] = k
-        out[f"{key}_ci"] = list(wilson_interval(k, n)) if n else None
-    out["per_question"] = per_question
-    return out
+    return {"n": n, **count_rates(counts, n), "per_question": per_question}

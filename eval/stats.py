@@ -213,3 +213,18 @@ def rate_intervals(counts: dict, n: int, z: float = Z95) -> dict:
         if k is not None:
             out[f"{field}_ci"] = list(wilson_interval(int(k), int(n), z))
     return out
+
+
+def count_rates(counts: dict[str, int], n: int, z: float = Z95) -> dict:
+    """Rates of named counts over ``n``: for each ``key``, ``key`` (fraction; 0.0 when n is 0),
+    ``key_n`` (the count) and ``key_ci`` (95 % Wilson interval, None when n is 0).
+
+    Used by the experiment metrics (document swap, constraints) so every rate carries its n and
+    interval the same way.
+    """
+    out = {}
+    for key, k in counts.items():
+        out[key] = k / n if n else 0.0
+        out[f"{key}_n"] = k
+        out[f"{key}_ci"] = list(wilson_interval(k, n, z)) if n else None
+    return out

@@ -86,7 +86,7 @@ def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) ->
         the counts as ``*_n`` and 95 % Wilson intervals as ``*_ci``, plus ``per_question``
         ``[{"question_id", "outcome", "swapped_api_call"}]``.
     """
-    from ratune.eval.stats import wilson_interval
+    from ratune.eval.stats import count_rates
 
     counts = {"follows_document": 0, "follows_memory": 0, "neither": 0}
     per_question, left_out = [], 0
@@ -106,10 +106,4 @@ def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) ->
         per_question.append({"question_id": r["question_id"], "outcome": outcome,
                              "swapped_api_call": doc["api_call"]})
     n = sum(counts.values())
-    out = {"n": n, "left_out": left_out}
-    for key, k in counts.items():
-        out[key] = k / n if n else 0.0
-        out[f"{key}_n"] = k
-        out[f"{key}_ci"] = list(wilson_interval(k, n)) if n else None
-    out["per_question"] = per_question
-    return out
+    return {"n": n, "left_out": left_out, **count_rates(counts, n), "per_question": per_question}

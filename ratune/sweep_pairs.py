@@ -171,7 +171,7 @@ def comparisons_markdown(results: list[dict]) -> str:
             context = describe(r["context"]) or "-"
             head = f"| {r['pair']} | {context} | {r['a']} | {r['b']} |"
             if r["status"] != "ok":
-                why = f"missing {' and '.join(r['missing'])}" if r["status"] == "missing" else r["reason"]
+                why = f"{' and '.join(r['missing'])} not finished" if r["status"] == "missing" else r["reason"]
                 lines.append(f"{head} - | - | - | {r['status']}: {why} | - | - |")
                 continue
             m = r["metrics"][metric]

@@ -89,7 +89,7 @@ def test_chosen_pair_per_context_by_hand(sweep_dir):
     md = (sweep_dir / "report" / "comparisons.md").read_text()
     assert "| 1 | hub=torchhub, lora.r=8 | test_retriever=oracle, train_retriever=oracle | " \
            "test_retriever=0_shot, train_retriever=none | 10 | 70.0 | 50.0 | 4 / 3 / 1 / 2 | +20.0 [" in md
-    assert "missing a" in md
+    assert "| missing: a not finished |" in md
     rows = list(csv.DictReader((sweep_dir / "report" / "comparisons.csv").open()))
     gorilla_row = next(r for r in rows if r["metric"] == "gorilla")
     assert (gorilla_row["only_a"], gorilla_row["only_b"], gorilla_row["mcnemar_p"]) == ("3", "1", "0.625")
