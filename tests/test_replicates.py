@@ -7,37 +7,23 @@ from __future__ import annotations
 import csv
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
+from sweep_cells import finished_cell, rate_metrics
 
 from ratune import sweep as sw
 from ratune.eval.report import aggregate_replicates, format_replicates, make_cell, table2_markdown
 from ratune.eval.stats import wilson_interval
 
 
-def metrics(n=60, correct=30, halluc=6):
-    err = n - correct - halluc
-    block = {"accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
-             "correct_n": correct, "hallucination_n": halluc, "error_n": err}
-    return {"n": n, "accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
-            "gorilla": dict(block), "strict": {**block, "accuracy": (correct - 1) / n, "correct_n": correct - 1,
-                                               "error": (err + 1) / n, "error_n": err + 1}}
+metrics = partial(rate_metrics, n=60, correct=30, halluc=6)
 
 
 def make_cell_dir(sweep_dir: Path, name: str, axes: dict, retriever: str, results: dict) -> Path:
-    """A finished sweep cell folder: cell.json plus eval/{setting}/metrics.json and .complete."""
-    d = sweep_dir / "cells" / name
-    d.mkdir(parents=True)
-    config = {"hub": "torchhub", "model": "/models/tiny", "train_retriever": retriever,
-              "seed": axes.get("seed", 42)}
-    (d / "cell.json").write_text(json.dumps({"name": name, "axes": axes, "config": config}))
-    for setting, m in results.items():
-        e = d / "eval" / setting
-        e.mkdir(parents=True)
-        (e / "metrics.json").write_text(json.dumps(m))
-        (e / ".complete").write_text("complete\n")
-    return d
+    """A finished sweep cell folder whose config records the cell's seed (default 42)."""
+    return finished_cell(sweep_dir, name, axes, results, train_retriever=retriever, seed=axes.get("seed", 42))
 
 
 # correct answers of 60 per seed: none/0_shot 30, 33, 39 -> 0.50, 0.55, 0.65

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from ratune.data.apibench import api_identity, load_examples
-from ratune.retrieval.metrics import evaluate_retriever, gold_rank, ndcg_at_k
+from ratune.retrieval.metrics import evaluate_retriever, ndcg_at_k
 from ratune.retrieval.retrievers import (BM25Retriever, OracleRetriever, PrecomputedRetriever, Query, Retriever,
                                          dedup_corpus, make_retriever)
 

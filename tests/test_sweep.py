@@ -7,10 +7,12 @@ import argparse
 import csv
 import json
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from sweep_cells import rate_metrics
 
 from ratune import sweep as sw
 from ratune.errors import RatuneError
@@ -147,13 +149,7 @@ def test_slurm_scripts(tmp_path, capsys):
 # ------------------------------------------------------------------ local runner (fake commands)
 
 
-def metrics(n=10, correct=5, halluc=3):
-    err = n - correct - halluc
-    block = {"accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
-             "correct_n": correct, "hallucination_n": halluc, "error_n": err}
-    return {"n": n, "accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
-            "gorilla": dict(block), "strict": {**block, "accuracy": (correct - 1) / n, "correct_n": correct - 1,
-                                               "error": (err + 1) / n, "error_n": err + 1}}
+metrics = partial(rate_metrics, n=10, correct=5, halluc=3)
 
 
 def finish_eval(eval_dir: Path, setting: str, m: dict) -> None:
@@ -293,7 +289,7 @@ def test_report_sweep(tmp_path, capsys):
     best = json.loads((sweep_dir / "report" / "sweep.json").read_text())["best"]["torchhub__lora-r-8"]
     assert (best["cell"], best["test_retriever"], best["accuracy"]) == ("b", "0_shot", 0.7)
     assert best["export"] == f"ratune export {b / 'train'} --out exports/b --eval {b / 'eval'}"
-    assert f"best in torchhub__lora-r-8: b (train oracle, test 0_shot, accuracy 70.0 %, n = 10)" in out
+    assert "best in torchhub__lora-r-8: b (train oracle, test 0_shot, accuracy 70.0 %, n = 10)" in out
 
 
 def test_report_without_finished_cells(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sweep_cells import finished_cell
 
 from ratune import sweep as sw
 from ratune.cli import main as cli_main
@@ -31,16 +32,7 @@ def outcomes(correct: set[int], n: int = 10, strict_wrong: set[int] = frozenset(
             "gorilla": block, "strict": strict, "per_question": per_q}
 
 
-def make_cell(sweep_dir: Path, name: str, axes: dict, results: dict) -> None:
-    d = sweep_dir / "cells" / name
-    d.mkdir(parents=True)
-    config = {"hub": "torchhub", "model": "/models/tiny", "train_retriever": axes["train_retriever"]}
-    (d / "cell.json").write_text(json.dumps({"name": name, "axes": axes, "config": config}))
-    for setting, m in results.items():
-        e = d / "eval" / setting
-        e.mkdir(parents=True)
-        (e / "metrics.json").write_text(json.dumps(m))
-        (e / ".complete").write_text("complete\n")
+make_cell = finished_cell
 
 
 # oracle/oracle right on q0-6 (7 of 10), none/0_shot right on q0-3 and q7 (5 of 10):

@@ -267,7 +267,7 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                 f"| examples | {r.get('examples')}" + (f" (max_examples {r['max_examples']})" if r.get("max_examples")
                                                         else "") + " |",
                 f"| max length | {r.get('max_length')} tokens (documents cut to {r.get('max_document_tokens')}) |",
-                f"| LoRA | " + (f"rank {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, modules "
+                "| LoRA | " + (f"rank {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, modules "
                                f"{lora['target_modules']}; merged into the base"
                                + (" at export" if merged_from_adapter else " after training")
                                if lora else "no (full finetune)") + " |",
