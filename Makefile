@@ -44,6 +44,9 @@ test-slow: setup
 
 bench: setup
 	$(PY) bench/score_released.py
+	$(PY) bench/retrieval_scale.py
+	$(PY) bench/token_efficiency.py
+	$(PY) bench/eval_throughput.py
 
 gpu-bench: setup   # on a GPU machine: training tokens/s per GPU, MFU, generation throughput (<= 10 min)
 	bash bench/gpu_run_plan.sh

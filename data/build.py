@@ -1,6 +1,7 @@
 """The training-set builder: APIBench examples -> single-turn chats, per train-time retrieval mode.
 
-For every example and mode (none, oracle, bm25, dense) the builder retrieves the documents,
+For every example and mode (none, oracle, or a retriever's top_k: bm25, bm25_paper, dense,
+dense_ft) the builder retrieves the documents,
 renders the user turn with :func:`ratune.data.prompt.render_user_turn` (the evaluator calls the
 same function) and the answer with :func:`ratune.data.prompt.format_answer`, and checks the
 token length of the whole row against ``max_length``.
@@ -31,8 +32,15 @@ from ratune.data.apibench import (Example, api_database_path, check_hub, example
 from ratune.data.prompt import abstain_answer, format_answer, render_user_turn, shorten_document, build_user_turn
 from ratune.errors import RatuneError
 
-#: Train-time retrieval modes (Gorilla trains with none or oracle; bm25 and dense are ours).
-TRAIN_MODES = ("none", "oracle", "bm25", "dense")
+#: Train-time retrieval modes (Gorilla trains with none or oracle; the retrieved ones are ours):
+#: any retriever of :mod:`ratune.retrieval.retrievers` that covers training questions, including
+#: ``dense_ft``, the finetuned bi-encoder (needs ``BuildSettings.dense_model``). The paper's own
+#: retrieved documents (gpt_index, paper_bm25) exist for eval questions only.
+TRAIN_MODES = ("none", "oracle", "bm25", "bm25_paper", "dense", "dense_ft")
+#: Modes built when none are named (no model folder needed).
+DEFAULT_MODES = ("none", "oracle", "bm25", "dense")
+#: Modes whose documents come from a retriever's top_k (``force_gold`` applies to these).
+RETRIEVED_MODES = ("bm25", "bm25_paper", "dense", "dense_ft")
 
 #: A document cut below this many tokens is useless; the row is dropped instead.
 MIN_DOCUMENT_TOKENS = 32
@@ -47,16 +55,22 @@ class BuildSettings:
             The paper uses 2048 (appendix); the CPU demo uses less.
         max_document_tokens: budget per document before the length check; None = no budget.
         top_k: documents per prompt for the bm25 and dense modes (the paper uses top-1).
-        force_gold: for the bm25 and dense modes on the *train* split, put the gold document in
-            place of the lowest-ranked one when the retriever missed it (RAFT-style: the model
-            always sees the right API among the retrieved ones while training; eval rows are never
-            changed). Counted per split and mode as ``forced_gold``.
+        force_gold: for the retrieved modes (RETRIEVED_MODES) on the *train* split, put the gold
+            document in place of the lowest-ranked one when the retriever missed it (RAFT-style:
+            the model always sees the right API among the retrieved ones while training; eval rows
+            are never changed). Counted per split and mode as ``forced_gold``.
+        dense_model: the finetuned retriever folder (``ratune retrieval train``) of the
+            ``dense_ft`` mode and of a mixture's ``dense_ft`` top1 component.
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings, so the same rows; recorded in
+            the manifest's retriever metadata).
     """
 
     max_length: int = 2048
     max_document_tokens: int | None = None
     top_k: int = 1
     force_gold: bool = False
+    dense_model: str | None = None
+    bm25_backend: str = "rank_bm25"
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
@@ -117,12 +131,14 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
 
 
 def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibench_dir, top_k: int,
-                      retriever_cache: dict) -> list[list[dict]]:
+                      retriever_cache: dict, dense_model: str | None = None,
+                      bm25_backend: str = "rank_bm25") -> list[list[dict]]:
     """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k)."""
     from ratune.retrieval.retrievers import Query, make_retriever
 
     if mode not in retriever_cache:
-        retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir)
+        retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
+                                               dense_model=dense_model if mode == "dense_ft" else None)
     queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
     return retriever_cache[mode].retrieve(queries, top_k=1 if mode == "oracle" else top_k)
 
@@ -153,7 +169,7 @@ def _percentiles(values: list[int]) -> dict:
 
 
 def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name: str,
-                  modes: Sequence[str] = TRAIN_MODES, settings: BuildSettings = BuildSettings(),
+                  modes: Sequence[str] = DEFAULT_MODES, settings: BuildSettings = BuildSettings(),
                   lenient: bool = False, overwrite: bool = False, progress: bool = True,
                   leakage: str = "error", mixtures: Sequence = (), utility_keep: dict | None = None,
                   utility_meta: dict | None = None) -> dict:
@@ -197,6 +213,13 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     mixture_modes = [m.mode for m in mixtures]
     if len(set(mixture_modes)) != len(mixture_modes):
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
+    if "dense_ft" in modes or any(m.top1_retriever == "dense_ft" for m in mixtures):
+        from ratune.retrieval.retrievers import check_retriever_hub, read_retriever_metadata
+
+        if not settings.dense_model or read_retriever_metadata(settings.dense_model) is None:
+            raise RatuneError("the dense_ft mode needs the finetuned retriever folder (--dense-model DIR, written "
+                              f"by `ratune retrieval train`); got {settings.dense_model!r}")
+        check_retriever_hub(settings.dense_model, hub)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -227,12 +250,13 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         dd = {}
         for split, examples in splits.items():
             docs = retrieve_for_mode(mode, examples, hub=hub, apibench_dir=apibench_dir, top_k=settings.top_k,
-                                     retriever_cache=cache)
+                                     retriever_cache=cache, dense_model=settings.dense_model,
+                                     bm25_backend=settings.bm25_backend)
             forced = 0
-            if settings.force_gold and split == "train" and mode in ("bm25", "dense"):
+            if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
                 docs, forced = force_gold_documents(examples, docs)
             rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings)
-            if settings.force_gold and mode in ("bm25", "dense"):
+            if settings.force_gold and mode in RETRIEVED_MODES:
                 c["forced_gold"] = forced
             counts.setdefault(split, {})[mode] = c
             lengths.setdefault(split, {})[mode] = _percentiles(
@@ -247,7 +271,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         record, dd = mixture.metadata(), {}
         for split, examples in splits.items():
             top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=hub, apibench_dir=apibench_dir, top_k=1,
-                                     retriever_cache=cache)
+                                     retriever_cache=cache, dense_model=settings.dense_model,
+                                     bm25_backend=settings.bm25_backend)
             docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
                                          database=database)
             if utility_keep is not None and split == "train":
@@ -285,7 +310,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
                      "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
-                     "force_gold": settings.force_gold},
+                     "force_gold": settings.force_gold,
+                     **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})},
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs),
         "retrievers": {m: r.metadata() for m, r in cache.items()},
     })

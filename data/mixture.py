@@ -47,7 +47,7 @@ MIXTURE_COMPONENTS = ("none", "oracle", "top1", "distractors", "irrelevant")
 MIXTURE_PREFIX = "mix-"
 
 #: Retrievers that may supply the ``top1`` component.
-TOP1_RETRIEVERS = ("bm25", "dense")
+TOP1_RETRIEVERS = ("bm25", "bm25_paper", "dense", "dense_ft")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
@@ -60,7 +60,8 @@ class Mixture:
         name: ``[a-z0-9_]+``; the built mode is ``mix-{name}``.
         weights: ``{component: probability}``; components from MIXTURE_COMPONENTS, each >= 0,
             summing to 1 (within 1e-6); missing components have probability 0.
-        top1_retriever: the retriever of the ``top1`` component (bm25 or dense).
+        top1_retriever: the retriever of the ``top1`` component (one of TOP1_RETRIEVERS;
+            ``dense_ft`` needs the build's ``dense_model``).
         distractors: how many other APIs' documents join the gold one in ``distractors``.
         seed: seed of the draws.
     """

@@ -32,7 +32,7 @@ import io
 from pathlib import Path
 from typing import Sequence
 
-from ratune.eval.run import SETTINGS
+from ratune.eval.run import TABLE_SETTINGS
 from ratune.eval.stats import wilson_interval
 
 #: Row order of train-time retrieval modes.
@@ -178,7 +178,7 @@ def _complete(cell: dict) -> dict:
 def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
     rows = [r for r in TRAIN_ORDER if any(c["train_retriever"] == r for c in cells)]
     rows += sorted({c["train_retriever"] for c in cells} - set(rows))
-    cols = [s for s in SETTINGS if any(c["test_retriever"] == s for c in cells)]
+    cols = [s for s in TABLE_SETTINGS if any(c["test_retriever"] == s for c in cells)]
     cols += sorted({c["test_retriever"] for c in cells} - set(cols))
     return rows, cols
 

@@ -27,11 +27,17 @@ from ratune.errors import RatuneError
 
 #: Test-time settings, in Table 2 column order (Gorilla, Table 2; ``dense`` is ours).
 SETTINGS = ("0_shot", "bm25", "dense", "gpt_index", "oracle")
+#: Test settings with a trained retriever, columns like Table 2's but never run by default:
+#: ``dense_ft`` (our finetuned bi-encoder, :mod:`ratune.retrieval.finetune`; needs
+#: ``EvalSettings.dense_model``).
+TRAINED_SETTINGS = ("dense_ft",)
+#: Every retrieval setting, in column order.
+TABLE_SETTINGS = SETTINGS + TRAINED_SETTINGS
 #: Experiment settings (issue 9), never Table 2 columns: ``swap`` (another API's document of the
 #: same domain, :mod:`ratune.eval.swap`), ``irrelevant`` (a document of another domain,
 #: :mod:`ratune.eval.abstain`) and ``constraints_{setting}`` (the constrained TorchHub questions
 #: under a Table 2 setting, :mod:`ratune.eval.constraints`).
-EXPERIMENT_SETTINGS = ("swap", "irrelevant", *(f"constraints_{s}" for s in SETTINGS))
+EXPERIMENT_SETTINGS = ("swap", "irrelevant", *(f"constraints_{s}" for s in TABLE_SETTINGS))
 #: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
 BACKENDS = ("hf", "vllm")
 
@@ -54,6 +60,9 @@ class EvalSettings:
             ``hf``, so a cell is never continued with the other backend.
         trust_remote_code: let the checkpoint's own modeling code run (only for a model trained
             with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
+        dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
+            retrieval train``); recorded in those cells' identity.
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/retrievers.py).
     """
 
     settings: Sequence[str] = SETTINGS
@@ -65,6 +74,8 @@ class EvalSettings:
     torch_threads: int | None = None
     backend: str = "hf"
     trust_remote_code: bool = False
+    dense_model: str | None = None
+    bm25_backend: str = "rank_bm25"
     retriever_cache: dict = field(default_factory=dict)
 
 
@@ -164,7 +175,9 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
                 settings.retriever_cache[key] = IrrelevantRetriever(
                     load_api_database(api_database_path(apibench_dir, hub)))
             else:
-                settings.retriever_cache[key] = make_retriever(name, hub=hub, apibench_dir=apibench_dir)
+                settings.retriever_cache[key] = make_retriever(
+                    name, hub=hub, apibench_dir=apibench_dir, bm25_backend=settings.bm25_backend,
+                    dense_model=settings.dense_model if name == "dense_ft" else None)
         return settings.retriever_cache[key]
 
     if setting in TEST_SETTINGS:
@@ -207,11 +220,19 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     from ratune.retrieval.retrievers import Query
     from ratune.train.model import load_model, load_tokenizer, set_torch_threads
 
+    known = TABLE_SETTINGS + EXPERIMENT_SETTINGS
     for s in settings.settings:
-        if s not in SETTINGS + EXPERIMENT_SETTINGS:
-            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(SETTINGS + EXPERIMENT_SETTINGS)}")
+        if s not in known:
+            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(known)}")
         if s.startswith("constraints_") and hub != "torchhub":
             raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
+    if any(s.endswith("dense_ft") for s in settings.settings):
+        from ratune.retrieval.retrievers import check_retriever_hub, read_retriever_metadata
+
+        if not settings.dense_model or read_retriever_metadata(settings.dense_model) is None:
+            raise RatuneError("the dense_ft test setting needs the finetuned retriever folder (--dense-model DIR, "
+                              f"written by `ratune retrieval train`); got {settings.dense_model!r}")
+        check_retriever_hub(settings.dense_model, hub)
     if settings.backend not in BACKENDS:
         raise RatuneError(f"unknown generation backend {settings.backend!r}: expected one of {', '.join(BACKENDS)}")
     if settings.backend == "vllm":
@@ -249,8 +270,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         cell = out / setting
         examples, retriever, extra = _setting_plan(setting, all_examples, hub=hub, apibench_dir=apibench_dir,
                                                    settings=settings)
-        _check_cell_identity(cell, {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
-                                    "questions": [e.line for e in examples], "generation": generation})
+        identity = {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
+                    "questions": [e.line for e in examples], "generation": generation}
+        if setting.endswith("dense_ft"):  # which finetuned retriever gave the documents
+            identity["retriever_model"] = str(Path(settings.dense_model).resolve())
+        _check_cell_identity(cell, identity)
         if is_complete(cell):
             results[setting] = json.loads((cell / "metrics.json").read_text())
             continue

@@ -2,6 +2,7 @@
 
     ratune data build       APIBench -> chats per train-time retrieval mode (datasets + manifest)
     ratune retrieval eval   retrieval quality (top-1, recall@k, NDCG@k) per retriever
+    ratune retrieval index  build and save a BM25 index (bm25s) that refuses another hub or corpus
     ratune plan             per-GPU memory (weights, gradients, optimizer, activations) and ideal hours
     ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
@@ -37,6 +38,11 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _data_build(args) -> int:
@@ -65,7 +71,8 @@ def _data_build(args) -> int:
         apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
                                                  max_document_tokens=args.max_document_tokens, top_k=args.top_k,
-                                                 force_gold=args.force_gold),
+                                                 force_gold=args.force_gold, dense_model=args.dense_model,
+                                                 bm25_backend=args.bm25_backend),
         lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
         mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
     summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
@@ -106,43 +113,113 @@ def _data_utility(args) -> int:
 def _retrieval_eval(args) -> int:
     from pathlib import Path
 
-    from ratune.data.apibench import load_examples, resolve_apibench_dir
-    from ratune.io import write_json, write_text
-    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
+    from ratune.data.apibench import HUBS, resolve_apibench_dir
     from ratune.errors import RatuneError
-    from ratune.retrieval.retrievers import RETRIEVERS, make_retriever
+    from ratune.io import write_json, write_text
+    from ratune.retrieval.metrics import retrieval_chart
+    from ratune.retrieval.retrievers import BM25_VARIANTS, RETRIEVERS
 
     apibench = resolve_apibench_dir(args.apibench)
+    hubs = list(HUBS) if args.hub == "all" else [args.hub]
     names = [r for r in RETRIEVERS if r != "none"] if args.retriever == "all" else [args.retriever]
     if args.dense_model and "dense_ft" not in names:
         names.append("dense_ft")
     if "dense_ft" in names and not args.dense_model:
         raise RatuneError("--retriever dense_ft needs --dense-model DIR (a `ratune retrieval train` output)")
-    examples = load_examples(apibench, args.hub, "eval")
-    retrievers = {n: make_retriever(n, hub=args.hub, apibench_dir=apibench,
-                                    **({"dense_model": args.dense_model} if n == "dense_ft" else {}))
-                  for n in names}
+    if "dense_ft" in names and len(hubs) > 1:
+        raise RatuneError("a finetuned retriever (--dense-model) serves the one hub it was trained for: give --hub")
+    if args.bm25_index and not any(n in BM25_VARIANTS for n in names):
+        raise RatuneError(f"--bm25-index is for the BM25 retrievers ({', '.join(BM25_VARIANTS)}), "
+                          f"not {', '.join(names)}")
+    if args.bm25_index and len(hubs) > 1:
+        raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
+    reports = {hub: _retrieval_report(args, apibench, hub, names) for hub in hubs}
+    if args.out:
+        out = Path(args.out)
+        for hub, (results, agreement, markdown, inputs) in reports.items():
+            write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement, "inputs": inputs,
+                                                       "versions": _versions()})
+            write_text(out / f"retrieval_{hub}.md", markdown)
+        chart = out / ("retrieval.png" if len(hubs) > 1 else f"retrieval_{hubs[0]}.png")
+        retrieval_chart({hub: r[0] for hub, r in reports.items()}, chart)
+        if len(hubs) > 1:
+            write_text(out / "retrieval.md", "\n".join(r[2] for r in reports.values()))
+    if args.json:
+        slim = {hub: [{k: v for k, v in r.items() if k != "misses"} for r in results]
+                for hub, (results, agreement, _, _) in reports.items()}
+        if len(hubs) == 1:
+            results, agreement = slim[hubs[0]], reports[hubs[0]][1]
+            print(json.dumps(results[0] if len(results) == 1 else {"results": results, "agreement": agreement},
+                             sort_keys=True))
+        else:
+            print(json.dumps({hub: {"results": slim[hub], "agreement": reports[hub][1]} for hub in hubs},
+                             sort_keys=True))
+    else:
+        print("\n".join(r[2] for r in reports.values()))
+    return 0
+
+
+def _versions() -> dict:
+    from ratune.manifest import package_versions
+
+    return package_versions()
+
+
+def _retrieval_report(args, apibench, hub: str, names: list[str]) -> tuple[list, list, str, dict]:
+    """One hub's retrieval results, paper-BM25 agreement, markdown and input hashes."""
+    from ratune.data.apibench import api_database_path, examples_path, input_hashes, load_examples, questions_path
+    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
+    from ratune.retrieval.retrievers import BM25_VARIANTS, make_retriever
+
+    examples = load_examples(apibench, hub, "eval")
+    retrievers = {}
+    for n in names:
+        # a named BM25 retriever takes the index (refused if built for another variant); with
+        # --retriever all, the index serves the variant it was built for
+        index = args.bm25_index if n in BM25_VARIANTS and (
+            args.retriever != "all" or _index_variant(args.bm25_index) == n) else None
+        retrievers[n] = make_retriever(n, hub=hub, apibench_dir=apibench, bm25_backend=args.bm25_backend,
+                                       bm25_index=index, **({"dense_model": args.dense_model} if n == "dense_ft" else {}))
     results = [evaluate_retriever(r, examples) for r in retrievers.values()]
     agreement = [top1_agreement(retrievers[n], retrievers["paper_bm25"], examples)
                  for n in ("bm25", "bm25_paper") if n in retrievers and "paper_bm25" in retrievers]
-    markdown = retrieval_markdown(results, hub=args.hub) + "".join(
+    markdown = retrieval_markdown(results, hub=hub) + "".join(
         f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
         f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
-    if args.out:
-        from ratune.data.apibench import api_database_path, examples_path, input_hashes, questions_path
-        from ratune.manifest import package_versions
+    files = [api_database_path(apibench, hub), examples_path(apibench, hub, "eval")]
+    files += [p for p in (questions_path(apibench, hub, s) for s in ("bm25", "gpt_index")) if p.exists()]
+    return results, agreement, markdown, input_hashes(files)
 
-        files = [api_database_path(apibench, args.hub), examples_path(apibench, args.hub, "eval")]
-        files += [p for p in (questions_path(apibench, args.hub, s) for s in ("bm25", "gpt_index")) if p.exists()]
-        write_json(Path(args.out) / f"retrieval_{args.hub}.json",
-                   {"results": results, "agreement": agreement, "inputs": input_hashes(files),
-                    "versions": package_versions()})
-        write_text(Path(args.out) / f"retrieval_{args.hub}.md", markdown)
-    if args.json:
-        slim = [{k: v for k, v in r.items() if k != "misses"} for r in results]
-        print(json.dumps(slim[0] if len(slim) == 1 else {"results": slim, "agreement": agreement}, sort_keys=True))
-    else:
-        print(markdown)
+
+def _index_variant(index_dir) -> str | None:
+    """The BM25 variant a saved index folder was built for (None without a folder)."""
+    if not index_dir:
+        return None
+    from pathlib import Path
+
+    from ratune.errors import RatuneError
+    from ratune.io import read_json
+    from ratune.retrieval.retrievers import BM25_INDEX_METADATA
+
+    path = Path(index_dir) / BM25_INDEX_METADATA
+    if not path.exists():
+        raise RatuneError(f"{index_dir}: not a saved BM25 index (no {BM25_INDEX_METADATA})")
+    return read_json(path).get("variant")
+
+
+def _retrieval_index(args) -> int:
+    import time
+
+    from ratune.data.apibench import api_database_path, load_api_database, resolve_apibench_dir
+    from ratune.retrieval.retrievers import BM25Retriever
+
+    apibench = resolve_apibench_dir(args.apibench)
+    start = time.perf_counter()
+    retriever = BM25Retriever(load_api_database(api_database_path(apibench, args.hub)), hub=args.hub,
+                              variant=args.retriever, backend="bm25s")
+    out = retriever.save(args.out)
+    print(f"indexed {len(retriever.corpus)} {args.hub} API documents ({args.retriever}, bm25s) in "
+          f"{time.perf_counter() - start:.2f} s; wrote {out}")
     return 0
 
 
@@ -162,7 +239,8 @@ def _eval_run(args) -> int:
         settings=EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
                               max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
                               max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
-                              backend=args.backend, trust_remote_code=args.trust_remote_code))
+                              backend=args.backend, trust_remote_code=args.trust_remote_code,
+                              dense_model=args.dense_model, bm25_backend=args.bm25_backend))
     print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
                       for s, m in results.items()}, sort_keys=True))
     return 0
@@ -217,10 +295,11 @@ def _demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
     from ratune.data.apibench import HUBS
-    from ratune.data.build import TRAIN_MODES
-    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS
+    from ratune.data.build import DEFAULT_MODES, TRAIN_MODES
+    from ratune.data.mixture import TOP1_RETRIEVERS
+    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS, TABLE_SETTINGS
     from ratune.eval.scoring import add_score_arguments
-    from ratune.retrieval.retrievers import RETRIEVERS
+    from ratune.retrieval.retrievers import BM25_BACKENDS, BM25_VARIANTS, RETRIEVERS
 
     parser = argparse.ArgumentParser(prog="ratune", description="Retriever-aware training (RAT) for API calling.")
     stages = parser.add_subparsers(dest="stage", required=True)
@@ -231,21 +310,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hub", required=True, choices=HUBS)
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--tokenizer", default="smollm2-135m-instruct", help="model folder whose tokenizer measures lengths")
-    b.add_argument("--modes", nargs="*", default=list(TRAIN_MODES), choices=TRAIN_MODES,
-                   help="train-time retrieval modes (default all; `--modes` alone: none, with --mixture)")
+    b.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=TRAIN_MODES,
+                   help=f"train-time retrieval modes (default {' '.join(DEFAULT_MODES)}; dense_ft needs --dense-model; "
+                        "`--modes` alone: none, with --mixture)")
     b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...",
                    help="also build the mode mix-NAME, each example's document drawn from the mixture, e.g. "
                         "rat_mix:none=0.25,oracle=0.25,top1=0.25,distractors=0.25 (repeatable; data/mixture.py)")
     b.add_argument("--mixture-seed", type=int, default=0, help="seed of the mixture draws (default 0)")
     b.add_argument("--distractors", type=int, default=3,
                    help="other APIs' documents beside the gold one in the distractors component (default 3)")
-    b.add_argument("--top1-retriever", choices=("bm25", "dense"), default="bm25",
+    b.add_argument("--top1-retriever", choices=TOP1_RETRIEVERS, default="bm25",
                    help="retriever of the top1 component (default bm25)")
+    b.add_argument("--dense-model", default=None, metavar="DIR",
+                   help="finetuned retriever folder (`ratune retrieval train`) for the dense_ft mode / top1 retriever")
+    b.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help="BM25 implementation (same rankings; bm25s is faster)")
     b.add_argument("--max-length", type=int, default=2048, help="tokens per row (paper: 2048)")
     b.add_argument("--max-document-tokens", type=int, default=None, help="document budget in tokens")
     b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
     b.add_argument("--force-gold", action="store_true",
-                   help="bm25/dense modes, train split: the gold document replaces the lowest-ranked one when "
+                   help="retrieved modes (bm25, bm25_paper, dense, dense_ft), train split: the gold document replaces the lowest-ranked one when "
                         "the retriever missed it (counted as forced_gold)")
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -273,14 +357,26 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
     r.add_argument("--apibench")
-    r.add_argument("--hub", required=True, choices=HUBS)
+    r.add_argument("--hub", required=True, choices=(*HUBS, "all"),
+                   help="a hub, or all: the report for the three hubs (retrieval.md, retrieval.png)")
     r.add_argument("--retriever", default="all",
                    choices=("all", *(x for x in RETRIEVERS if x != "none"), "dense_ft"))
     r.add_argument("--dense-model", default=None, metavar="DIR",
                    help="a finetuned retriever folder (`ratune retrieval train`); adds dense_ft to the report")
-    r.add_argument("--out", help="also write retrieval_{hub}.json and .md here")
+    r.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help="BM25 implementation (same rankings; bm25s is much faster on large catalogs)")
+    r.add_argument("--bm25-index", default=None, metavar="DIR",
+                   help="a saved index (`ratune retrieval index`) for the BM25 retriever it was built for; "
+                        "refused when built for another hub, variant or corpus")
+    r.add_argument("--out", help="also write retrieval_{hub}.json, .md and a bar chart (.png) here")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_retrieval_eval)
+    ri = retrieval.add_parser("index", help="build and save a BM25 index (bm25s) for a hub's API database")
+    ri.add_argument("--apibench")
+    ri.add_argument("--hub", required=True, choices=HUBS)
+    ri.add_argument("--retriever", choices=tuple(BM25_VARIANTS), default="bm25", help="BM25 variant")
+    ri.add_argument("--out", required=True, help="index folder (arrays.npz + ratune_bm25_index.json)")
+    ri.set_defaults(func=_retrieval_index)
     from ratune.retrieval.finetune import add_train_arguments, run_train
 
     rt = retrieval.add_parser("train", help="finetune the dense retriever on a hub's training split (in-batch negatives)")
@@ -298,9 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--hub", required=True, choices=HUBS)
     e.add_argument("--apibench")
     e.add_argument("--out", required=True)
-    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS + EXPERIMENT_SETTINGS,
-                   help="Table 2 settings (default all five) and/or experiments: swap, irrelevant, "
-                        "constraints_SETTING (README: Beyond the paper)")
+    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=TABLE_SETTINGS + EXPERIMENT_SETTINGS,
+                   help="Table 2 settings (default all five), dense_ft (needs --dense-model) and/or experiments: "
+                        "swap, irrelevant, constraints_SETTING (README: Beyond the paper)")
+    e.add_argument("--dense-model", default=None, metavar="DIR",
+                   help="finetuned retriever folder (`ratune retrieval train`) of the dense_ft settings")
+    e.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help="BM25 implementation (same rankings; bm25s is faster)")
     e.add_argument("--n-questions", type=int, default=None)
     e.add_argument("--batch-size", type=int, default=8)
     e.add_argument("--max-new-tokens", type=int, default=256)

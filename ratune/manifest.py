@@ -14,7 +14,7 @@ from pathlib import Path
 
 #: Packages whose versions are recorded in every manifest and results file.
 TRACKED_PACKAGES = ("ratune", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed",
-                    "sentence-transformers", "rank-bm25", "tree-sitter", "tree-sitter-languages", "tokenizers")
+                    "sentence-transformers", "rank-bm25", "bm25s", "tree-sitter", "tree-sitter-languages", "tokenizers")
 
 COMPLETE_MARKER = ".complete"
 

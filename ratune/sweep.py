@@ -87,7 +87,10 @@ class SweepData(BaseModel):
                                             "trains on one with train_retriever: mix-NAME")
     mixture_seed: int = 0
     distractors: int = Field(3, ge=1)
-    top1_retriever: Literal["bm25", "dense"] = "bm25"
+    top1_retriever: Literal["bm25", "bm25_paper", "dense", "dense_ft"] = "bm25"
+    dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
+                                                      "(and top1_retriever dense_ft)")
+    bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
 
 
 class SweepEval(BaseModel):
@@ -96,7 +99,8 @@ class SweepEval(BaseModel):
     model_config = ConfigDict(extra="forbid")
     settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle", "swap", "irrelevant",
                            "constraints_0_shot", "constraints_bm25", "constraints_dense", "constraints_gpt_index",
-                           "constraints_oracle"]] = ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
+                           "constraints_oracle", "dense_ft", "constraints_dense_ft"]
+                  ] = ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
     n_questions: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(256, ge=1)
@@ -104,6 +108,8 @@ class SweepEval(BaseModel):
     max_document_tokens: int | None = Field(None, ge=1)
     threads: int | None = Field(None, ge=1)
     backend: Literal["hf", "vllm"] = "hf"
+    dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
+    bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
 
 
 class SlurmSettings(BaseModel):
@@ -347,6 +353,10 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
                 "--top1-retriever", d.top1_retriever]
     if d.max_document_tokens is not None:
         cmd += ["--max-document-tokens", str(d.max_document_tokens)]
+    if d.dense_model:
+        cmd += ["--dense-model", d.dense_model]
+    if d.bm25_backend != "rank_bm25":
+        cmd += ["--bm25-backend", d.bm25_backend]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
     return cmd
@@ -379,6 +389,10 @@ def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
         cmd += ["--threads", str(e.threads)]
     if e.backend != "hf":
         cmd += ["--backend", e.backend]
+    if e.dense_model:
+        cmd += ["--dense-model", e.dense_model]
+    if e.bm25_backend != "rank_bm25":
+        cmd += ["--bm25-backend", e.bm25_backend]
     if cell.config.get("trust_remote_code"):
         cmd += ["--trust-remote-code"]
     if sweep.config.apibench:
@@ -743,7 +757,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             several cells in one context.
     """
     from ratune.eval.report import GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, write_table2
-    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS
+    from ratune.eval.run import EXPERIMENT_SETTINGS, TABLE_SETTINGS
     from ratune.io import write_json, write_text
     from ratune.manifest import is_complete
 
@@ -761,7 +775,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                 axis_keys.append(k)
         config = record["config"]
         eval_dir = cell_json.parent / "eval"
-        settings = [s for s in SETTINGS if (eval_dir / s).is_dir()]
+        settings = [s for s in TABLE_SETTINGS if (eval_dir / s).is_dir()]
         settings += sorted(p.name for p in eval_dir.glob("*") if p.is_dir() and p.name not in settings) \
             if eval_dir.is_dir() else []
         for setting in settings:

@@ -78,3 +78,41 @@ def top1_agreement(a: Retriever, b: Retriever, examples: Sequence[Example]) -> d
     pairs = [(x[0], y[0]) for x, y in zip(a.retrieve(queries, top_k=1), b.retrieve(queries, top_k=1)) if x and y]
     agree = sum(api_identity(x) == api_identity(y) for x, y in pairs)
     return {"a": a.name, "b": b.name, "n": len(pairs), "agree": agree, "rate": agree / len(pairs) if pairs else 0.0}
+
+
+#: The measures drawn by :func:`retrieval_chart`, one bar group per retriever.
+CHART_MEASURES = ("top1", "recall@5", "ndcg@10")
+
+
+def retrieval_chart(results_by_hub: dict[str, Sequence[dict]], path) -> None:
+    """A bar chart of top-1, recall@5 and NDCG@10 (percent) per retriever, one panel per hub.
+
+    Args:
+        results_by_hub: ``{hub: [evaluate_retriever result, ...]}``.
+        path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    hubs = list(results_by_hub)
+    fig, axes = plt.subplots(1, len(hubs), figsize=(5.5 * len(hubs), 4.2), squeeze=False, sharey=True)
+    width = 0.8 / len(CHART_MEASURES)
+    for ax, hub in zip(axes[0], hubs):
+        results = results_by_hub[hub]
+        x = np.arange(len(results))
+        for j, measure in enumerate(CHART_MEASURES):
+            values = [100 * r[measure] for r in results]
+            bars = ax.bar(x + (j - (len(CHART_MEASURES) - 1) / 2) * width, values, width, label=measure)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(x, [r["retriever"] for r in results], rotation=30, ha="right")
+        ax.set_title(f"{hub} (n = {results[0]['n'] if results else 0})")
+        ax.set_ylim(0, 105)
+    axes[0][0].set_ylabel("percent of eval questions")
+    axes[0][-1].legend(loc="upper right", fontsize=8)
+    fig.suptitle("Retrieval quality: gold API identity")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -42,7 +42,7 @@ RETRIEVER_METADATA_FILE = "ratune_retriever.json"
 
 #: Test-time settings of the eval stage and the retriever each one uses (paper, Table 2 columns).
 TEST_SETTINGS = {"0_shot": "none", "bm25": "bm25", "dense": "dense", "gpt_index": "gpt_index",
-                 "oracle": "oracle"}
+                 "oracle": "oracle", "dense_ft": "dense_ft"}
 
 
 @dataclass(frozen=True)
@@ -129,39 +129,265 @@ BM25_VARIANTS = {
 }
 
 
+#: BM25 backends: ``rank_bm25`` (the reference, one query at a time in Python) and ``bm25s``
+#: (sparse precomputed scores, queries scored in batches; tens of times faster on large catalogs).
+#: Both give the same Okapi scores, so the same rankings (tests/test_bm25_backends.py compares the
+#: top-10 lists on every APIBench eval question); the backend is recorded in the metadata.
+BM25_BACKENDS = ("rank_bm25", "bm25s")
+
+#: Okapi BM25 parameters (rank-bm25's BM25Okapi defaults, which the paper's LangChain retriever
+#: uses): term-frequency saturation k1, length normalisation b, and the idf floor epsilon (an idf
+#: below 0, i.e. a term in more than half the documents, is replaced by epsilon x the mean idf).
+BM25_K1, BM25_B, BM25_EPSILON = 1.5, 0.75, 0.25
+
+#: BM25 scores are compared at this many decimal places when ranking (see BM25Retriever.retrieve).
+SCORE_DECIMALS = 9
+
+#: Format tag of a saved BM25 index folder (:meth:`BM25Retriever.save`).
+BM25_INDEX_FORMAT = "ratune-bm25-index/1"
+BM25_INDEX_METADATA = "ratune_bm25_index.json"
+
+
+def okapi_idf(document_frequencies: dict[str, int], n_documents: int) -> dict[str, float]:
+    """Okapi idf per term exactly as rank-bm25 0.2.2's BM25Okapi computes it.
+
+    ``idf(t) = log(N - df + 0.5) - log(df + 0.5)``; a negative idf is replaced by
+    ``BM25_EPSILON x mean idf`` (the mean over all terms, summed in first-occurrence order).
+
+    Args:
+        document_frequencies: term -> number of documents containing it, in first-occurrence order.
+        n_documents: N.
+    """
+    import math
+
+    idf, negative, total = {}, [], 0.0
+    for term, df in document_frequencies.items():
+        value = math.log(n_documents - df + 0.5) - math.log(df + 0.5)
+        idf[term] = value
+        total += value
+        if value < 0:
+            negative.append(term)
+    floor = BM25_EPSILON * total / max(len(idf), 1)
+    for term in negative:
+        idf[term] = floor
+    return idf
+
+
+def rank_scores(scores, top_k: int) -> list[list[int]]:
+    """Document indices of the ``top_k`` best scores per row of ``scores`` (shape (queries, docs)).
+
+    Scores equal to SCORE_DECIMALS places are ties, kept in database order (stable sort):
+    mathematically equal sums differ in their last bits with the order of additions, which differs
+    between backends (on APIBench no ranking changes; on a 20k-API synthetic catalog one query in
+    300 had such a tie in its top 10).
+    """
+    import numpy as np
+
+    return [[int(i) for i in np.argsort(-np.round(row, SCORE_DECIMALS), kind="stable")[:top_k]] for row in scores]
+
+
+class _RankBM25Index:
+    """rank-bm25's BM25Okapi: the reference implementation, one query at a time."""
+
+    name = "rank_bm25"
+
+    def __init__(self, documents: list[list[str]]):
+        from rank_bm25 import BM25Okapi
+
+        self._bm25 = BM25Okapi(documents, k1=BM25_K1, b=BM25_B, epsilon=BM25_EPSILON)
+
+    def scores(self, queries: list[list[str]]):
+        import numpy as np
+
+        return np.stack([self._bm25.get_scores(q) for q in queries]) if queries else np.zeros((0, 0))
+
+
+class _BM25SIndex:
+    """bm25s's sparse index with rank-bm25's Okapi scores, queries scored as one sparse product.
+
+    bm25s stores, per term, ``idf(t) x tfc(t, d)`` for the documents containing it. It is built
+    with the ATIRE term-frequency part, which is BM25Okapi's ``tf (k1 + 1) / (tf + k1 (1 - b + b
+    |d| / avgdl))``, and the Lucene idf (always positive, so no term's column is lost); each column
+    is then rescaled from the Lucene idf to :func:`okapi_idf`, so scores equal rank-bm25's up to
+    float64 rounding.
+    """
+
+    name = "bm25s"
+
+    def __init__(self, documents: list[list[str]] | None = None, *, state: dict | None = None):
+        import numpy as np
+
+        if state is not None:
+            self.vocab = {t: i for i, t in enumerate(state["vocab"])}
+            self.data, self.indices, self.indptr = state["data"], state["indices"], state["indptr"]
+            self.n_documents = int(state["n_documents"])
+            return
+        import math
+
+        import bm25s
+
+        df: dict[str, int] = {}
+        for doc in documents:
+            for term in dict.fromkeys(doc):
+                df[term] = df.get(term, 0) + 1
+        index = bm25s.BM25(k1=BM25_K1, b=BM25_B, method="atire", idf_method="lucene", dtype="float64",
+                           int_dtype="int64")
+        index.index(documents, create_empty_token=False, show_progress=False)
+        self.n_documents = len(documents)
+        data, indptr = np.array(index.scores["data"], dtype=np.float64), np.asarray(index.scores["indptr"])
+        idf = okapi_idf(df, self.n_documents)
+        ids = np.fromiter(index.vocab_dict.values(), dtype=np.int64)
+        terms = list(index.vocab_dict)
+        factor = np.empty(len(terms))
+        for term, i in zip(terms, ids):
+            lucene = math.log(1 + (self.n_documents - df[term] + 0.5) / (df[term] + 0.5))
+            factor[i] = idf[term] / lucene
+        data *= np.repeat(factor, np.diff(indptr))
+        self.vocab = {t: int(i) for t, i in zip(terms, ids)}
+        self.data, self.indices, self.indptr = data, np.asarray(index.scores["indices"]), indptr
+
+    def state(self) -> dict:
+        """Arrays and vocabulary to save (no pickles: numpy arrays and a list of strings)."""
+        vocab = [""] * len(self.vocab)
+        for term, i in self.vocab.items():
+            vocab[i] = term
+        return {"vocab": vocab, "data": self.data, "indices": self.indices, "indptr": self.indptr,
+                "n_documents": self.n_documents}
+
+    def scores(self, queries: list[list[str]], chunk: int = 256):
+        import numpy as np
+        from scipy.sparse import csc_matrix, csr_matrix
+
+        matrix = csc_matrix((self.data, self.indices, self.indptr), shape=(self.n_documents, len(self.vocab)))
+        out = np.zeros((len(queries), self.n_documents))
+        for start in range(0, len(queries), chunk):
+            rows, cols, counts = [], [], []
+            for r, query in enumerate(queries[start:start + chunk]):
+                for term in query:  # a repeated query term counts once per occurrence, as in rank-bm25
+                    if term in self.vocab:
+                        rows.append(r)
+                        cols.append(self.vocab[term])
+                        counts.append(1.0)
+            n = min(chunk, len(queries) - start)
+            q = csr_matrix((counts, (rows, cols)), shape=(n, len(self.vocab)))  # duplicates are summed
+            out[start:start + n] = (q @ matrix.T).toarray()
+        return out
+
+
 class BM25Retriever(Retriever):
-    """Okapi BM25 (rank-bm25's BM25Okapi, k1=1.5, b=0.75) over API documents.
+    """Okapi BM25 (k1=1.5, b=0.75, idf floor epsilon=0.25; see BM25_K1) over API documents.
 
     Args:
         corpus: the hub's API documents.
         hub: recorded in the metadata.
         variant: a key of BM25_VARIANTS, fixing the text indexed, the tokenizer and whether the
             corpus is deduplicated (all recorded in :meth:`metadata`).
+        backend: one of BM25_BACKENDS; rankings are the same with either.
+    Raises:
+        RatuneError: unknown variant or backend.
     """
 
-    def __init__(self, corpus: Sequence[dict], *, hub: str, variant: str = "bm25"):
-        from rank_bm25 import BM25Okapi
-
-        self.name, self.hub, self.variant = variant, hub, BM25_VARIANTS[variant]
+    def __init__(self, corpus: Sequence[dict], *, hub: str, variant: str = "bm25", backend: str = "rank_bm25",
+                 _index=None):
+        if variant not in BM25_VARIANTS:
+            raise RatuneError(f"unknown BM25 variant {variant!r}: expected one of {', '.join(BM25_VARIANTS)}")
+        if backend not in BM25_BACKENDS:
+            raise RatuneError(f"unknown BM25 backend {backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
+        self.name, self.hub, self.variant, self.backend = variant, hub, BM25_VARIANTS[variant], backend
         self.corpus = dedup_corpus(corpus) if self.variant["dedup"] else list(corpus)
         self._tokenize = bm25_tokenize if self.variant["tokenizer"].startswith("lowercase") else str.split
+        if _index is not None:
+            self._index = _index
+        else:
+            documents = [self._tokenize(text) for text in self.document_texts()]
+            self._index = _BM25SIndex(documents) if backend == "bm25s" else _RankBM25Index(documents)
+
+    def document_texts(self) -> list[str]:
+        """The text indexed per document (the variant's rendering), in corpus order."""
         render = serialize_document if self.variant["text"] == "json" else str
-        self._bm25 = BM25Okapi([self._tokenize(render(d)) for d in self.corpus])
+        return [render(d) for d in self.corpus]
+
+    def corpus_sha256(self) -> str:
+        """sha256 of the indexed texts (in order): what a saved index is checked against."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for text in self.document_texts():
+            digest.update(text.encode("utf-8"))
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+    def scores(self, queries: Sequence[Query]):
+        """BM25 scores, shape ``(len(queries), len(self.corpus))``, float64."""
+        return self._index.scores([self._tokenize(q.text) for q in queries])
 
     def retrieve(self, queries, top_k=1):
         import numpy as np
 
-        out = []
-        for q in queries:
-            scores = self._bm25.get_scores(self._tokenize(q.text))
-            # stable sort: ties keep database order, so rankings are deterministic
-            order = np.argsort(-scores, kind="stable")[:top_k]
-            out.append([self.corpus[i] for i in order])
-        return out
+        return [[self.corpus[i] for i in order] for order in rank_scores(self.scores(queries), top_k)]
 
     def metadata(self):
-        return {"name": self.name, "hub": self.hub, **self.variant, "backend": "rank_bm25.BM25Okapi",
-                "corpus_size": len(self.corpus)}
+        backend = "rank_bm25.BM25Okapi" if self.backend == "rank_bm25" else "bm25s (okapi idf)"
+        return {"name": self.name, "hub": self.hub, **self.variant, "backend": backend,
+                "k1": BM25_K1, "b": BM25_B, "epsilon": BM25_EPSILON, "corpus_size": len(self.corpus)}
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write the index (backend ``bm25s`` only) to ``out_dir``: ``arrays.npz`` (numpy, no
+        pickles) and :data:`BM25_INDEX_METADATA` (format, hub, variant, parameters, corpus sha256,
+        bm25s version).
+
+        Raises:
+            RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle).
+        """
+        import numpy as np
+
+        from ratune.io import write_json
+        from ratune.manifest import package_versions
+
+        if self.backend != "bm25s":
+            raise RatuneError("only a bm25s index can be saved (rank_bm25's would need pickle); "
+                              "use --bm25-backend bm25s")
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = self._index.state()
+        np.savez(out / "arrays.npz", data=state["data"], indices=state["indices"], indptr=state["indptr"])
+        write_json(out / BM25_INDEX_METADATA, {
+            "format": BM25_INDEX_FORMAT, **self.metadata(), "variant": self.name,
+            "corpus_sha256": self.corpus_sha256(), "n_documents": state["n_documents"], "vocab": state["vocab"],
+            "versions": package_versions()})
+        return out
+
+    @classmethod
+    def load(cls, index_dir: str | Path, corpus: Sequence[dict], *, hub: str, variant: str = "bm25"
+             ) -> "BM25Retriever":
+        """Load an index written by :meth:`save`, refusing one built for another hub, variant,
+        parameters or corpus.
+
+        Raises:
+            RatuneError: no index there, another format, or a mismatch (naming the field and both values).
+        """
+        import numpy as np
+
+        path = Path(index_dir) / BM25_INDEX_METADATA
+        if not path.exists():
+            raise RatuneError(f"{index_dir}: not a saved BM25 index (no {BM25_INDEX_METADATA})")
+        meta = read_json(path)
+        if meta.get("format") != BM25_INDEX_FORMAT:
+            raise RatuneError(f"{path}: format {meta.get('format')!r}, expected {BM25_INDEX_FORMAT!r}")
+        shell = cls.__new__(cls)
+        shell.variant = BM25_VARIANTS.get(variant, {})
+        shell.corpus = dedup_corpus(corpus) if shell.variant.get("dedup") else list(corpus)
+        shell.name = variant
+        expected = {"hub": hub, "variant": variant, **BM25_VARIANTS.get(variant, {}), "k1": BM25_K1, "b": BM25_B,
+                    "epsilon": BM25_EPSILON, "corpus_sha256": shell.corpus_sha256() if shell.variant else None}
+        for key, value in expected.items():
+            if meta.get(key) != value:
+                raise RatuneError(f"{path}: this index was built for {key} {meta.get(key)!r}, not {value!r}; "
+                                  "rebuild it with `ratune retrieval index`")
+        with np.load(Path(index_dir) / "arrays.npz", allow_pickle=False) as arrays:
+            state = {k: arrays[k] for k in ("data", "indices", "indptr")}
+        index = _BM25SIndex(state={**state, "vocab": meta["vocab"], "n_documents": meta["n_documents"]})
+        return cls(corpus, hub=hub, variant=variant, backend="bm25s", _index=index)
 
 
 def default_dense_model() -> Path:
@@ -344,17 +570,24 @@ class PrecomputedRetriever(Retriever):
                 "mapped_by_name": len(self.mapped_by_name), "unmapped": len(self.unmapped)}
 
 
-def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None) -> Retriever:
+def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None,
+                   bm25_backend: str = "rank_bm25", bm25_index: str | Path | None = None) -> Retriever:
     """Build a retriever by name (one of RETRIEVERS or TRAINED_RETRIEVERS) over the hub's API database.
 
     Args:
         dense_model: the sentence-transformers folder for ``dense`` (default all-MiniLM-L6-v2) and
             ``dense_ft`` (required: a folder written by ``ratune retrieval train``).
+        bm25_backend: for the BM25 variants, one of BM25_BACKENDS (same rankings).
+        bm25_index: for the BM25 variants, a folder written by ``ratune retrieval index`` to load
+            instead of indexing (implies the bm25s backend).
 
     Raises:
-        RatuneError: for an unknown name; ``dense_ft`` without ``dense_model`` or with a folder
-            that is not a finetuned retriever; a finetuned folder trained for another hub.
+        RatuneError: for an unknown name or backend; ``dense_ft`` without ``dense_model`` or with a
+            folder that is not a finetuned retriever; a finetuned folder or saved BM25 index made
+            for another hub (or, for the index, another variant or corpus).
     """
+    if bm25_backend not in BM25_BACKENDS:
+        raise RatuneError(f"unknown BM25 backend {bm25_backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
     if name not in RETRIEVERS + TRAINED_RETRIEVERS:
         raise RatuneError(f"unknown retriever {name!r}: expected one of {', '.join(RETRIEVERS + TRAINED_RETRIEVERS)}")
     if name == "dense_ft":
@@ -371,7 +604,9 @@ def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path
         return OracleRetriever()
     corpus = load_api_database(api_database_path(apibench_dir, hub))
     if name in BM25_VARIANTS:
-        return BM25Retriever(corpus, hub=hub, variant=name)
+        if bm25_index is not None:
+            return BM25Retriever.load(bm25_index, corpus, hub=hub, variant=name)
+        return BM25Retriever(corpus, hub=hub, variant=name, backend=bm25_backend)
     if name in ("dense", "dense_ft"):
         return DenseRetriever(corpus, hub=hub, model=dense_model)
     return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir,

@@ -232,3 +232,21 @@ def test_gpu_run_plan_exits_0_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == ("no CUDA GPU on this machine: bench/gpu_run_plan.sh measures GPU throughput; "
                                    "nothing to do")
+
+
+def test_retrieval_scale_catalog_and_backends_agree(apibench):
+    rs = _load("retrieval_scale")
+    from ratune.data.apibench import api_database_path, load_api_database
+    from ratune.data.prompt import serialize_document
+
+    real = load_api_database(api_database_path(apibench, "torchhub"))
+    catalog = rs.synthetic_catalog(real, 3 * len(real), seed=0)
+    assert len(catalog) == 3 * len(real)
+    assert catalog == rs.synthetic_catalog(real, 3 * len(real), seed=0)  # deterministic
+    assert len({serialize_document(d) for d in catalog}) == len(catalog)  # no two index the same text
+    assert catalog[len(real)]["api_name"] == real[0]["api_name"] + "-v1"
+    out = rs.run(apibench, apis=500, queries=30, seed=0)
+    assert out["catalog"] == {"apis": 500, "from_real_documents": out["catalog"]["from_real_documents"],
+                              "queries": 30, "seed": 0}
+    assert out["top10_identical"] == 30
+    assert set(out["speedup"]) == {"index", "queries"} and out["bm25s"]["queries_per_second"] > 0

@@ -358,3 +358,28 @@ def test_eval_command_passes_backend_and_trust_remote_code(tmp_path):
     plain = sw.load_sweep(write_sweep(tmp_path))
     cmd = sw.eval_command(plain, sw.expand(plain)[0])
     assert "--backend" not in cmd and "--trust-remote-code" not in cmd
+
+
+def test_finetuned_retriever_rows_and_columns_reach_the_commands(tmp_path):
+    """A Table 2 grid with train-time bm25 / dense_ft rows and a dense_ft test column."""
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "bm25", "dense_ft"]},
+                       data={"max_length": 256, "top_k": 3, "dense_model": "runs/retrievers/ft",
+                             "bm25_backend": "bm25s"},
+                       eval={"settings": ["bm25", "dense_ft"], "dense_model": "runs/retrievers/ft",
+                             "bm25_backend": "bm25s"})
+    sweep = sw.load_sweep(path)
+    cells = sw.expand(sweep)
+    assert [c.config["train_retriever"] for c in cells] == ["none", "bm25", "dense_ft"]
+    (entry,) = sw.data_plan(sweep, cells).values()
+    cmd = sw.data_command(sweep, "torchhub", entry)
+    assert cmd[cmd.index("--modes") + 1:cmd.index("--modes") + 4] == ["none", "bm25", "dense_ft"]
+    assert cmd[cmd.index("--dense-model") + 1] == "runs/retrievers/ft"
+    assert cmd[cmd.index("--bm25-backend") + 1] == "bm25s" and cmd[cmd.index("--top-k") + 1] == "3"
+    cmd = sw.eval_command(sweep, cells[0])
+    assert cmd[cmd.index("--settings") + 1:cmd.index("--settings") + 3] == ["bm25", "dense_ft"]
+    assert cmd[cmd.index("--dense-model") + 1] == "runs/retrievers/ft"
+    assert cmd[cmd.index("--bm25-backend") + 1] == "bm25s"
+    plain = sw.load_sweep(write_sweep(tmp_path))
+    assert "--dense-model" not in sw.eval_command(plain, sw.expand(plain)[0])
+    with pytest.raises(RatuneError, match="dense_fine"):
+        sw.load_sweep(write_sweep(tmp_path, eval={"settings": ["dense_fine"]}))

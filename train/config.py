@@ -32,8 +32,9 @@ class TrainConfig(BaseModel):
     Attributes (the paper's values in brackets where it gives them):
         model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
         data_dir: output folder of ``ratune data build``.
-        train_retriever: which built mode to train on (none, oracle, bm25, dense, or a mixture
-            ``mix-NAME`` built with ``ratune data build --mixture``; data/mixture.py).
+        train_retriever: which built mode to train on (one of data/build.py TRAIN_MODES: none,
+            oracle, bm25, bm25_paper, dense, dense_ft; or a mixture ``mix-NAME`` built with
+            ``ratune data build --mixture``; data/mixture.py).
         output_dir: the run folder; refused when it exists unless resuming.
         max_length: tokens per row [2048]; rows are never truncated here (the builder already
             applied the over-length policy; a longer row is an error).
@@ -106,8 +107,10 @@ class TrainConfig(BaseModel):
     def _train_mode(cls, value: str) -> str:
         import re
 
-        if not re.fullmatch(r"none|oracle|bm25|dense|mix-[a-z0-9][a-z0-9_]*", value):
-            raise ValueError(f"expected none, oracle, bm25, dense or mix-NAME (a mixture built with "
+        from ratune.data.build import TRAIN_MODES
+
+        if value not in TRAIN_MODES and not re.fullmatch(r"mix-[a-z0-9][a-z0-9_]*", value):
+            raise ValueError(f"expected one of {', '.join(TRAIN_MODES)} or mix-NAME (a mixture built with "
                              f"`ratune data build --mixture NAME:...`), got {value!r}")
         return value
 
