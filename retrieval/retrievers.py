@@ -173,6 +173,27 @@ def okapi_idf(document_frequencies: dict[str, int], n_documents: int) -> dict[st
     return idf
 
 
+def _bm25_corpus(corpus: Sequence[dict], variant: str) -> list[dict]:
+    """The documents a BM25 variant indexes (deduplicated or not), in database order."""
+    return dedup_corpus(corpus) if BM25_VARIANTS[variant]["dedup"] else list(corpus)
+
+
+def _bm25_texts(docs: Sequence[dict], variant: str) -> list[str]:
+    """The text a BM25 variant indexes per document: compact JSON or Python ``str(dict)``."""
+    render = serialize_document if BM25_VARIANTS[variant]["text"] == "json" else str
+    return [render(d) for d in docs]
+
+
+def _texts_sha256(texts: Sequence[str]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def rank_scores(scores, top_k: int) -> list[list[int]]:
     """Document indices of the ``top_k`` best scores per row of ``scores`` (shape (queries, docs)).
 
@@ -294,7 +315,7 @@ class BM25Retriever(Retriever):
         if backend not in BM25_BACKENDS:
             raise RatuneError(f"unknown BM25 backend {backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
         self.name, self.hub, self.variant, self.backend = variant, hub, BM25_VARIANTS[variant], backend
-        self.corpus = dedup_corpus(corpus) if self.variant["dedup"] else list(corpus)
+        self.corpus = _bm25_corpus(corpus, variant)
         self._tokenize = bm25_tokenize if self.variant["tokenizer"].startswith("lowercase") else str.split
         if _index is not None:
             self._index = _index
@@ -304,18 +325,11 @@ class BM25Retriever(Retriever):
 
     def document_texts(self) -> list[str]:
         """The text indexed per document (the variant's rendering), in corpus order."""
-        render = serialize_document if self.variant["text"] == "json" else str
-        return [render(d) for d in self.corpus]
+        return _bm25_texts(self.corpus, self.name)
 
     def corpus_sha256(self) -> str:
         """sha256 of the indexed texts (in order): what a saved index is checked against."""
-        import hashlib
-
-        digest = hashlib.sha256()
-        for text in self.document_texts():
-            digest.update(text.encode("utf-8"))
-            digest.update(b"\0")
-        return digest.hexdigest()
+        return _texts_sha256(self.document_texts())
 
     def scores(self, queries: Sequence[Query]):
         """BM25 scores, shape ``(len(queries), len(self.corpus))``, float64."""
@@ -374,12 +388,11 @@ class BM25Retriever(Retriever):
         meta = read_json(path)
         if meta.get("format") != BM25_INDEX_FORMAT:
             raise RatuneError(f"{path}: format {meta.get('format')!r}, expected {BM25_INDEX_FORMAT!r}")
-        shell = cls.__new__(cls)
-        shell.variant = BM25_VARIANTS.get(variant, {})
-        shell.corpus = dedup_corpus(corpus) if shell.variant.get("dedup") else list(corpus)
-        shell.name = variant
-        expected = {"hub": hub, "variant": variant, **BM25_VARIANTS.get(variant, {}), "k1": BM25_K1, "b": BM25_B,
-                    "epsilon": BM25_EPSILON, "corpus_sha256": shell.corpus_sha256() if shell.variant else None}
+        if variant not in BM25_VARIANTS:
+            raise RatuneError(f"unknown BM25 variant {variant!r}: expected one of {', '.join(BM25_VARIANTS)}")
+        texts = _bm25_texts(_bm25_corpus(corpus, variant), variant)
+        expected = {"hub": hub, "variant": variant, **BM25_VARIANTS[variant], "k1": BM25_K1, "b": BM25_B,
+                    "epsilon": BM25_EPSILON, "corpus_sha256": _texts_sha256(texts)}
         for key, value in expected.items():
             if meta.get(key) != value:
                 raise RatuneError(f"{path}: this index was built for {key} {meta.get(key)!r}, not {value!r}; "
