@@ -116,6 +116,7 @@ def _retrieval_eval(args) -> int:
     from ratune.data.apibench import HUBS, resolve_apibench_dir
     from ratune.errors import RatuneError
     from ratune.io import write_json, write_text
+    from ratune.manifest import package_versions
     from ratune.retrieval.metrics import retrieval_chart
     from ratune.retrieval.retrievers import BM25_VARIANTS, RETRIEVERS
 
@@ -133,12 +134,14 @@ def _retrieval_eval(args) -> int:
                           f"not {', '.join(names)}")
     if args.bm25_index and len(hubs) > 1:
         raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
-    reports = {hub: _retrieval_report(args, apibench, hub, names) for hub in hubs}
+    index_variant = _index_variant(args.bm25_index)
+    reports = {hub: _retrieval_report(args, apibench, hub, names, index_variant) for hub in hubs}
     if args.out:
         out = Path(args.out)
+        versions = package_versions()
         for hub, (results, agreement, markdown, inputs) in reports.items():
             write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement, "inputs": inputs,
-                                                       "versions": _versions()})
+                                                       "versions": versions})
             write_text(out / f"retrieval_{hub}.md", markdown)
         chart = out / ("retrieval.png" if len(hubs) > 1 else f"retrieval_{hubs[0]}.png")
         retrieval_chart({hub: r[0] for hub, r in reports.items()}, chart)
@@ -159,13 +162,8 @@ def _retrieval_eval(args) -> int:
     return 0
 
 
-def _versions() -> dict:
-    from ratune.manifest import package_versions
-
-    return package_versions()
-
-
-def _retrieval_report(args, apibench, hub: str, names: list[str]) -> tuple[list, list, str, dict]:
+def _retrieval_report(args, apibench, hub: str, names: list[str], index_variant: str | None
+                      ) -> tuple[list, list, str, dict]:
     """One hub's retrieval results, paper-BM25 agreement, markdown and input hashes."""
     from ratune.data.apibench import api_database_path, examples_path, input_hashes, load_examples, questions_path
     from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
@@ -177,7 +175,7 @@ def _retrieval_report(args, apibench, hub: str, names: list[str]) -> tuple[list,
         # a named BM25 retriever takes the index (refused if built for another variant); with
         # --retriever all, the index serves the variant it was built for
         index = args.bm25_index if n in BM25_VARIANTS and (
-            args.retriever != "all" or _index_variant(args.bm25_index) == n) else None
+            args.retriever != "all" or index_variant == n) else None
         retrievers[n] = make_retriever(n, hub=hub, apibench_dir=apibench, bm25_backend=args.bm25_backend,
                                        bm25_index=index, **({"dense_model": args.dense_model} if n == "dense_ft" else {}))
     results = [evaluate_retriever(r, examples) for r in retrievers.values()]
