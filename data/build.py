@@ -214,12 +214,9 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     if len(set(mixture_modes)) != len(mixture_modes):
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
     if "dense_ft" in modes or any(m.top1_retriever == "dense_ft" for m in mixtures):
-        from ratune.retrieval.retrievers import check_retriever_hub, read_retriever_metadata
+        from ratune.retrieval.retrievers import require_finetuned_retriever
 
-        if not settings.dense_model or read_retriever_metadata(settings.dense_model) is None:
-            raise RatuneError("the dense_ft mode needs the finetuned retriever folder (--dense-model DIR, written "
-                              f"by `ratune retrieval train`); got {settings.dense_model!r}")
-        check_retriever_hub(settings.dense_model, hub)
+        require_finetuned_retriever(settings.dense_model, hub, "the dense_ft mode")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not overwrite:

@@ -227,12 +227,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         if s.startswith("constraints_") and hub != "torchhub":
             raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
     if any(s.endswith("dense_ft") for s in settings.settings):
-        from ratune.retrieval.retrievers import check_retriever_hub, read_retriever_metadata
+        from ratune.retrieval.retrievers import require_finetuned_retriever
 
-        if not settings.dense_model or read_retriever_metadata(settings.dense_model) is None:
-            raise RatuneError("the dense_ft test setting needs the finetuned retriever folder (--dense-model DIR, "
-                              f"written by `ratune retrieval train`); got {settings.dense_model!r}")
-        check_retriever_hub(settings.dense_model, hub)
+        require_finetuned_retriever(settings.dense_model, hub, "the dense_ft test setting")
     if settings.backend not in BACKENDS:
         raise RatuneError(f"unknown generation backend {settings.backend!r}: expected one of {', '.join(BACKENDS)}")
     if settings.backend == "vllm":

@@ -193,16 +193,9 @@ def _index_variant(index_dir) -> str | None:
     """The BM25 variant a saved index folder was built for (None without a folder)."""
     if not index_dir:
         return None
-    from pathlib import Path
+    from ratune.retrieval.retrievers import saved_index_metadata
 
-    from ratune.errors import RatuneError
-    from ratune.io import read_json
-    from ratune.retrieval.retrievers import BM25_INDEX_METADATA
-
-    path = Path(index_dir) / BM25_INDEX_METADATA
-    if not path.exists():
-        raise RatuneError(f"{index_dir}: not a saved BM25 index (no {BM25_INDEX_METADATA})")
-    return read_json(path).get("variant")
+    return saved_index_metadata(index_dir).get("variant")
 
 
 def _retrieval_index(args) -> int:

@@ -243,19 +243,22 @@ class _BM25SIndex:
             self.data, self.indices, self.indptr = state["data"], state["indices"], state["indptr"]
             self.n_documents = int(state["n_documents"])
             return
+        import itertools
         import math
 
         import bm25s
 
-        df: dict[str, int] = {}
-        for doc in documents:
-            for term in dict.fromkeys(doc):
-                df[term] = df.get(term, 0) + 1
         index = bm25s.BM25(k1=BM25_K1, b=BM25_B, method="atire", idf_method="lucene", dtype="float64",
                            int_dtype="int64")
         index.index(documents, create_empty_token=False, show_progress=False)
         self.n_documents = len(documents)
         data, indptr = np.array(index.scores["data"], dtype=np.float64), np.asarray(index.scores["indptr"])
+        # a term's column holds one positive entry per document containing it, so its length is the
+        # document frequency (bm25s counted it); okapi_idf sums its mean in first-occurrence order,
+        # as rank-bm25 does, and bm25s's vocabulary is in another order
+        column_lengths = np.diff(indptr)
+        first_occurrence = dict.fromkeys(itertools.chain.from_iterable(documents))
+        df = {term: int(column_lengths[index.vocab_dict[term]]) for term in first_occurrence}
         idf = okapi_idf(df, self.n_documents)
         ids = np.fromiter(index.vocab_dict.values(), dtype=np.int64)
         terms = list(index.vocab_dict)
@@ -336,8 +339,6 @@ class BM25Retriever(Retriever):
         return self._index.scores([self._tokenize(q.text) for q in queries])
 
     def retrieve(self, queries, top_k=1):
-        import numpy as np
-
         return [[self.corpus[i] for i in order] for order in rank_scores(self.scores(queries), top_k)]
 
     def metadata(self):
@@ -383,11 +384,7 @@ class BM25Retriever(Retriever):
         import numpy as np
 
         path = Path(index_dir) / BM25_INDEX_METADATA
-        if not path.exists():
-            raise RatuneError(f"{index_dir}: not a saved BM25 index (no {BM25_INDEX_METADATA})")
-        meta = read_json(path)
-        if meta.get("format") != BM25_INDEX_FORMAT:
-            raise RatuneError(f"{path}: format {meta.get('format')!r}, expected {BM25_INDEX_FORMAT!r}")
+        meta = saved_index_metadata(index_dir)
         if variant not in BM25_VARIANTS:
             raise RatuneError(f"unknown BM25 variant {variant!r}: expected one of {', '.join(BM25_VARIANTS)}")
         texts = _bm25_texts(_bm25_corpus(corpus, variant), variant)
@@ -423,6 +420,23 @@ def dense_document_text(doc: dict) -> str:
     return serialize_document(doc)
 
 
+def saved_index_metadata(index_dir: str | Path) -> dict:
+    """The metadata (``ratune_bm25_index.json``) of a BM25 index folder written by
+    :meth:`BM25Retriever.save`: hub, variant, tokenizer settings, k1/b/epsilon, corpus sha256, vocab.
+
+    Raises:
+        RatuneError: the folder holds no index metadata, or its format is not this version's.
+    """
+    path = Path(index_dir) / BM25_INDEX_METADATA
+    if not path.exists():
+        raise RatuneError(f"{index_dir}: not a saved BM25 index (no {BM25_INDEX_METADATA})")
+    meta = read_json(path)
+    if not isinstance(meta, dict) or meta.get("format") != BM25_INDEX_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise RatuneError(f"{path}: format {found!r}, expected {BM25_INDEX_FORMAT!r}")
+    return meta
+
+
 def read_retriever_metadata(model: str | Path) -> dict | None:
     """The ``ratune_retriever.json`` of a model folder, or None for a plain sentence-transformers folder.
 
@@ -454,6 +468,25 @@ def check_retriever_hub(model: str | Path, hub: str) -> dict | None:
             f"not {hub!r}; train one for {hub} with `ratune retrieval train --hub {hub} --out DIR` "
             f"or use the pretrained dense retriever")
     return meta
+
+
+def require_finetuned_retriever(model: str | Path | None, hub: str, what: str) -> dict:
+    """Check that ``model`` is a retriever folder written by ``ratune retrieval train`` for ``hub``
+    (what the ``dense_ft`` train mode and test setting need); return its metadata.
+
+    Args:
+        model: the folder given as ``--dense-model`` (None when it was not given).
+        hub: the hub the documents are retrieved for.
+        what: names the caller in the error, e.g. ``"the dense_ft mode"``.
+
+    Raises:
+        RatuneError: no folder, a folder without ``ratune_retriever.json``, or one finetuned for
+            another hub.
+    """
+    if not model or read_retriever_metadata(model) is None:
+        raise RatuneError(f"{what} needs the finetuned retriever folder (--dense-model DIR, written by "
+                          f"`ratune retrieval train`); got {str(model) if model else None!r}")
+    return check_retriever_hub(model, hub)
 
 
 class DenseRetriever(Retriever):

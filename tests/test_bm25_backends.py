@@ -18,7 +18,7 @@ from ratune.data.apibench import api_database_path, load_api_database, load_exam
 from ratune.errors import RatuneError
 from ratune.retrieval.retrievers import (BM25_INDEX_METADATA, RETRIEVER_METADATA_FILE, BM25Retriever, Query,
                                          _BM25SIndex, _RankBM25Index, default_dense_model, make_retriever,
-                                         okapi_idf, rank_scores)
+                                         okapi_idf, rank_scores, saved_index_metadata)
 
 HUBS = ("torchhub", "huggingface", "tensorflowhub")
 #: three documents: "a b", "a c c", "d" (avgdl = 2)
@@ -125,6 +125,12 @@ def test_saved_index_refuses_another_hub_variant_or_corpus(apibench, torchhub_co
         BM25Retriever.load(tmp_path, torchhub_corpus, hub="torchhub")
     with pytest.raises(RatuneError, match="only a bm25s index can be saved"):
         BM25Retriever(torchhub_corpus, hub="torchhub").save(tmp_path / "x")
+    (tmp_path / BM25_INDEX_METADATA).write_text(json.dumps({"format": "someone-else/1", "hub": "torchhub"}))
+    with pytest.raises(RatuneError, match="format 'someone-else/1', expected 'ratune-bm25-index/"):
+        BM25Retriever.load(tmp_path, torchhub_corpus, hub="torchhub")
+    (tmp_path / BM25_INDEX_METADATA).write_text("[1, 2]")
+    with pytest.raises(RatuneError, match="format 'list', expected"):
+        saved_index_metadata(tmp_path)
 
 
 def test_cli_index_then_eval_with_it(apibench, tmp_path, capsys):
