@@ -95,6 +95,12 @@ def test_shipped_sweeps_load_and_expand(monkeypatch):
     assert {c.hub for c in cells} == {"torchhub", "huggingface", "tensorflowhub"}
     assert all(c.config["learning_rate"] == 2e-5 and c.config["max_length"] == 2048 for c in cells)
     assert set(sw.data_plan(paper, cells)) == {"torchhub", "huggingface", "tensorflowhub"}
+    robust = sw.load_sweep("configs/sweeps/robust_rat_torchhub.yaml")
+    assert [c.config["train_retriever"] for c in sw.expand(robust)] == ["mix-uniform", "mix-retrieved", "none",
+                                                                        "oracle"]
+    assert robust.config.eval.settings == ["0_shot", "bm25", "dense", "gpt_index", "oracle", "swap", "irrelevant",
+                                           "constraints_oracle"]
+    assert len(sw.expand(sw.load_sweep("configs/sweeps/abstain_torchhub.yaml"))) == 1
 
 
 # ------------------------------------------------------------------ dry run and slurm
