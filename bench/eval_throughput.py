@@ -7,10 +7,12 @@ Usage:
 Takes the first ``--n`` TorchHub eval questions and renders them with
 :func:`ratune.data.prompt.render_user_turn` / :func:`ratune.data.prompt.encode_prompt`,
 alternating the oracle setting (even positions: the gold document) and 0-shot (odd positions), so
-prompts of very different lengths are mixed. Both HF runs go through the project's own backend,
+prompts of very different lengths are mixed. The HF runs go through the project's own backend,
 :func:`ratune.eval.generate.generate_all` (prompts sorted by length, left padding, greedy, stop
-at EOS), once with ``batch_size=1`` and once with ``--batch-size``, side by side in one process
-after a short warm-up, on the demo model (SmolLM2-135M-Instruct) unless ``--model`` is given.
+at EOS), once with ``batch_size=1`` and twice with ``--batch-size``: with the device's default
+prefill (``"each"`` on CPU: every prompt alone, then the batch decodes together) and with the
+other one (``"padded"`` on CPU), side by side in one process after a short warm-up, on the demo
+model (SmolLM2-135M-Instruct) unless ``--model`` is given.
 
 Generated tokens are counted from the output ids of every ``generate`` call (recorded by a thin
 wrapper around the model): per sequence, the tokens after the prompt up to and including the
@@ -25,15 +27,16 @@ reported as skipped with the reason.
 With ``--json`` prints one object::
 
     {"batch1_tokens_per_s", "batched_tokens_per_s", "ratio",
-     "batch1": RUN, "batched": RUN, "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None,
-     "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
+     "batch1": RUN, "batched": RUN, "batched_other_prefill": RUN,
+     "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None, "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
      "settings": {"model", "batch_size", "max_new_tokens", "device"},
      "machine": {"platform", "processor", "cpu_count", "torch_threads", "torch", "transformers", "gpu"}}
 
 where ``RUN`` is ``{"seconds", "generated_tokens", "tokens_per_s"}`` (HF runs add
 ``"prefill_seconds"`` and ``"decode_tokens_per_s"`` unless ``--no-breakdown``: the same run
-repeated with ``max_new_tokens=1`` measures the prompt processing, the rest is decoding) and
-``ratio`` is batched / batch-1 tokens per second (prefill included).
+repeated with ``max_new_tokens=1`` measures the prompt processing, the rest is decoding; the
+batched runs add ``"prefill"``, their mode, and ``batched_other_prefill`` its own
+``"answers_identical"``) and ``ratio`` is batched / batch-1 tokens per second (prefill included).
 """
 
 from __future__ import annotations
@@ -64,10 +67,24 @@ def count_generated(new_tokens: Sequence[int], eos_id: int | None) -> int:
 
 class CountingModel:
     """Wraps a causal LM: forwards ``generate`` (moving inputs to the model's device) and counts
-    the generated tokens of each call with :func:`count_generated`."""
+    the generated tokens of each call with :func:`count_generated`; forward calls (the per-prompt
+    prefill of :func:`ratune.eval.generate.prefill_each`), ``device`` and ``config`` pass through."""
 
     def __init__(self, model, eos_id: int | None):
         self.model, self.eos_id, self.generated = model, eos_id, 0
+
+    @property
+    def device(self):
+        """The wrapped model's device."""
+        return self.model.device
+
+    @property
+    def config(self):
+        """The wrapped model's config."""
+        return self.model.config
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
 
     def eval(self):
         """Put the wrapped model in eval mode."""
@@ -85,27 +102,30 @@ class CountingModel:
         return out
 
 
-def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int
-               ) -> tuple[dict, list[str]]:
-    """Run :func:`ratune.eval.generate.generate_all` once; returns ``(RUN, answers in prompt order)``."""
+def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int,
+               prefill: str = "auto") -> tuple[dict, list[str]]:
+    """Run :func:`ratune.eval.generate.generate_all` once (``prefill`` as there); returns
+    ``(RUN, answers in prompt order)``."""
     from ratune.eval.generate import generate_all
 
     counting = CountingModel(model, tokenizer.eos_token_id)
     start = time.perf_counter()
-    texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                         prefill=prefill)
     seconds = time.perf_counter() - start
     return {"seconds": round(seconds, 3), "generated_tokens": counting.generated,
             "tokens_per_s": round(counting.generated / seconds, 2) if seconds else None}, texts
 
 
-def decode_breakdown(model, tokenizer, prompts: Sequence[list[int]], full: dict, *, batch_size: int) -> dict:
+def decode_breakdown(model, tokenizer, prompts: Sequence[list[int]], full: dict, *, batch_size: int,
+                     prefill: str = "auto") -> dict:
     """Split a run into prompt processing and decoding: the same run with ``max_new_tokens=1``
     takes ``prefill_seconds`` (prefill plus one token per prompt); the rest of ``full`` is decoding.
 
     Returns:
         ``{"prefill_seconds", "decode_tokens_per_s"}`` (the latter over the tokens after the first).
     """
-    first, _ = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=1)
+    first, _ = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=1, prefill=prefill)
     decode_s = full["seconds"] - first["seconds"]
     decode_tokens = full["generated_tokens"] - first["generated_tokens"]
     return {"prefill_seconds": first["seconds"],
@@ -169,6 +189,7 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
     import torch
 
     from ratune.data.apibench import resolve_apibench_dir
+    from ratune.eval.generate import resolve_prefill
     from ratune.train.model import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
 
     set_torch_threads(threads)
@@ -181,9 +202,15 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
     measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
     batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens)
     batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    batched["prefill"] = resolve_prefill("auto", device)
+    other = "padded" if batched["prefill"] == "each" else "each"
+    batched_other, texts_o = measure_hf(model, tokenizer, prompts, batch_size=batch_size,
+                                        max_new_tokens=max_new_tokens, prefill=other)
+    batched_other["prefill"] = other
     if breakdown:
-        for run_, size in ((batch1, 1), (batched, batch_size)):
-            run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size))
+        for run_, size, mode in ((batch1, 1, "auto"), (batched, batch_size, "auto"),
+                                 (batched_other, batch_size, other)):
+            run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size, prefill=mode))
     del model
     vllm = measure_vllm(model_path, prompts, max_new_tokens=max_new_tokens)
     ratio = batched["tokens_per_s"] / batch1["tokens_per_s"] if batch1["tokens_per_s"] else None
@@ -194,6 +221,8 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
             "ratio": round(ratio, 3) if ratio else None, "batch1": batch1, "batched": batched, "vllm": vllm,
             "vllm_vs_batched": round(vllm_ratio, 3) if vllm_ratio else None,
             "answers_identical": sum(a == b for a, b in zip(texts1, texts_b)), "n_prompts": len(prompts),
+            "batched_other_prefill": {**batched_other,
+                                      "answers_identical": sum(a == b for a, b in zip(texts1, texts_o))},
             "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths), 1)},
             "settings": {"model": str(model_path), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
                          "device": device},
@@ -208,16 +237,20 @@ def format_table(r: dict) -> str:
              f"model {s['model']}; {r['n_prompts']} TorchHub eval prompts (oracle/0-shot alternating, "
              f"{r['prompt_tokens']['min']}-{r['prompt_tokens']['max']} tokens), greedy, "
              f"max_new_tokens {s['max_new_tokens']}", "",
-             f"{'backend':<22} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'prefill s':>9} {'decode tok/s':>12}"]
-    rows = [("HF batch 1", r["batch1"]), (f"HF batched ({s['batch_size']})", r["batched"])]
+             f"{'backend':<26} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'prefill s':>9} {'decode tok/s':>12}"]
+    other = r["batched_other_prefill"]
+    rows = [("HF batch 1", r["batch1"]), (f"HF batched ({s['batch_size']}, {r['batched']['prefill']})", r["batched"]),
+            (f"HF batched ({s['batch_size']}, {other['prefill']})", other)]
     if "skipped" not in r["vllm"]:
         rows.append(("vLLM", r["vllm"]))
     for name, run_ in rows:
         prefill, decode = run_.get("prefill_seconds"), run_.get("decode_tokens_per_s")
-        lines.append(f"{name:<22} {run_['seconds']:>8.2f} {run_['generated_tokens']:>7} {run_['tokens_per_s']:>9.2f} "
+        lines.append(f"{name:<26} {run_['seconds']:>8.2f} {run_['generated_tokens']:>7} {run_['tokens_per_s']:>9.2f} "
                      f"{'-' if prefill is None else f'{prefill:.2f}':>9} {'-' if decode is None else f'{decode:.2f}':>12}")
     lines.append("")
     lines.append(f"batched / batch 1: {r['ratio']:.2f}x; answers identical: {r['answers_identical']}/{r['n_prompts']}")
+    lines.append(f"batched with {other['prefill']} prefill / batch 1: {other['tokens_per_s'] / r['batch1']['tokens_per_s']:.2f}x; "
+                 f"answers identical: {other['answers_identical']}/{r['n_prompts']}")
     if "skipped" in r["vllm"]:
         lines.append(f"vLLM: skipped ({r['vllm']['skipped']})")
     else:

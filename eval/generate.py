@@ -2,7 +2,17 @@
 
 Prompts are sorted by length (longest first) and batched with **left** padding, so every
 sequence's last prompt token sits at the end of the batch and answers do not depend on batch
-composition; decoding is greedy and stops at EOS. When only scoring needs the answer,
+composition; decoding is greedy and stops at EOS.
+
+With ``prefill="each"`` every prompt but its last token is first run through the model alone,
+without padding, and the key/value caches are then left-padded into one batch cache from which
+the batch decodes together. On CPU a padded batch prefill costs more than one prompt at a time
+(padding to the longest prompt, attention over the padded width), while decoding gains
+several-fold from batching (bench/eval_throughput.py measures both; README "Performance").
+``prefill="padded"`` runs the prompts through ``generate`` as one padded batch. The default,
+``"auto"``, is ``"each"`` on CPU and ``"padded"`` elsewhere, where a padded batch keeps an
+accelerator busy (not measured here: no GPU). Models whose cache is not a plain full-attention
+cache (sliding-window layers) always use ``"padded"``. When only scoring needs the answer,
 ``stop_after_api_call`` stops a sequence as soon as its ``<<<api_provider>>>`` line is complete
 (the api_call line comes before it), which saves most of the generation time; a sequence that
 never writes that field runs to ``max_new_tokens``, so its text is kept as generated.
@@ -67,8 +77,85 @@ class FieldsCompleteCriteria:
         return torch.tensor([needed_fields_end(t) is not None for t in texts], device=input_ids.device)
 
 
+#: How a batch's prompts are processed before decoding (see the module docstring).
+PREFILL_MODES = ("auto", "each", "padded")
+
+
+def resolve_prefill(prefill: str, device) -> str:
+    """The prefill mode a run uses: ``"auto"`` is ``"each"`` on CPU and ``"padded"`` on any other
+    device (a ``torch.device`` or its name); other modes are returned as given.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if prefill not in PREFILL_MODES:
+        raise ValueError(f"unknown prefill mode {prefill!r}: expected one of {', '.join(PREFILL_MODES)}")
+    if prefill != "auto":
+        return prefill
+    return "each" if getattr(device, "type", str(device).split(":")[0]) == "cpu" else "padded"
+
+
+def _plain_cache(model) -> bool:
+    """True when the model's generation cache is one full-attention DynamicLayer per layer, so
+    per-prompt caches can be left-padded and stacked into one batch cache."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config the cache cannot read: keep generate's own path
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens: int):
+    """Run each prompt except its last token through ``model`` alone and write the key/value
+    caches, left-padded with zeros to ``width - 1`` positions, into one batch cache.
+
+    Args:
+        model: a causal LM with a full-attention cache (see :func:`_plain_cache`).
+        prompts: the batch's prompt ids (each at least 1 token, at most ``width``).
+        width: the batch's padded prompt width (its longest prompt).
+        max_new_tokens: the generation limit; sizes the cache.
+    Returns:
+        A ``StaticCache`` of ``width + max_new_tokens`` positions per layer, shape ``(batch,
+        kv_heads, width + max_new_tokens, head_dim)``, filled up to position ``width - 1``. It is
+        written in place at each decoding step (a ``DynamicCache`` copies itself with
+        ``torch.cat`` at every step: about 30 % of a batch-8 step on CPU). Passed to ``generate``
+        with the left-padded prompts and their attention mask, only the last prompt column is
+        run as a batch; the padded positions are masked out, and the position ids ``generate``
+        derives from the mask equal each prompt's own.
+    """
+    import torch
+    from transformers.cache_utils import StaticCache
+
+    device = model.device
+    per_prompt = []
+    for ids in prompts:
+        head = torch.tensor([ids[:-1]], dtype=torch.long, device=device)
+        if head.shape[1] == 0:
+            per_prompt.append(None)
+            continue
+        out = model(input_ids=head, attention_mask=torch.ones_like(head), use_cache=True, logits_to_keep=1)
+        per_prompt.append([(layer.keys, layer.values) for layer in out.cache.layers])
+    template = next(c for c in per_prompt if c is not None)
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    for layer_idx, ((key0, value0), layer) in enumerate(zip(template, cache.layers)):
+        keys = key0.new_zeros((len(prompts), key0.shape[1], width - 1, key0.shape[3]))
+        values = value0.new_zeros((len(prompts), value0.shape[1], width - 1, value0.shape[3]))
+        for row, prompt_cache in enumerate(per_prompt):
+            if prompt_cache is not None:
+                k, v = prompt_cache[layer_idx]
+                keys[row, :, width - 1 - k.shape[2]:] = k[0]
+                values[row, :, width - 1 - v.shape[2]:] = v[0]
+        layer.update(keys, values)
+    return cache
+
+
 def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int = 8,
-                     max_new_tokens: int = 256, stop_after_api_call: bool = False
+                     max_new_tokens: int = 256, stop_after_api_call: bool = False, prefill: str = "auto"
                      ) -> Iterator[list[tuple[int, str]]]:
     """Generate answers, yielding each finished batch as ``[(prompt index, text), ...]``.
 
@@ -79,12 +166,19 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         batch_size: prompts per ``generate`` call.
         max_new_tokens: the generation limit per answer.
         stop_after_api_call: stop once the api_provider line is complete; cut the text there.
+        prefill: ``"each"`` (every prompt alone, then the batch decodes together), ``"padded"``
+            (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring. Batches of one prompt and models
+            without a plain full-attention cache use ``generate`` directly either way.
     Yields:
         Lists of ``(index into prompts, generated text without special tokens)``.
+    Raises:
+        ValueError: an unknown ``prefill``.
     """
     import torch
 
+    prefill = resolve_prefill(prefill, model.device)
     model.eval()
+    prefill_alone = prefill == "each" and batch_size > 1 and _plain_cache(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))
     kwargs = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
@@ -104,7 +198,10 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
 
             extra["stopping_criteria"] = StoppingCriteriaList([FieldsCompleteCriteria(tokenizer, width)])
         with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, **extra)
+            if prefill_alone and len(idx) > 1 and width > 1:
+                extra["cache"] = prefill_each(model, [prompts[i] for i in idx], width, max_new_tokens)
+            out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
+                                 **kwargs, **extra)
         batch = []
         for row, i in enumerate(idx):
             batch.append((i, decode_answer(tokenizer, out[row, width:].tolist(),

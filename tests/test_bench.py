@@ -250,3 +250,19 @@ def test_retrieval_scale_catalog_and_backends_agree(apibench):
                               "queries": 30, "seed": 0}
     assert out["top10_identical"] == 30
     assert set(out["speedup"]) == {"index", "queries"} and out["bm25s"]["queries_per_second"] > 0
+
+
+def test_eval_throughput_reports_both_prefill_modes(et, apibench, tiny_model_dir):
+    """One run of the bench on the tiny model: batch 1, batched with the CPU default (each prompt
+    prefilled alone) and batched with a padded prefill, all with the same answers and tokens."""
+    r = et.run(model_path=tiny_model_dir, apibench_dir=apibench, n=4, batch_size=2, max_new_tokens=6,
+               device="cpu", threads=1, breakdown=False)
+    assert r["batched"]["prefill"] == "each"
+    assert r["batched_other_prefill"]["prefill"] == "padded"
+    assert r["answers_identical"] == 4 and r["batched_other_prefill"]["answers_identical"] == 4
+    tokens = r["batch1"]["generated_tokens"]
+    assert 0 < tokens <= 4 * 6
+    assert r["batched"]["generated_tokens"] == r["batched_other_prefill"]["generated_tokens"] == tokens
+    assert r["ratio"] == pytest.approx(r["batched_tokens_per_s"] / r["batch1_tokens_per_s"], rel=1e-3)
+    table = et.format_table(r)
+    assert "HF batched (2, each)" in table and "HF batched (2, padded)" in table

@@ -59,3 +59,48 @@ def test_fields_complete_criterion_per_sequence(smol_tokenizer):
             prompt + open_line + [tok.pad_token_id] * (width - len(open_line))]
     flags = FieldsCompleteCriteria(tok, len(prompt))(torch.tensor(rows), None)
     assert flags.tolist() == [True, False]
+
+
+def test_prefill_each_prompt_alone_gives_the_batch1_answers(apibench, tiny_model_dir, monkeypatch):
+    """The default path prefills every prompt alone and decodes the batch from one left-padded
+    cache: its answers equal batch-1 and the padded-prefill path, and it really ran (a spy counts
+    one prefill per batch of several prompts)."""
+    import pytest
+
+    from ratune.data.apibench import load_examples
+    from ratune.eval import generate
+    from ratune.train.model import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    examples = load_examples(apibench, "torchhub", "eval")[:5]
+
+    def count(t):
+        return len(tok(t, add_special_tokens=False)["input_ids"])
+
+    prompts = [encode_prompt(tok, render_user_turn(ex.instruction, [ex.api] if i % 2 else None,
+                                                   max_document_tokens=256, count_tokens=count)[0])
+               for i, ex in enumerate(examples)]
+    calls = []
+    real = generate.prefill_each
+
+    def spy(model_, batch_prompts, width, max_new_tokens):
+        calls.append((len(batch_prompts), width))
+        cache = real(model_, batch_prompts, width, max_new_tokens)
+        # a static cache for the prompt and the 12 new tokens, filled up to the last prompt column
+        assert cache.layers[0].keys.shape[:3] == (len(batch_prompts), 2, width + 12)  # 2 kv heads
+        assert int(cache.get_seq_length()) == width - 1
+        return cache
+
+    monkeypatch.setattr(generate, "prefill_each", spy)
+    each = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="each")
+    assert calls == [(3, max(len(p) for p in prompts)), (2, sorted(len(p) for p in prompts)[1])]
+    padded = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="padded")
+    single = generate.generate_all(model, tok, prompts, batch_size=1, max_new_tokens=12)
+    assert len(calls) == 2  # neither the padded path nor batch 1 prefills alone
+    assert each == padded == single
+    assert generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12) == each
+    assert len(calls) == 4  # "auto" is "each" on CPU
+    assert sum(len(t) > 0 for t in single) >= 3
+    with pytest.raises(ValueError, match="unknown prefill mode 'lazy'"):
+        generate.generate_all(model, tok, prompts, prefill="lazy")

@@ -45,7 +45,6 @@ def test_loss_tokens_decode_to_answer_plus_eos_for_every_built_row(apibench, smo
     """Every TorchHub training row, in modes none and oracle, with a tokenizer whose pad == eos."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from ratune.train.sft import load_training_rows
     tok = smol_tokenizer
     assert tok.pad_token_id == tok.eos_token_id  # the hard case
     examples = load_examples(apibench, "torchhub", "train")
