@@ -28,7 +28,8 @@ With ``--json`` prints one object::
 
     {"batch1_tokens_per_s", "batched_tokens_per_s", "ratio",
      "batch1": RUN, "batched": RUN, "batched_other_prefill": RUN,
-     "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None, "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
+     "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None,
+     "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
      "settings": {"model", "batch_size", "max_new_tokens", "device"},
      "machine": {"platform", "processor", "cpu_count", "torch_threads", "torch", "transformers", "gpu"}}
 
