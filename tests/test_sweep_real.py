@@ -47,8 +47,11 @@ def test_tiny_sweep_interrupted_resumed_reported_exported(tmp_path, apibench, ti
     cmd = [*_ratune(), "sweep", str(sweep_file)]
 
     # 1. start, then Ctrl-C once the first cell is evaluating
+    # a shell without job control starts background commands with SIGINT ignored, and children
+    # inherit that (a CI runner may do so): give the sweep the default handling, as a terminal would
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
     first_eval = None
     while time.time() < deadline and proc.poll() is None:
