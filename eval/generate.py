@@ -132,24 +132,20 @@ def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens
     from transformers.cache_utils import StaticCache
 
     device = model.device
-    per_prompt = []
-    for ids in prompts:
+    stacked = None  # per layer: (keys, values), shape (batch, kv_heads, width - 1, head_dim), zeros = padding
+    for row, ids in enumerate(prompts):
+        if len(ids) < 2:
+            continue  # nothing before the last token: the row stays padding
         head = torch.tensor([ids[:-1]], dtype=torch.long, device=device)
-        if head.shape[1] == 0:
-            per_prompt.append(None)
-            continue
         out = model(input_ids=head, attention_mask=torch.ones_like(head), use_cache=True, logits_to_keep=1)
-        per_prompt.append([(layer.keys, layer.values) for layer in out.cache.layers])
-    template = next(c for c in per_prompt if c is not None)
+        if stacked is None:
+            stacked = [tuple(t.new_zeros((len(prompts), t.shape[1], width - 1, t.shape[3]))
+                             for t in (layer.keys, layer.values)) for layer in out.cache.layers]
+        for (keys, values), layer in zip(stacked, out.cache.layers):
+            keys[row, :, width - len(ids):] = layer.keys[0]
+            values[row, :, width - len(ids):] = layer.values[0]
     cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
-    for layer_idx, ((key0, value0), layer) in enumerate(zip(template, cache.layers)):
-        keys = key0.new_zeros((len(prompts), key0.shape[1], width - 1, key0.shape[3]))
-        values = value0.new_zeros((len(prompts), value0.shape[1], width - 1, value0.shape[3]))
-        for row, prompt_cache in enumerate(per_prompt):
-            if prompt_cache is not None:
-                k, v = prompt_cache[layer_idx]
-                keys[row, :, width - 1 - k.shape[2]:] = k[0]
-                values[row, :, width - 1 - v.shape[2]:] = v[0]
+    for (keys, values), layer in zip(stacked, cache.layers):
         layer.update(keys, values)
     return cache
 
@@ -167,8 +163,9 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         max_new_tokens: the generation limit per answer.
         stop_after_api_call: stop once the api_provider line is complete; cut the text there.
         prefill: ``"each"`` (every prompt alone, then the batch decodes together), ``"padded"``
-            (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring. Batches of one prompt and models
-            without a plain full-attention cache use ``generate`` directly either way.
+            (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring.
+            Batches of one prompt and models without a plain full-attention cache use
+            ``generate`` directly either way.
     Yields:
         Lists of ``(index into prompts, generated text without special tokens)``.
     Raises:
