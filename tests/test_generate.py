@@ -104,3 +104,41 @@ def test_prefill_each_prompt_alone_gives_the_batch1_answers(apibench, tiny_model
     assert sum(len(t) > 0 for t in single) >= 3
     with pytest.raises(ValueError, match="unknown prefill mode 'lazy'"):
         generate.generate_all(model, tok, prompts, prefill="lazy")
+
+
+def test_sliding_window_model_falls_back_to_padded_prefill(apibench, smol_tokenizer, monkeypatch):
+    """A model with sliding-window layers cannot be prefilled prompt by prompt into one static cache:
+    generate_batches takes the padded path (prefill_each is never called) and its answers still
+    equal batch 1, with prompts longer than the window."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from ratune.data.apibench import load_examples
+    from ratune.eval import generate
+
+    tok = smol_tokenizer
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                           pad_token_id=tok.pad_token_id, initializer_range=0.5)
+    model = MistralForCausalLM(config).eval()
+    assert not generate._plain_cache(model)
+    examples = load_examples(apibench, "torchhub", "eval")[:3]
+
+    def count(t):
+        return len(tok(t, add_special_tokens=False)["input_ids"])
+
+    prompts = [encode_prompt(tok, render_user_turn(ex.instruction, [ex.api] if i % 2 else None,
+                                                   max_document_tokens=128, count_tokens=count)[0])
+               for i, ex in enumerate(examples)]
+    assert min(len(p) for p in prompts) > config.sliding_window
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("prefill_each ran for a sliding-window model")
+
+    monkeypatch.setattr(generate, "prefill_each", must_not_run)
+    batched = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=8, prefill="each")
+    single = generate.generate_all(model, tok, prompts, batch_size=1, max_new_tokens=8)
+    assert batched == single
+    assert sum(len(t) > 0 for t in single) >= 2
