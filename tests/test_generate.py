@@ -6,24 +6,27 @@ from ratune.data.prompt import encode_prompt, render_user_turn
 from ratune.eval.generate import generate_all
 
 
-def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
-    """Prompts of very different lengths (0-shot and oracle) in one batch give the same greedy
-    answers as generating each alone."""
+def mixed_prompts(apibench, tok, n: int, max_document_tokens: int) -> list[list[int]]:
+    """The first ``n`` TorchHub eval questions as prompt ids: 0-shot at even positions, with the
+    gold document (cut to ``max_document_tokens``) at odd ones, so lengths differ several-fold."""
     from ratune.data.apibench import load_examples
-    from ratune.train.model import load_model, load_tokenizer
-
-    tok = load_tokenizer(tiny_model_dir)
-    model = load_model(tiny_model_dir)
-    examples = load_examples(apibench, "torchhub", "eval")[:4]
 
     def count(t):
         return len(tok(t, add_special_tokens=False)["input_ids"])
 
-    prompts = []
-    for i, ex in enumerate(examples):
-        docs = [ex.api] if i % 2 else None
-        prompts.append(encode_prompt(tok, render_user_turn(ex.instruction, docs, max_document_tokens=256,
-                                                           count_tokens=count)[0]))
+    return [encode_prompt(tok, render_user_turn(ex.instruction, [ex.api] if i % 2 else None,
+                                                max_document_tokens=max_document_tokens, count_tokens=count)[0])
+            for i, ex in enumerate(load_examples(apibench, "torchhub", "eval")[:n])]
+
+
+def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
+    """Prompts of very different lengths (0-shot and oracle) in one batch give the same greedy
+    answers as generating each alone."""
+    from ratune.train.model import load_model, load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = mixed_prompts(apibench, tok, 4, max_document_tokens=256)
     lengths = sorted(len(p) for p in prompts)
     assert lengths[-1] > 3 * lengths[0]
     batched = generate_all(model, tok, prompts, batch_size=4, max_new_tokens=12)
@@ -67,20 +70,12 @@ def test_prefill_each_prompt_alone_gives_the_batch1_answers(apibench, tiny_model
     one prefill per batch of several prompts)."""
     import pytest
 
-    from ratune.data.apibench import load_examples
     from ratune.eval import generate
     from ratune.train.model import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir)
-    examples = load_examples(apibench, "torchhub", "eval")[:5]
-
-    def count(t):
-        return len(tok(t, add_special_tokens=False)["input_ids"])
-
-    prompts = [encode_prompt(tok, render_user_turn(ex.instruction, [ex.api] if i % 2 else None,
-                                                   max_document_tokens=256, count_tokens=count)[0])
-               for i, ex in enumerate(examples)]
+    prompts = mixed_prompts(apibench, tok, 5, max_document_tokens=256)
     calls = []
     real = generate.prefill_each
 
@@ -113,7 +108,6 @@ def test_sliding_window_model_falls_back_to_padded_prefill(apibench, smol_tokeni
     import torch
     from transformers import MistralConfig, MistralForCausalLM
 
-    from ratune.data.apibench import load_examples
     from ratune.eval import generate
 
     tok = smol_tokenizer
@@ -124,14 +118,7 @@ def test_sliding_window_model_falls_back_to_padded_prefill(apibench, smol_tokeni
                            pad_token_id=tok.pad_token_id, initializer_range=0.5)
     model = MistralForCausalLM(config).eval()
     assert not generate._plain_cache(model)
-    examples = load_examples(apibench, "torchhub", "eval")[:3]
-
-    def count(t):
-        return len(tok(t, add_special_tokens=False)["input_ids"])
-
-    prompts = [encode_prompt(tok, render_user_turn(ex.instruction, [ex.api] if i % 2 else None,
-                                                   max_document_tokens=128, count_tokens=count)[0])
-               for i, ex in enumerate(examples)]
+    prompts = mixed_prompts(apibench, tok, 3, max_document_tokens=128)
     assert min(len(p) for p in prompts) > config.sliding_window
 
     def must_not_run(*args, **kwargs):
