@@ -276,11 +276,60 @@ def _th_repo(value: bytes) -> bytes:
     return value.split(b":", 1)[0].strip().rstrip(b"/")
 
 
+#: TorchHub entry points whose *own first argument* is the model variant (strict metric):
+#: ``(repository without :ref, entry point) -> keyword name of that argument``. For these, the
+#: API is named by the variant, given as the next positional argument after the entry point
+#: (or by that keyword), not by the entry point. The only one APIBench needs is MEAL-V2, whose
+#: hubconf.py defines a single entry point ``meal_v2(model_name, pretrained=True, ...)``:
+#: ``torch.hub.load('szq0214/MEAL-V2', 'meal_v2', 'mealv2_resnest50')`` loads
+#: mealv2_resnest50, which the database writes ``torch.hub.load(repo_or_dir='szq0214/MEAL-V2',
+#: 'meal_v2', model='mealv2_resnest50', pretrained=True)`` (api/torchhub_api.jsonl lines 88-94).
+TORCHHUB_VARIANT_ENTRY_POINTS = {
+    (b"szq0214/MEAL-V2", b"meal_v2"): b"model_name",
+}
+
+
+def _th_repo_model(positional, keywords, src: bytes):
+    """``(repo, model)`` of a ``torch.hub.load`` call by torch.hub's argument order, or None
+    without a repository (strict metric).
+
+    ``torch.hub.load(repo_or_dir, model, *args, **kwargs)``: the keywords ``repo_or_dir=`` and
+    ``model=`` fill their parameter; positional arguments fill the parameters left, in order
+    (repo, then model); what remains goes to the entry point. So
+    ``('pytorch/vision', 'resnet18', 'wide_resnet50_2')`` names resnet18. The one exception is
+    :data:`TORCHHUB_VARIANT_ENTRY_POINTS`: there the variant (the entry point's first argument:
+    its keyword, else the next positional argument) is the model. The database's MEAL-V2
+    spelling ``(repo_or_dir=R, 'meal_v2', model=V)`` gives model V by the keyword rule already.
+    The repository's ``:ref`` tag is dropped (:func:`_th_repo`).
+    """
+    rest = list(positional)
+    repo = keywords.get(b"repo_or_dir")
+    if repo is None:
+        if not rest:
+            return None
+        repo = rest.pop(0)
+    model = keywords.get(b"model")
+    if model is None and rest:
+        model = rest.pop(0)
+    repo_v = _th_repo(_value(repo, src))
+    model_v = _value(model, src) if model is not None else None
+    variant_keyword = TORCHHUB_VARIANT_ENTRY_POINTS.get((repo_v, model_v))
+    if variant_keyword is not None:
+        variant = keywords.get(variant_keyword)
+        if variant is None and rest:
+            variant = rest[0]
+        if variant is not None:
+            model_v = _value(variant, src)
+    return repo_v, model_v
+
+
 def call_identity(hub: str, call, src: bytes) -> tuple | None:
     """``(primary_key, extra_keys)`` naming the API of one tree-sitter ``call`` node, or None
     when the call is not one of the hub's loaders (strict metric; rules in docs/scoring.md).
 
-    * TorchHub: ``torch.hub.load`` with repo_or_dir and model, keyword or positional; the repo's
+    * TorchHub: ``torch.hub.load`` with repo_or_dir and model in torch.hub's argument order
+      (keyword, else the first and second positional arguments; :func:`_th_repo_model`), the
+      variant for the entry points of :data:`TORCHHUB_VARIANT_ENTRY_POINTS`; the repo's
       ``:ref`` tag is ignored. Key ``("th", repo, model)``; a call also names the repo-only APIs
       (``("th", repo, None)``, database entries 81 and 82).
     * HuggingFace: ``pipeline(task, model=...)`` keys ``("pipeline", task, model)`` and also names
@@ -295,19 +344,10 @@ def call_identity(hub: str, call, src: bytes) -> tuple | None:
     if hub == "torchhub":
         if fn != b"torch.hub.load":
             return None
-        rest = list(positional)
-        repo = keywords.get(b"repo_or_dir") or (rest.pop(0) if rest else None)
-        if repo is None:
+        named = _th_repo_model(positional, keywords, src)
+        if named is None:
             return None
-        model = keywords.get(b"model")
-        if model is None and rest:
-            # The last positional string names the model: MEAL-V2 is loaded as
-            # ('szq0214/MEAL-V2', 'meal_v2', 'mealv2_resnest50'), which the database writes
-            # ('szq0214/MEAL-V2', 'meal_v2', model='mealv2_resnest50').
-            strings = [node for node in rest if node.type == "string"]
-            model = strings[-1] if strings else rest[0]
-        repo_v = _th_repo(_value(repo, src))
-        model_v = _value(model, src) if model is not None else None
+        repo_v, model_v = named
         return ("th", repo_v, model_v), (("th", repo_v, None),)
     if hub == "tensorflowhub":
         name = fn.rsplit(b".", 1)
