@@ -8,7 +8,7 @@ With ``prefill="each"`` every prompt but its last token is first run through the
 without padding, and the key/value caches are then left-padded into one batch cache from which
 the batch decodes together. On CPU a padded batch prefill costs more than one prompt at a time
 (padding to the longest prompt, attention over the padded width), while decoding gains
-several-fold from batching (bench/eval_throughput.py measures both; README "Performance").
+several-fold from batching (bench/eval_throughput.py measures both; docs/performance.md).
 ``prefill="padded"`` runs the prompts through ``generate`` as one padded batch. The default,
 ``"auto"``, is ``"each"`` on CPU and ``"padded"`` elsewhere, where a padded batch keeps an
 accelerator busy (not measured here: no GPU). Models whose cache is not a plain full-attention

@@ -36,7 +36,7 @@ def iter_jsonl(path: str | os.PathLike, *, lenient: bool = False, skipped: list 
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
             if not raw.strip():
-                continue  # blank lines are ignored (documented in README)
+                continue  # blank lines are ignored (documented in docs/reliability.md)
             try:
                 text = raw.decode("utf-8")
                 obj = json.loads(text)
