@@ -29,7 +29,8 @@ from typing import Sequence
 
 from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, input_hashes,
                                   load_examples)
-from ratune.data.prompt import abstain_answer, format_answer, render_user_turn, shorten_document, build_user_turn
+from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, render_user_turn,
+                                require_chat_template, shorten_document, template_name)
 from ratune.errors import RatuneError
 
 #: Train-time retrieval modes (Gorilla trains with none or oracle; the retrieved ones are ours):
@@ -179,7 +180,9 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         apibench_dir: the APIBench folder.
         hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
-        tokenizer: the tokenizer used to measure lengths (the training model's).
+        tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
+            template training will use (:func:`ratune.train.model.load_tokenizer`); its registry
+            name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
         tokenizer_name: recorded in the manifest.
         modes: train-time retrieval modes to build.
         settings: see :class:`BuildSettings`.
@@ -195,8 +198,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         The manifest (also written to ``out_dir/manifest.json``).
     Raises:
         InputError: on a bad input row (file:line field), unless lenient.
-        RatuneError: unknown mode, two mixtures with one name, or an existing output folder
-            without ``overwrite``.
+        RatuneError: a tokenizer without a chat template, unknown mode, two mixtures with one
+            name, or an existing output folder without ``overwrite``.
     """
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
@@ -207,6 +210,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     from ratune.manifest import base_manifest, mark_complete
 
     check_hub(hub)
+    require_chat_template(tokenizer, source=tokenizer_name, hint="give --chat-template (and the same chat_template "
+                          "in the training config)")
     for mode in modes:
         if mode not in TRAIN_MODES:
             raise RatuneError(f"unknown train-time retrieval mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
@@ -307,7 +312,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
                      "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
-                     "force_gold": settings.force_gold,
+                     "force_gold": settings.force_gold, "chat_template": template_name(tokenizer),
                      **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})},
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs),
         "retrievers": {m: r.metadata() for m, r in cache.items()},

@@ -11,11 +11,17 @@ marker lines ``<<<domain>>>: ...`` to ``<<<code>>>: ...`` (each marker followed 
 space). A request that none of the given documents can answer is answered with
 :func:`abstain_answer` (api_call :data:`ABSTAIN_API_CALL`). The training-set builder (:mod:`ratune.data.build`) and the evaluator
 (:mod:`ratune.eval.generate`) both call :func:`render_user_turn`, so the two cannot drift.
+
+The chat around the turns is the tokenizer's chat template, or one of :data:`CHAT_TEMPLATES`
+(``chatml``, ``gorilla_v0``: the paper's FastChat format) for a tokenizer without one; the name is
+recorded in the data manifest and the run manifest, and :func:`encode_prompt` puts exactly one BOS
+in front where the tokenizer adds BOS (docs/prompts.md).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ratune.data.apibench import ANSWER_FIELDS, Answer
@@ -32,6 +38,58 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+#: The system text of Gorilla's FastChat conversation ``gorilla_v0`` (Gorilla repository,
+#: inference/serve/conv_template.py).
+GORILLA_V0_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                     "helpful, detailed, and polite answers to the user's questions.")
+
+#: Gorilla's FastChat template ``gorilla_v0`` (separator style ADD_COLON_TWO, sep "\n", sep2 EOS):
+#: ``{system}\nUSER: {user turn}\nASSISTANT:`` for generation; an assistant turn is
+#: ``ASSISTANT: {answer}</s>``. A first message with role ``system`` replaces the system text. Every
+#: newline is written inside an expression (the HF Jinja environment trims the one after a block tag).
+GORILLA_V0_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}{%- set system = messages[0]['content'] -%}"
+    "{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set system = \"" + GORILLA_V0_SYSTEM + "\" -%}{%- set turns = messages -%}{%- endif -%}"
+    "{{ system + '\\n' }}"
+    "{%- for message in turns -%}"
+    "{%- if message['role'] == 'user' -%}{{ 'USER: ' + message['content'] + '\\n' }}"
+    "{%- else -%}{{ 'ASSISTANT: ' + message['content'] + (eos_token or '') }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'ASSISTANT:' }}{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template ratune can give a tokenizer (``chat_template:`` in a training config,
+    ``--chat-template`` of ``ratune data build`` and ``ratune eval run``).
+
+    Attributes:
+        name: the choice's name.
+        jinja: the template text, set as the tokenizer's ``chat_template``.
+        answer_prefix: the text between the generation prompt and the answer in a training row
+            (gorilla_v0: one space, ``ASSISTANT: {answer}``). A non-empty prefix is tokenized in
+            context, after the prompt text (:func:`ratune.train.labels.tokenize_row`).
+        summary: one line for docs and help texts.
+    """
+
+    name: str
+    jinja: str
+    answer_prefix: str
+    summary: str
+
+
+#: The one registry of template names: the train config's ``chat_template`` values and the
+#: ``--chat-template`` choices are derived from it (docs/prompts.md).
+CHAT_TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (
+    ChatTemplate("chatml", CHATML_TEMPLATE, "", "ChatML, no system turn: <|im_start|>user ... <|im_start|>assistant"),
+    ChatTemplate("gorilla_v0", GORILLA_V0_TEMPLATE, " ",
+                 "the paper's FastChat format: {system}\\nUSER: ...\\nASSISTANT: {answer}</s>"),
+)}
+#: The template names, in registry order.
+CHAT_TEMPLATE_NAMES = tuple(CHAT_TEMPLATES)
 
 #: Document fields dropped first when a document must be shortened to fit the token budget, in
 #: this order (least useful for choosing the call first). Our design, not the paper's.
@@ -156,9 +214,64 @@ def chat_messages(user_turn: str) -> list[dict]:
     return [{"role": "user", "content": user_turn}]
 
 
+def template_of(tokenizer) -> ChatTemplate | None:
+    """The registry template (:data:`CHAT_TEMPLATES`) the tokenizer carries, found by its
+    ``chat_template`` text; None for a tokenizer with its own template or none."""
+    text = getattr(tokenizer, "chat_template", None)
+    return next((t for t in CHAT_TEMPLATES.values() if t.jinja == text), None) if text else None
+
+
+def template_name(tokenizer) -> str | None:
+    """The name of :func:`template_of` (None: the tokenizer's own template, or none)."""
+    template = template_of(tokenizer)
+    return template.name if template is not None else None
+
+
+def require_chat_template(tokenizer, *, source: str, hint: str) -> None:
+    """Refuse a tokenizer without a chat template, in one line.
+
+    Args:
+        source: what the tokenizer was loaded from (named first in the message).
+        hint: how to give one, naming the flag or config field (e.g. ``give --chat-template``).
+    Raises:
+        RatuneError: the tokenizer has no chat template.
+    """
+    from ratune.errors import RatuneError
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise RatuneError(f"{source}: the tokenizer has no chat template (a base model such as LLaMA-1); {hint} "
+                          f"({' or '.join(CHAT_TEMPLATE_NAMES)}; gorilla_v0 is the paper's format, docs/prompts.md)")
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts its BOS token in front of plain text (LLaMA: ``<s>``, id 1)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return bos is not None and tokenizer("", add_special_tokens=True)["input_ids"][:1] == [bos]
+
+
+def with_bos(tokenizer, ids: Sequence[int]) -> list[int]:
+    """``ids`` starting with exactly one BOS when the tokenizer adds one to plain text (a template
+    that writes ``{{ bos_token }}`` itself keeps its single BOS; a doubled one is collapsed);
+    unchanged otherwise (SmolLM2, whose tokenizer adds none)."""
+    ids = list(ids)
+    if not adds_bos(tokenizer):
+        return ids
+    bos = tokenizer.bos_token_id
+    while ids[:2] == [bos, bos]:
+        ids = ids[1:]
+    return ids if ids[:1] == [bos] else [bos] + ids
+
+
+def prompt_text(tokenizer, user_turn: str) -> str:
+    """The prompt as text: the tokenizer's chat template applied to the single user turn, with
+    the generation prompt appended (no BOS: that is added to the ids by :func:`encode_prompt`)."""
+    return tokenizer.apply_chat_template(chat_messages(user_turn), add_generation_prompt=True, tokenize=False)
+
+
 def encode_prompt(tokenizer, user_turn: str) -> list[int]:
     """Token ids of the prompt: the tokenizer's chat template applied to the single user turn,
-    with the generation prompt (the assistant header) appended.
+    with the generation prompt (the assistant header) appended, behind exactly one BOS when the
+    tokenizer adds BOS to plain text (:func:`with_bos`; LLaMA, for chatml and gorilla_v0 alike).
 
     Used by training (labels start right after these ids) and by generation (the model continues
     from them), so the model sees identical prompt tokens at train and test time.
@@ -170,4 +283,4 @@ def encode_prompt(tokenizer, user_turn: str) -> list[int]:
         raise ValueError("the tokenizer has no chat template: ratune trains and evaluates single-turn chats")
     ids = tokenizer.apply_chat_template(chat_messages(user_turn), add_generation_prompt=True, tokenize=True,
                                         return_dict=False)
-    return list(ids)
+    return with_bos(tokenizer, ids)

@@ -7,12 +7,17 @@ Output folder (one per checkpoint)::
                                 flushed per batch; a rerun continues after the last complete line
     {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions,
                                 each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings
-    {setting}/identity.json     checkpoint, questions and generation settings; a rerun with
-                                different ones is refused instead of mixing answers
+    {setting}/identity.json     checkpoint, questions and generation settings (device and dtype
+                                included); a rerun with different ones is refused instead of
+                                mixing answers
     {setting}/.complete         written last
 
+Placement: on a machine where torch sees a CUDA GPU the model generates there in bfloat16, else
+on the CPU in float32 (``--device``, ``--dtype`` override; :func:`resolve_placement`).
+
 The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
-training-set builder uses, with the document budget the checkpoint was trained with.
+training-set builder uses, with the document budget and the chat template the checkpoint was
+trained with (its run manifest; :func:`trained_chat_template`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ TABLE_SETTINGS = SETTINGS + TRAINED_SETTINGS
 EXPERIMENT_SETTINGS = ("swap", "irrelevant", *(f"constraints_{s}" for s in TABLE_SETTINGS))
 #: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
 BACKENDS = ("hf", "vllm")
+#: Where the model generates: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``.
+DEVICES = ("auto", "cpu", "cuda")
+#: The weights' dtype while generating: ``auto`` is ``bfloat16`` on CUDA and ``float32`` on CPU.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: What cells made before devices and dtypes were recorded ran with (every one of them loaded the
+#: model in float32 and never moved it off the CPU; vLLM ran on CUDA in its float32 default).
+_LEGACY_PLACEMENT = {"hf": {"device": "cpu", "dtype": "float32"}, "vllm": {"device": "cuda", "dtype": "float32"}}
 
 
 @dataclass
@@ -63,6 +75,14 @@ class EvalSettings:
         dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
             retrieval train``); recorded in those cells' identity.
         bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/retrievers.py).
+        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` for the prompts;
+            None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
+            the tokenizer's own. A named one is recorded in each cell's identity.
+        device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
+            (:func:`resolve_placement`).
+        dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
+            ``float16``. The resolved device and dtype are recorded in each cell's identity and
+            metrics (``generation.device``, ``generation.dtype``).
     """
 
     settings: Sequence[str] = SETTINGS
@@ -76,7 +96,58 @@ class EvalSettings:
     trust_remote_code: bool = False
     dense_model: str | None = None
     bm25_backend: str = "rank_bm25"
+    chat_template: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
     retriever_cache: dict = field(default_factory=dict)
+
+
+def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
+    """The ``(device, dtype)`` an eval generates with.
+
+    ``auto`` device: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``; ``auto`` dtype:
+    ``bfloat16`` on CUDA, ``float32`` on CPU.
+
+    Raises:
+        RatuneError: an unknown device or dtype, ``cuda`` asked for where torch sees no CUDA
+            device, or the vLLM backend (CUDA only) with ``cpu``.
+    """
+    import torch
+
+    if device not in DEVICES:
+        raise RatuneError(f"unknown eval device {device!r}: expected one of {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise RatuneError(f"unknown eval dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    elif device == "cuda" and not cuda:
+        raise RatuneError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (torch.version.cuda "
+                          f"{torch.version.cuda}); install a CUDA build of torch that matches the driver, or use "
+                          "--device cpu")
+    if backend == "vllm" and device != "cuda":
+        raise RatuneError("the vLLM backend generates on CUDA only: --device cpu contradicts --backend vllm")
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    return device, dtype
+
+
+def _with_placement(identity: dict) -> dict:
+    """``identity`` with the device and dtype a cell made before they were recorded ran with."""
+    generation = identity.get("generation")
+    if not isinstance(generation, dict) or "device" in generation:
+        return identity
+    legacy = _LEGACY_PLACEMENT.get(generation.get("backend", "hf"), {})
+    return {**identity, "generation": {**generation, **legacy}}
+
+
+def _device_name(device: str) -> str:
+    """The GPU's name on ``cuda`` (``torch.cuda.get_device_name``), ``cpu`` otherwise."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def model_folder(checkpoint: str | os.PathLike) -> Path:
@@ -102,6 +173,21 @@ def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
     return None
 
 
+def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
+    """The chat template name the checkpoint was trained with, from its run manifest (a run
+    folder's ``manifest.json`` or a model folder's ``ratune_manifest.json``): ``prompt.chat_template``,
+    else the training config's ``chat_template``; None when not recorded (the tokenizer's own)."""
+    path = Path(checkpoint)
+    for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
+        if manifest.exists():
+            data = json.loads(manifest.read_text())
+            prompt = data.get("prompt") or {}
+            if "chat_template" in prompt:
+                return prompt["chat_template"]
+            return (data.get("config") or {}).get("chat_template")
+    return None
+
+
 def _check_cell_identity(cell: Path, identity: dict) -> None:
     """Record what a cell is computed from (``cell/identity.json``); refuse to continue or reuse a
     cell made from another checkpoint, question set or generation settings.
@@ -113,7 +199,7 @@ def _check_cell_identity(cell: Path, identity: dict) -> None:
 
     path = cell / "identity.json"
     if path.exists():
-        previous = read_json(path)
+        previous, identity = _with_placement(read_json(path)), _with_placement(identity)
         changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
         if changed:
             raise RatuneError(f"{cell}: this eval cell was made with different {', '.join(changed)}; "
@@ -236,6 +322,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         from ratune.eval.vllm_backend import require_vllm
 
         require_vllm()  # before any question is loaded or cell written
+    device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
     set_torch_threads(settings.torch_threads)
     folder = model_folder(checkpoint)
     budget = settings.max_document_tokens
@@ -248,7 +335,12 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     out = Path(out_dir)
     scorer = Scorer.from_apibench(hub, apibench_dir)
 
-    tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code)
+    # the prompts are rendered with the template the model was trained with (run manifest)
+    chat_template = settings.chat_template or trained_chat_template(checkpoint)
+    tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code, chat_template=chat_template)
+    from ratune.data.prompt import require_chat_template
+
+    require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
     from ratune.data.apibench import api_database_path, examples_path, input_hashes
     from ratune.io import sha256_file
 
@@ -260,7 +352,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     results = {}
     generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
                   "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
-                  "max_document_tokens": budget}
+                  "max_document_tokens": budget, "device": device, "dtype": dtype}
+    if chat_template is not None:  # cells of a tokenizer's own template keep their identity
+        generation["chat_template"] = chat_template
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
     for setting in settings.settings:
@@ -293,9 +387,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
                 if settings.backend == "vllm":
                     from ratune.eval.vllm_backend import load_llm
 
-                    model = load_llm(folder)
+                    model = load_llm(folder, dtype=dtype)
                 else:
-                    model = load_model(folder, trust_remote_code=settings.trust_remote_code)
+                    model = load_model(folder, dtype=dtype, device=device,
+                                       trust_remote_code=settings.trust_remote_code)
             bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=f"{name} {setting}",
                        disable=not progress)
             with open(responses_path, "a", encoding="utf-8") as fh:
@@ -329,6 +424,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             "gorilla": gorilla, "strict": scored["strict"], "parser": scored["parser"],
             "per_question": scored.get("per_question", []),
             "generation": generation,
+            "device_name": _device_name(device),
             "versions": package_versions(),
             "abstention": abstention(responses),
             "inputs": inputs,

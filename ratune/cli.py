@@ -66,7 +66,7 @@ def _data_build(args) -> int:
             raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")
         utility_keep = load_utility(args.utility_file, min_utility=args.min_utility)
         utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
-    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
+    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
     manifest = build_dataset(
         apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
@@ -96,7 +96,13 @@ def _data_utility(args) -> int:
 
     set_torch_threads(args.threads)
     model_path = resolve_model_path(args.model)
-    tokenizer = load_tokenizer(model_path)
+    from pathlib import Path
+
+    from ratune.io import read_json
+
+    built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
+    chat_template = (read_json(built).get("settings") or {}).get("chat_template") if built.exists() else None
+    tokenizer = load_tokenizer(model_path, chat_template=chat_template)
     model = load_model(model_path)
     records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
                               max_examples=args.max_examples, batch_size=args.batch_size)
@@ -231,7 +237,8 @@ def _eval_run(args) -> int:
                               max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
                               max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
                               backend=args.backend, trust_remote_code=args.trust_remote_code,
-                              dense_model=args.dense_model, bm25_backend=args.bm25_backend))
+                              dense_model=args.dense_model, bm25_backend=args.bm25_backend,
+                              device=args.device, dtype=args.dtype, chat_template=args.chat_template))
     print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
                       for s, m in results.items()}, sort_keys=True))
     return 0
@@ -288,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.apibench import HUBS
     from ratune.data.build import DEFAULT_MODES, TRAIN_MODES
     from ratune.data.mixture import TOP1_RETRIEVERS
-    from ratune.eval.run import EXPERIMENT_SETTINGS, SETTINGS, TABLE_SETTINGS
+    from ratune.data.prompt import CHAT_TEMPLATE_NAMES
+    from ratune.eval.run import DEVICES, DTYPES, EXPERIMENT_SETTINGS, SETTINGS, TABLE_SETTINGS
     from ratune.eval.scoring import add_score_arguments
     from ratune.retrieval.retrievers import BM25_BACKENDS, BM25_VARIANTS, RETRIEVERS
 
@@ -301,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hub", required=True, choices=HUBS)
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--tokenizer", default="smollm2-135m-instruct", help="model folder whose tokenizer measures lengths")
+    b.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
+                   help="chat template for a tokenizer without one (base LLaMA; gorilla_v0 is the paper's format); "
+                        "replaces a tokenizer's own; recorded in the manifest, training needs the same "
+                        "chat_template (docs/prompts.md)")
     b.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=TRAIN_MODES,
                    help=f"train-time retrieval modes (default {' '.join(DEFAULT_MODES)}; dense_ft needs --dense-model; "
                         "`--modes` alone: none, with --mixture)")
@@ -387,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True)
     e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=TABLE_SETTINGS + EXPERIMENT_SETTINGS,
                    help="Table 2 settings (default all five), dense_ft (needs --dense-model) and/or experiments: "
-                        "swap, irrelevant, constraints_SETTING (README: Beyond the paper)")
+                        "swap, irrelevant, constraints_SETTING (docs/experiments.md)")
     e.add_argument("--dense-model", default=None, metavar="DIR",
                    help="finetuned retriever folder (`ratune retrieval train`) of the dense_ft settings")
     e.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
@@ -400,8 +412,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                    help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only")
+    e.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where to generate (default auto: cuda when torch sees a GPU, else cpu)")
+    e.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weights' dtype while generating (default auto: bfloat16 on cuda, float32 on cpu)")
     e.add_argument("--trust-remote-code", action="store_true",
                    help="run the checkpoint's own modeling code (only for models trained with trust_remote_code)")
+    e.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
+                   help="prompt chat template (default: the one the checkpoint was trained with, from its run "
+                        "manifest; give it for a model trained elsewhere whose tokenizer has none)")
     e.set_defaults(func=_eval_run)
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,8 @@ class DemoEval(BaseModel):
     batch_size: int = 8
     max_new_tokens: int = 80
     stop_after_api_call: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "auto"   # auto: cuda when torch sees a GPU, else cpu
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
 
 
 class DemoConfig(BaseModel):
@@ -104,7 +107,8 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None) -> i
             settings=EvalSettings(settings=cfg.eval.settings, n_questions=cfg.eval.n_questions,
                                   batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
                                   stop_after_api_call=cfg.eval.stop_after_api_call,
-                                  torch_threads=cfg.torch_threads))
+                                  torch_threads=cfg.torch_threads, device=cfg.eval.device,
+                                  dtype=cfg.eval.dtype))
         times[f"eval {arm}"] = time.time() - t0
         cells += [make_cell(arm, setting, metrics) for setting, metrics in results.items()]
 

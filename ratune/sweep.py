@@ -110,6 +110,9 @@ class SweepEval(BaseModel):
     backend: Literal["hf", "vllm"] = "hf"
     dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
     bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: bfloat16 on cuda, float32 on cpu")
 
 
 class SlurmSettings(BaseModel):
@@ -292,27 +295,31 @@ def expand(sweep: Sweep) -> list[Cell]:
 
 
 def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
-    """``{hub: {"dir", "modes", "tokenizer", "max_length"}}``: one shared data build per hub.
+    """``{hub: {"dir", "modes", "tokenizer", "max_length", "chat_template"}}``: one shared data
+    build per hub (built with the cells' ``chat_template``, which training checks).
 
     Raises:
-        RatuneError: cells of one hub with different models (set data.tokenizer) or max_length
-            (set data.max_length).
+        RatuneError: cells of one hub with different models (set data.tokenizer), max_length
+            (set data.max_length) or chat_template.
     """
     plan: dict[str, dict] = {}
     for cell in cells:
         c = cell.config
-        entry = plan.setdefault(c["hub"], {"dir": c["data_dir"], "modes": [], "tokenizer": set(), "max_length": set()})
+        entry = plan.setdefault(c["hub"], {"dir": c["data_dir"], "modes": [], "tokenizer": set(), "max_length": set(),
+                                           "chat_template": set()})
         if c["train_retriever"] not in entry["modes"]:
             entry["modes"].append(c["train_retriever"])
         entry["tokenizer"].add(sweep.config.data.tokenizer or c["model"])
         entry["max_length"].add(c["max_length"])
+        entry["chat_template"].add(c.get("chat_template"))
     defined = {m.mode for m in sweep_mixtures(sweep)}
     for hub, entry in plan.items():
         undefined = [m for m in entry["modes"] if m.startswith("mix-") and m not in defined]
         if undefined:
             raise RatuneError(f"{sweep.source}: train_retriever {', '.join(undefined)} names a mixture that "
                               f"data.mixtures does not define (defined: {', '.join(sorted(defined)) or 'none'})")
-        for key, hint in (("tokenizer", "data.tokenizer"), ("max_length", "data.max_length")):
+        for key, hint in (("tokenizer", "data.tokenizer"), ("max_length", "data.max_length"),
+                          ("chat_template", "one chat_template for the hub's cells")):
             if len(entry[key]) > 1:
                 values = sorted(map(str, entry[key]))
                 raise RatuneError(f"{sweep.source}: cells of hub {hub} differ in {key} ({values}); "
@@ -353,6 +360,8 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
                 "--top1-retriever", d.top1_retriever]
     if d.max_document_tokens is not None:
         cmd += ["--max-document-tokens", str(d.max_document_tokens)]
+    if entry.get("chat_template") is not None:
+        cmd += ["--chat-template", entry["chat_template"]]
     if d.dense_model:
         cmd += ["--dense-model", d.dense_model]
     if d.bm25_backend != "rank_bm25":
@@ -393,6 +402,10 @@ def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
         cmd += ["--dense-model", e.dense_model]
     if e.bm25_backend != "rank_bm25":
         cmd += ["--bm25-backend", e.bm25_backend]
+    if e.device != "auto":
+        cmd += ["--device", e.device]
+    if e.dtype != "auto":
+        cmd += ["--dtype", e.dtype]
     if cell.config.get("trust_remote_code"):
         cmd += ["--trust-remote-code"]
     if sweep.config.apibench:

@@ -32,6 +32,9 @@ def test_accelerate_launch_single_process_cpu(tmp_path, apibench, tiny_model_dir
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"model": str(tmp_path / "run" / "model")}
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["steps"] == 1 and manifest["global_batch_size"] == 2
+    import torch
+
+    assert manifest["device"] == {"type": "cpu", "torch": torch.__version__, "cuda_build": torch.version.cuda}
     assert (tmp_path / "run" / ".complete").exists()
 
     # rerunning into the same folder without --resume-from is refused, with a clear message
@@ -39,3 +42,34 @@ def test_accelerate_launch_single_process_cpu(tmp_path, apibench, tiny_model_dir
                           text=True, timeout=600)
     assert proc.returncode == 2
     assert "output folder exists from an earlier run; pass --resume-from latest" in proc.stderr
+
+
+def _accelerate() -> str:
+    accelerate = Path(sys.executable).with_name("accelerate")
+    return str(accelerate if accelerate.exists() else shutil.which("accelerate"))
+
+
+def test_gpu_accelerate_config_without_cuda_is_refused_before_any_work(tmp_path):
+    """`accelerate launch --config_file configs/accelerate/1gpu.yaml` where torch sees no CUDA: one
+    error line naming torch's version and CUDA build, before any data is read or folder made."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the launch would be allowed")
+    root = Path(__file__).resolve().parent.parent
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": "no-such-model", "data_dir": str(tmp_path / "no_data"), "train_retriever": "none",
+        "output_dir": str(tmp_path / "run"), "global_batch_size": 2, "per_device_batch_size": 1}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    proc = subprocess.run([_accelerate(), "launch", "--config_file", str(root / "configs/accelerate/1gpu.yaml"),
+                           "-m", "ratune.train", "--config", str(config)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode != 0
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("ratune: error: ")]
+    assert line.startswith("ratune: error: accelerate launch asked for a GPU run (ACCELERATE_USE_CPU=False: neither "
+                           "`accelerate launch --cpu` nor `use_cpu: true` in the accelerate config) but torch "
+                           f"{torch.__version__} (torch.version.cuda {torch.version.cuda}) sees no CUDA device; ")
+    assert "install a CUDA build of torch" in line or "install a torch build" in line
+    assert not (tmp_path / "run").exists()

@@ -20,10 +20,12 @@ def test_paper_recipe_loads_and_resolves():
         2e-5, 64, 5, 2048, 0.03)
     assert cfg.bf16 and cfg.gradient_checkpointing
     assert cfg.resolve_batch(8) == (4, 2)  # 4 x 2 x 8 = 64
+    assert cfg.gradient_accumulation_steps is None and cfg.resolve_batch(4) == (4, 4)  # derived for any count
     assert (ROOT / cfg.deepspeed).exists()
+    fixed = TrainConfig(**{**cfg.model_dump(), "gradient_accumulation_steps": 2})  # a given value is checked
     with pytest.raises(RatuneError, match=r"global_batch_size 64 != per_device_batch_size 4 x "
                                           r"gradient_accumulation_steps 2 x 4 processes = 32"):
-        cfg.resolve_batch(4)
+        fixed.resolve_batch(4)
 
 
 def test_accumulation_derived_from_global_batch():

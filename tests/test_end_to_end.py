@@ -37,7 +37,7 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
         assert reloaded.config.num_hidden_layers == 2
         run_manifest = json.loads((run / "manifest.json").read_text())
         assert run_manifest["steps"] == 2 and run_manifest["gradient_accumulation_steps"] == 2
-        assert run_manifest["prompt"] == {"max_document_tokens": 96}
+        assert run_manifest["prompt"] == {"max_document_tokens": 96, "chat_template": None}
         assert run_manifest["versions"]["transformers"] and run_manifest["versions"]["trl"]
         results = evaluate_checkpoint(run, hub="torchhub", apibench_dir=apibench, out_dir=tmp_path / f"eval_{arm}",
                                       progress=False,

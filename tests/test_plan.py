@@ -53,8 +53,10 @@ def test_zero2_ddp_offload_and_lora_accounting(tmp_path):
     offload = plan(_paper(tmp_path, deepspeed=str(ROOT / "configs/deepspeed/zero3_offload.json")), 8)
     assert offload["offload_optimizer"]
     assert offload["model_states_gib"] == pytest.approx((4 * EMBED7B + 2 * P7B / 8) / GIB)
-    ddp = plan(_paper(tmp_path, deepspeed=None, per_device_batch_size=1, gradient_accumulation_steps=8), 8)
-    assert ddp["zero_stage"] == 0 and ddp["model_states_gib"] == pytest.approx(8 * P7B / GIB)  # bf16 w, g, 2 moments
+    # a full finetune without DeepSpeed keeps fp32 weights (bf16 weights alone are refused: TrainConfig)
+    ddp = plan(_paper(tmp_path, deepspeed=None, dtype="float32", per_device_batch_size=1,
+                      gradient_accumulation_steps=8), 8)
+    assert ddp["zero_stage"] == 0 and ddp["model_states_gib"] == pytest.approx(16 * P7B / GIB)  # fp32 w, g, 2 moments
     lora = plan(load_config(TrainConfig, ROOT / "configs/train/llama7b_rat_paper_lora.yaml"), 1)
     r, h, i = 16, 4096, 11008
     trainable = 32 * r * (8 * h + 3 * (h + i))
@@ -94,6 +96,18 @@ def test_cli_json(capsys):
     assert out["model_states_gib"] == pytest.approx(14.61, abs=0.01) and out["ideal_hours"] > 0
     assert cli_plan(parser.parse_args(["--config", str(PAPER), "--gpus", "8"])) == 0
     assert "total" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["llama7b_rat_paper", "llama7b_rat_paper_lora", "llama7b_rat_paper_qlora"])
+def test_paper_configs_resolve_global_batch_64_on_1_2_8_16_gpus(name, capsys):
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser)
+    config = ROOT / "configs" / "train" / f"{name}.yaml"
+    for gpus, accumulation in ((1, 16), (2, 8), (8, 2), (16, 1)):
+        assert cli_plan(parser.parse_args(["--config", str(config), "--gpus", str(gpus), "--json"])) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["per_device_batch_size"], out["gradient_accumulation_steps"], out["gpus"],
+                out["global_batch_size"]) == (4, accumulation, gpus, 64), (name, gpus)
 
 
 def test_scale_out_configs_load():

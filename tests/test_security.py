@@ -305,7 +305,7 @@ def test_config_trust_remote_code_reaches_the_loaders(trust, tmp_path, tiny_mode
 
     # training: the config's value (default False) goes to tokenizer and model loading
     monkeypatch.setattr(sft, "load_training_rows",
-                        lambda config, tokenizer: ({"input_ids": [[1, 2]], "labels": [[-100, 2]]}, {}))
+                        lambda config, tokenizer: ({"input_ids": [[1, 2]], "labels": [[-100, 2]]}, {"examples": 1}))
     extra = {"trust_remote_code": True} if trust else {}
     cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(tmp_path / "data"), train_retriever="none",
                       output_dir=str(tmp_path / "run"), global_batch_size=1, max_steps=1, **extra)

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import RatuneError
 
 
@@ -45,7 +46,10 @@ class TrainConfig(BaseModel):
         learning_rate [2e-5], num_epochs [5], warmup_ratio [0.03], lr_scheduler.
         max_steps: stop after this many optimizer steps (overrides num_epochs when set).
         max_examples: train on the first N examples after a seeded shuffle (CPU demo).
-        chat_template: ``chatml`` to give a tokenizer without a chat template the ChatML one.
+        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` (``chatml``;
+            ``gorilla_v0``, the paper's FastChat format) for a tokenizer without one (base
+            LLaMA); null keeps the tokenizer's own. Must be the one the data was built with
+            (``ratune data build --chat-template``); training refuses another (docs/prompts.md).
         load_in_4bit: QLoRA (Dettmers et al., 2023): load the frozen base in 4-bit NF4 with
             bitsandbytes (optional extra ``qlora``; CUDA only) and train LoRA on top; needs
             ``lora.enabled``. Only ``adapter/`` is saved (no merged ``model/``).
@@ -61,10 +65,23 @@ class TrainConfig(BaseModel):
             (tests/test_packing.py checks sdpa and eager); flash_attention_2 (CUDA, ``pip install
             flash-attn``) takes the example boundaries from TRL's position_ids without a mask and
             is the fast choice on GPUs; sdpa/eager build a block-diagonal mask (exact, slower).
-        verify_saves: check every save when it is made (reload, non-empty tensors, logits on
-            two prompts; :mod:`ratune.train.checks`). Costs one model load on rank 0 per save
-            (seconds for a small model, a minute or more for 7B); keep it on unless saves are
-            frequent and the model is large.
+        dtype: the weights' dtype. ``bfloat16``/``float16`` need LoRA (frozen base) or DeepSpeed
+            (fp32 master weights in its optimizer); a full finetune without DeepSpeed trains in
+            ``float32`` with ``bf16: true`` (autocast), because 16-bit weights alone lose most
+            updates at the paper's learning rate (refused).
+        save_strategy: ``epoch`` (a Trainer checkpoint at the end of every epoch), ``steps`` (every
+            ``save_steps`` optimizer steps) or ``no``; null: ``steps`` when ``save_steps`` is set,
+            else ``no``. A ``save_steps`` larger than the run's optimizer steps is refused (no
+            checkpoint would exist to resume from).
+        save_total_limit: keep only the newest N Trainer checkpoints (a 7B ZeRO-3 checkpoint is
+            about 94 GB; docs/training.md).
+        verify_saves: check every save when it is made (reload, non-empty tensors, weights bit
+            for bit, logits on two prompts; :mod:`ratune.train.checks`). Costs one model load on
+            rank 0 per save (seconds for a small model, a minute or more for 7B); keep it on
+            unless saves are frequent and the model is large.
+        report_to: live logging of loss, learning rate and token counts: ``tensorboard``
+            (event files in ``output_dir/tensorboard``) and/or ``wandb`` (needs the wandb package
+            and a login). Every run also writes ``training_curves.png`` (:mod:`ratune.train.curves`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -97,10 +114,13 @@ class TrainConfig(BaseModel):
     torch_threads: int | None = None
     logging_steps: int = Field(1, ge=1)
     save_steps: int | None = Field(None, ge=1)
-    chat_template: Literal["chatml"] | None = None
+    save_strategy: Literal["no", "steps", "epoch"] | None = None
+    save_total_limit: int | None = Field(None, ge=1)
+    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None  # the names of data/prompt.py CHAT_TEMPLATES
     trust_remote_code: bool = False
     load_in_4bit: bool = False
     verify_saves: bool = True
+    report_to: list[Literal["tensorboard", "wandb"]] = []
 
     @field_validator("train_retriever")
     @classmethod
@@ -123,7 +143,41 @@ class TrainConfig(BaseModel):
                              "(choose padding_free to keep counting examples per batch)")
         if self.load_in_4bit and not self.lora.enabled:
             raise ValueError("load_in_4bit: true (QLoRA) needs lora.enabled: true; 4-bit weights cannot be trained")
+        if self.dtype != "float32" and not self.lora.enabled and not self.deepspeed:
+            raise ValueError(
+                f"dtype: {self.dtype} with a full finetune (lora.enabled: false) and no deepspeed keeps no fp32 "
+                f"master weights: at learning_rate {self.learning_rate:g} most updates round away in {self.dtype}; "
+                "use dtype: float32 with bf16: true (bf16 autocast, fp32 weights), or LoRA (lora.enabled: true), "
+                "or DeepSpeed (deepspeed: configs/deepspeed/zero3.json keeps fp32 master weights)")
+        if self.save_strategy == "steps" and self.save_steps is None:
+            raise ValueError("save_strategy: steps needs save_steps")
+        if self.save_strategy in ("no", "epoch") and self.save_steps is not None:
+            raise ValueError(f"save_steps: {self.save_steps} contradicts save_strategy: {self.save_strategy} "
+                             "(save_steps is used only with save_strategy: steps)")
         return self
+
+    @property
+    def resolved_save_strategy(self) -> str:
+        """``save_strategy``, or where it is null ``steps`` when ``save_steps`` is set, else ``no``."""
+        if self.save_strategy is not None:
+            return self.save_strategy
+        return "steps" if self.save_steps is not None else "no"
+
+    def optimizer_steps_bound(self, examples: int, num_processes: int) -> int:
+        """An upper bound on the optimizer steps the Trainer makes on ``examples`` rows (exact
+        without packing, which only lowers the count): ``max_steps`` when set, else
+        ``ceil(num_epochs x ceil(ceil(examples / (per_device x processes)) / accumulation))``.
+
+        Raises:
+            RatuneError: see :meth:`resolve_batch`.
+        """
+        import math
+
+        if self.max_steps is not None:
+            return self.max_steps
+        per_device, accumulation = self.resolve_batch(num_processes)
+        micro_batches = math.ceil(examples / (per_device * num_processes))
+        return math.ceil(self.num_epochs * math.ceil(micro_batches / accumulation))
 
     def resolve_batch(self, num_processes: int) -> tuple[int, int]:
         """``(per_device_batch_size, gradient_accumulation_steps)`` for ``num_processes``.

@@ -2,16 +2,20 @@
 
 A training row is ``prompt_ids + completion_ids`` where ``prompt_ids`` come from
 :func:`ratune.data.prompt.encode_prompt` and ``completion_ids`` are the answer text's tokens
-followed by the EOS id. The loss mask is 0 on the prompt and 1 on the completion, built by
-position (never by searching for marker tokens, which tokenize differently in context), so the
-tokens that carry loss decode exactly to the answer followed by EOS, also when pad == EOS.
+followed by the EOS id. Under a template whose assistant turn starts with a separator
+(``gorilla_v0``: ``ASSISTANT: {answer}</s>``) the answer is tokenized in context, as the tail of
+the prompt text + separator + answer, as FastChat tokenizes a whole conversation (a leading space
+tokenized alone can give other tokens, e.g. sentencepiece's ``▁▁``). The loss mask is 0 on the
+prompt and 1 on the completion, built by position (never by searching for marker tokens, which
+tokenize differently in context), so the tokens that carry loss decode exactly to the answer
+followed by EOS, also when pad == EOS.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratune.data.prompt import encode_prompt
+from ratune.data.prompt import encode_prompt, prompt_text, template_of
 
 
 class NoTrainableTokens(ValueError):
@@ -36,9 +40,29 @@ class TokenizedRow:
 
 def completion_ids(tokenizer, completion: str) -> list[int]:
     """The answer's tokens (no special tokens) followed by the tokenizer's EOS id."""
+    return list(tokenizer(completion, add_special_tokens=False)["input_ids"]) + [_eos_id(tokenizer)]
+
+
+def _eos_id(tokenizer) -> int:
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token: the model could never learn to stop")
-    return list(tokenizer(completion, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    return tokenizer.eos_token_id
+
+
+def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
+    """The tokens of ``text`` (no EOS) as they come after the prompt: the tail of the prompt text +
+    ``text`` tokenized together, behind the prompt text's own tokens.
+
+    Raises:
+        ValueError: when the prompt's tokens are not a prefix of the joined text's (a merge across
+            the boundary; LLaMA's vocabulary has none across a space).
+    """
+    head_text = prompt_text(tokenizer, user_turn)
+    head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
+    full = tokenizer(head_text + text, add_special_tokens=False)["input_ids"]
+    if full[:len(head)] != head:
+        raise ValueError("the answer's first token merges with the prompt's last one: no position-exact loss mask")
+    return list(full[len(head):])
 
 
 def tokenize_row(tokenizer, user_turn: str, completion: str) -> TokenizedRow:
@@ -50,5 +74,9 @@ def tokenize_row(tokenizer, user_turn: str, completion: str) -> TokenizedRow:
     if not completion.strip():
         raise NoTrainableTokens("the answer is empty: nothing to learn")
     prompt = encode_prompt(tokenizer, user_turn)
-    answer = completion_ids(tokenizer, completion)
+    template = template_of(tokenizer)
+    if template is not None and template.answer_prefix:
+        answer = answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion) + [_eos_id(tokenizer)]
+    else:
+        answer = completion_ids(tokenizer, completion)
     return TokenizedRow(input_ids=prompt + answer, completion_mask=[0] * len(prompt) + [1] * len(answer))

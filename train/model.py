@@ -97,25 +97,60 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
                    chat_template: str | None = None):
     """Load a tokenizer for training and generation.
 
-    ``chat_template="chatml"`` gives a tokenizer without a chat template (base LLaMA) the ChatML
-    template of :data:`ratune.data.prompt.CHATML_TEMPLATE`; one that has a template keeps it.
+    ``chat_template`` names one of :data:`ratune.data.prompt.CHAT_TEMPLATES` (``chatml``,
+    ``gorilla_v0``): the tokenizer gets that template (a base LLaMA tokenizer has none; a named
+    choice also replaces a tokenizer's own, so the recorded name is the template used). None keeps
+    the tokenizer's own template (none at all is refused where prompts are made:
+    :func:`ratune.data.prompt.require_chat_template`).
     The pad token is never added to the vocabulary (that would have to survive export): when the
     tokenizer has none, its EOS token is used for padding. Loss masks never depend on the pad id.
+
+    Raises:
+        RatuneError: an unknown template name.
     """
     from transformers import AutoTokenizer
 
+    from ratune.data.prompt import CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES
+
+    if chat_template is not None and chat_template not in CHAT_TEMPLATES:
+        raise RatuneError(f"unknown chat template {chat_template!r}: expected one of {', '.join(CHAT_TEMPLATE_NAMES)}")
     tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if chat_template == "chatml" and not getattr(tokenizer, "chat_template", None):
-        from ratune.data.prompt import CHATML_TEMPLATE
-
-        tokenizer.chat_template = CHATML_TEMPLATE
+    if chat_template is not None:
+        tokenizer.chat_template = CHAT_TEMPLATES[chat_template].jinja
     return tokenizer
 
 
+#: How to install what ``attn_implementation: flash_attention_2`` needs (a CUDA build of torch first).
+FLASH_ATTN_INSTALL = "pip install flash-attn --no-build-isolation (after a CUDA build of torch)"
+
+
+def check_attention(attn_implementation: str | None) -> None:
+    """Refuse an attention implementation that cannot run here, before any data or model is loaded.
+
+    ``sdpa``, ``eager`` and None (transformers' default, sdpa) run everywhere; ``flash_attention_2``
+    needs the flash-attn package and a CUDA GPU.
+
+    Raises:
+        RatuneError: naming the missing package (flash-attn) and how to install it, or the missing
+            CUDA device; either way saying that ``attn_implementation: sdpa`` runs here.
+    """
+    if attn_implementation != "flash_attention_2":
+        return
+    if importlib.util.find_spec("flash_attn") is None:
+        raise RatuneError("attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
+                          f"installed: {FLASH_ATTN_INSTALL}; or set attn_implementation: sdpa (exact, no extra "
+                          "package)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RatuneError(f"attn_implementation: flash_attention_2 runs on CUDA GPUs only, and torch "
+                          f"{torch.__version__} sees none here; set attn_implementation: sdpa")
+
+
 def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_remote_code: bool = False,
-               attn_implementation: str | None = None):
+               attn_implementation: str | None = None, device: str | None = None):
     """Load a causal LM with ``from_pretrained`` (safetensors only; no pickles).
 
     Args:
@@ -123,16 +158,18 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: only when a config asks for it.
         attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``; None = transformers' default.
+        device: load the weights straight onto this device (``cpu``, ``cuda``); None: the CPU,
+            where a trainer or DeepSpeed places them afterwards.
     Raises:
-        RatuneError: flash_attention_2 asked for without the flash-attn package.
+        RatuneError: see :func:`check_attention`.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise RatuneError("attn_implementation: flash_attention_2 needs the flash-attn package (CUDA): "
-                          "pip install flash-attn --no-build-isolation, or use attn_implementation: sdpa")
+    check_attention(attn_implementation)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if device not in (None, "cpu"):  # from_pretrained loads onto the CPU by default
+        extra["device_map"] = device
     return AutoModelForCausalLM.from_pretrained(
         str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, use_safetensors=True,
         **extra)

@@ -13,13 +13,16 @@ Run folder (``output_dir``)::
     model/             the final model: safetensors, tokenizer, generation config; LoRA merged
                        (not written for QLoRA, see below)
     adapter/           the LoRA adapter alone (when LoRA is on)
-    log_history.json   the Trainer's log history (loss, learning rate per step)
+    log_history.json   the Trainer's log history (loss, learning rate, tokens per step)
+    training_curves.png   loss and learning rate against the optimizer step (ratune.train.curves)
+    tensorboard/       TensorBoard event files (report_to: [tensorboard])
     .complete          written last
 
 Every save is checked when it is made (:mod:`ratune.train.checks`): each Trainer checkpoint,
 ``adapter/`` and ``model/`` must reload with ``from_pretrained`` (adapters with peft on a fresh
-base), hold no empty tensor, and give the in-memory model's logits on two fixed prompts; an
-empty or partial save is a RatuneError at save time. Under ZeRO-3 the weights are gathered for
+base), hold no empty tensor, hold the in-memory model's weights bit for bit, and give its logits
+on two fixed prompts on the same device, kernels and autocast within the tolerance of the compute
+dtype; an empty, partial or wrong save is a RatuneError at save time. Under ZeRO-3 the weights are gathered for
 saving (the DeepSpeed JSON must set ``stage3_gather_16bit_weights_on_model_save: true``, checked
 before training). The LoRA ``model/`` is the saved ``adapter/`` merged into a freshly loaded base,
 so it is exactly what a user rebuilds from the adapter.
@@ -40,6 +43,12 @@ CPU (the tests' path): ``deepspeed.init_distributed(dist_backend="gloo")`` runs 
 training arguments are built and they say ``use_cpu``; launch two processes with
 ``accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml`` (torchrun; the
 MULTI_CPU config cpu_2proc.yaml starts one process unless MPI is used).
+
+Before any data or model is loaded: a GPU launch (:func:`gpu_launch_evidence`) where torch sees
+no CUDA device is refused (:func:`check_cuda_launch`; never a silent CPU run), and so is an
+attention implementation that cannot run here (:func:`ratune.train.model.check_attention`:
+flash_attention_2 without flash-attn or CUDA). The manifest records the device trained on
+(``device``: type, GPU name and count on CUDA, torch version and its CUDA build).
 """
 
 from __future__ import annotations
@@ -85,6 +94,88 @@ def check_launcher() -> None:
             "WORLD_SIZE is not): `accelerate launch --cpu --num_processes N` runs ONE process; use "
             "`accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml` (torchrun; with or "
             "without DeepSpeed) or an MPI launch (--mpirun_hostfile)")
+
+
+#: accelerate launch sets these in every process it starts (accelerate 1.15, all launchers).
+_ACCELERATE_LAUNCH_VARS = ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_MIXED_PRECISION")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def gpu_launch_evidence(env=None) -> str | None:
+    """Why this process's ``accelerate launch`` asked for a GPU run; None when it asked for the
+    CPU, gave no sign either way, or the process was not started by ``accelerate launch``.
+
+    What accelerate 1.15 hands its processes (accelerate/utils/launch.py): the simple launcher
+    (``distributed_type: "NO"``, MULTI_CPU, or no config) sets ``ACCELERATE_USE_CPU`` to
+    ``True`` for ``--cpu`` / ``use_cpu: true`` and ``False`` otherwise; the torchrun launchers
+    (MULTI_GPU, DEEPSPEED, FSDP configs) never set it and drop ``use_cpu``, so there only the
+    mixed precision tells: ``bf16``/``fp16``/``fp8`` (configs/accelerate/8gpu_zero3.yaml,
+    multinode_zero3.yaml) is a GPU launch, ``no`` (configs/accelerate/cpu_2proc_deepspeed.yaml,
+    the CPU torchrun launch) is not. ``ACCELERATE_USE_CPU=true`` in the environment always means CPU.
+
+    Args:
+        env: the environment (default ``os.environ``).
+    Returns:
+        A short reason naming the variable and value, or None.
+    """
+    env = os.environ if env is None else env
+    if not any(k in env for k in _ACCELERATE_LAUNCH_VARS + ("ACCELERATE_USE_CPU",)):
+        return None  # not started by accelerate launch (python -m ratune.train, the demo, tests)
+    use_cpu = env.get("ACCELERATE_USE_CPU")
+    if use_cpu is not None:
+        if use_cpu.strip().lower() in _TRUE:
+            return None
+        return (f"ACCELERATE_USE_CPU={use_cpu}: neither `accelerate launch --cpu` nor `use_cpu: true` in the "
+                "accelerate config")
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if precision in ("bf16", "fp16", "fp8"):
+        return f"ACCELERATE_MIXED_PRECISION={precision} under a torchrun launch (a MULTI_GPU/DEEPSPEED config)"
+    return None
+
+
+def check_cuda_launch(env=None) -> None:
+    """Refuse a GPU launch that would silently train on the CPU because torch sees no CUDA device
+    (a CPU-only torch build, or a CUDA build newer than the driver).
+
+    The launch counts as a GPU launch by :func:`gpu_launch_evidence`; plain ``python -m
+    ratune.train`` and CPU launches (configs/accelerate/cpu_*.yaml, ``accelerate launch --cpu``)
+    are never refused here.
+
+    Raises:
+        RatuneError: one line naming torch.__version__, torch.version.cuda, the launch's evidence
+            and what to install (or how to ask for the CPU on purpose).
+    """
+    reason = gpu_launch_evidence(env)
+    if reason is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if torch.version.cuda is None:
+        fix = ("this torch is a CPU-only build: install a CUDA build of torch (make setup TORCH=torch, or pip install "
+               "torch --index-url https://download.pytorch.org/whl/cu128 with the CUDA version your driver supports)")
+    else:
+        fix = (f"this torch is built for CUDA {torch.version.cuda} but finds no usable GPU: check nvidia-smi and "
+               "CUDA_VISIBLE_DEVICES, and install a torch build whose CUDA version the driver supports")
+    raise RatuneError(f"accelerate launch asked for a GPU run ({reason}) but torch {torch.__version__} "
+                      f"(torch.version.cuda {torch.version.cuda}) sees no CUDA device; {fix}; to train on the CPU on "
+                      "purpose use `accelerate launch --cpu`, configs/accelerate/cpu_1proc.yaml or "
+                      "cpu_2proc_deepspeed.yaml, or export ACCELERATE_USE_CPU=true")
+
+
+def device_facts(device) -> dict:
+    """The device a run trains on, for the manifest: ``{"type": "cuda"|"cpu", "torch", "cuda_build"}``
+    plus, on CUDA, ``"name"`` (the GPU's) and ``"count"`` (GPUs this process sees)."""
+    import torch
+
+    kind = getattr(device, "type", str(device).split(":")[0])
+    facts = {"type": kind, "torch": torch.__version__, "cuda_build": torch.version.cuda}
+    if kind == "cuda":
+        index = getattr(device, "index", None)
+        facts.update(name=torch.cuda.get_device_name(index if index is not None else 0),
+                     count=torch.cuda.device_count())
+    return facts
 
 
 def deepspeed_settings(path: str | None) -> dict | None:
@@ -185,14 +276,44 @@ def check_distributed(facts: dict, *, expected_processes: int, deepspeed: dict |
                               f"runs stage {facts['zero_stage']}")
 
 
+def _template_label(name: str | None) -> str:
+    return name if name is not None else "null (the tokenizer's own)"
+
+
+def check_data_chat_template(config: TrainConfig) -> None:
+    """Refuse a config whose ``chat_template`` is not the one the data was built with (the data
+    manifest's ``settings.chat_template``, written by ``ratune data build --chat-template``): the
+    rows' lengths were measured with that template and eval renders prompts with it. A manifest
+    from before templates were recorded is not checked.
+
+    Raises:
+        RatuneError: one line naming both values and the data folder.
+    """
+    from ratune.io import read_json
+
+    data_manifest = Path(config.data_dir) / "manifest.json"
+    if not data_manifest.exists():
+        return
+    settings = read_json(data_manifest).get("settings") or {}
+    if "chat_template" not in settings or settings["chat_template"] == config.chat_template:
+        return
+    built = settings["chat_template"]
+    rebuild = (f"--chat-template {config.chat_template}" if config.chat_template is not None
+               else "no --chat-template")
+    raise RatuneError(f"chat_template: {_template_label(config.chat_template)} in the training config, but "
+                      f"{config.data_dir} was built with chat template {_template_label(built)}; set chat_template: "
+                      f"{built if built is not None else 'null'} or rebuild the data with {rebuild}")
+
+
 def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     """Tokenize the built training split for ``config.train_retriever``.
 
     Returns:
         ``({"input_ids": [...], "labels": [...]}, stats)``.
     Raises:
-        RatuneError: data folder missing or incomplete, a row longer than max_length, or a row
-            with no trainable token.
+        RatuneError: data folder missing or incomplete, built with another chat template
+            (:func:`check_data_chat_template`), a row longer than max_length, or a row with no
+            trainable token.
     """
     from datasets import load_from_disk
 
@@ -202,6 +323,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     data_dir = Path(config.data_dir)
     if not is_complete(data_dir):
         raise RatuneError(f"{data_dir}: not a complete `ratune data build` output (no .complete marker)")
+    check_data_chat_template(config)
     split = load_from_disk(str(data_dir / config.train_retriever))["train"]
     if config.max_examples is not None and config.max_examples < len(split):
         split = split.shuffle(seed=config.seed).select(range(config.max_examples))
@@ -222,6 +344,44 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     stats = {"examples": len(input_ids), "tokens": real, "loss_tokens": trainable,
              "loss_token_share": trainable / real if real else 0.0}
     return {"input_ids": input_ids, "labels": labels}, stats
+
+
+def check_save_schedule(config: TrainConfig, examples: int, num_processes: int) -> None:
+    """Refuse ``save_steps`` larger than the run's optimizer steps: such a run writes no Trainer
+    checkpoint, so a preempted run has nothing to resume (TorchHub's 837 examples at batch 64 for
+    5 epochs are about 66 steps).
+
+    Raises:
+        RatuneError: naming save_steps, the step count and how it follows from the data.
+    """
+    if config.resolved_save_strategy != "steps":
+        return
+    steps = config.optimizer_steps_bound(examples, num_processes)
+    if config.save_steps > steps:
+        how = (f"max_steps {config.max_steps}" if config.max_steps is not None else
+               f"{examples} examples / global batch {config.global_batch_size} x {config.num_epochs:g} epochs")
+        raise RatuneError(f"save_steps {config.save_steps} > the {steps} optimizer steps of this run ({how}): no "
+                          "checkpoint would be written, and a preempted run could not resume; use save_strategy: "
+                          f"epoch, or save_steps of at most {steps}")
+
+
+#: The package each ``report_to`` logger needs, and how to get it.
+_REPORT_TO_PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"),
+                       "wandb": ("wandb", "pip install wandb, then wandb login")}
+
+
+def check_report_to(report_to: list[str]) -> None:
+    """Refuse a ``report_to`` logger whose package is missing, before any data or model is loaded.
+
+    Raises:
+        RatuneError: naming the config field, the package and how to install it.
+    """
+    import importlib.util
+
+    for name in report_to:
+        package, install = _REPORT_TO_PACKAGES[name]
+        if importlib.util.find_spec(package) is None:
+            raise RatuneError(f"report_to: {name} needs the {package} package, which is not installed: {install}")
 
 
 def require_qlora() -> None:
@@ -303,6 +463,11 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
             helpers (batch arithmetic, output folder, resume path, data).
     """
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
+    check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
+    from ratune.train.model import check_attention
+
+    check_attention(config.attn_implementation)  # a missing flash-attn fails before any data or model (QLoRA too)
+    check_report_to(config.report_to)
     import torch
     from datasets import Dataset
     from transformers import set_seed
@@ -319,6 +484,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     ds_settings = deepspeed_settings(config.deepspeed)
     nproc = _num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
+    check_data_chat_template(config)  # before any folder is made or model loaded
     out = _prepare_output_dir(config, resume_from)
     resume = _resolve_resume(out, resume_from)
     set_seed(config.seed)
@@ -326,6 +492,10 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     model_path = resolve_model_path(config.model)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
                                chat_template=config.chat_template)
+    from ratune.data.prompt import require_chat_template
+
+    require_chat_template(tokenizer, source=str(model_path), hint="set chat_template: in the training config "
+                          "(and give the data build the same --chat-template)")
     columns, stats = load_training_rows(config, tokenizer)
     from ratune.train.tokens import check_packing_attention, shares_for_rows
 
@@ -333,26 +503,13 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     stats["token_shares"] = shares_for_rows(columns, micro_batch_size=per_device, packing=config.packing,
                                             max_length=config.max_length, seed=config.seed,
                                             padding_free=config.padding_free)
+    check_save_schedule(config, stats["examples"], nproc)
     dataset = Dataset.from_dict(columns)
 
-    def load_base():
-        if config.load_in_4bit:
-            return _load_4bit(model_path, config)
-        return load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
-                          attn_implementation=config.attn_implementation)
-
-    model = load_base()
-    if config.lora.enabled:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(
-            r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules, task_type="CAUSAL_LM"))
-
-    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
-        stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
-
-    # DeepSpeed on CPU: its gloo process group must exist before the training arguments are built
+    # The training arguments come before the model: under ZeRO-3 they register DeepSpeed's config,
+    # so from_pretrained loads the model partitioned (deepspeed.zero.Init) instead of holding the
+    # whole model on every rank first. DeepSpeed on CPU: its gloo process group must exist before
+    # the training arguments are built.
     use_cpu = init_deepspeed_on_cpu(config) or not torch.cuda.is_available()
     args = SFTConfig(
         output_dir=str(out / "trainer"),
@@ -365,15 +522,16 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         lr_scheduler_type=config.lr_scheduler,
         weight_decay=config.weight_decay,
         logging_steps=config.logging_steps,
-        save_strategy="steps" if config.save_steps else "no",
-        save_steps=config.save_steps or 500,
+        save_strategy=config.resolved_save_strategy,
+        save_steps=config.save_steps or 500,  # read only with save_strategy "steps"
+        save_total_limit=config.save_total_limit,
         bf16=config.bf16,
         gradient_checkpointing=config.gradient_checkpointing,
         deepspeed=config.deepspeed,
         seed=config.seed,
         data_seed=config.seed,
         use_cpu=use_cpu,
-        report_to=[],
+        report_to=[r for r in config.report_to if r != "tensorboard"],  # tensorboard: callback below
         # TRL refuses padding_free with a max_length; load_training_rows already refused longer rows
         max_length=None if config.padding_free else config.max_length,
         packing=config.packing,
@@ -384,12 +542,39 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         dataloader_num_workers=0,
         save_only_model=False,
     )
-    weights_dtype = getattr(torch, config.dtype)
+
+    def load_base():
+        if config.load_in_4bit:
+            return _load_4bit(model_path, config)
+        return load_model(model_path, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
+                          attn_implementation=config.attn_implementation)
+
+    model = load_base()
+    partitioned_load = any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3: loaded partitioned
+    if config.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(
+            r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+            target_modules=config.lora.target_modules, task_type="CAUSAL_LM"))
+
+    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
+        stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
+
+    # accelerate runs the trained model's forward under bf16 autocast (not under DeepSpeed, which
+    # casts the weights instead); the save checks run the reloaded model under the same autocast
+    autocast_dtype = torch.bfloat16 if config.bf16 and not config.deepspeed else None
     save_checks: list[dict] = []
     callbacks = []
+    if "tensorboard" in config.report_to:
+        from transformers.integrations import TensorBoardCallback
+
+        tensorboard = TensorBoardCallback()
+        tensorboard.logging_dir = str(out / "tensorboard")  # rank 0 opens its writer at train begin
+        callbacks.append(tensorboard)
     if config.verify_saves:
         callbacks.append(checks.make_save_callback(tokenizer, adapter=config.lora.enabled, load_base=load_base,
-                                                   dtype=weights_dtype, record=save_checks))
+                                                   autocast_dtype=autocast_dtype, record=save_checks))
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                          callbacks=callbacks)
     facts = distributed_facts(trainer)
@@ -400,15 +585,20 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         "config_path": config_path, "config": config.model_dump(), "model_path": str(model_path),
         "num_processes": nproc, "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
         "global_batch_size": per_device * accumulation * nproc, "seed": config.seed, "data": stats,
-        "resumed_from": resume, "distributed": facts,
+        "resumed_from": resume, "distributed": {**facts, "partitioned_load": partitioned_load},
+        "device": device_facts(trainer.args.device),
+        "compute": {"dtype": config.dtype, "autocast": "bfloat16" if autocast_dtype else None,
+                    "deepspeed_bf16": bool(config.deepspeed and config.bf16),
+                    "attn_implementation": checks.attn_implementation_of(model)},
     })
     data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
         from ratune.io import read_json, sha256_file
 
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
-        # the evaluator renders prompts with the document budget the model was trained with
-        manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"]}
+        # the evaluator renders prompts with the document budget and chat template the model was trained with
+        manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"],
+                              "chat_template": config.chat_template}
     main_process = trainer.is_world_process_zero()
     if main_process:
         write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
@@ -417,42 +607,69 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     result = trainer.train(resume_from_checkpoint=resume)
 
     # Final saves. trainer.save_model gathers ZeRO-3 partitions (all ranks call it; rank 0 writes).
-    reference = checks.prompt_logits(trainer.model, tokenizer, device=trainer.args.device) \
+    device = trainer.args.device
+    reference = checks.prompt_logits(trainer.model, tokenizer, device=device, autocast_dtype=autocast_dtype) \
         if config.verify_saves else None
+
+    def verify(folder, **kwargs):
+        if config.verify_saves:
+            save_checks.append(checks.verify_saved(folder, trainer.model, tokenizer, device=device,
+                                                   autocast_dtype=autocast_dtype, reference=reference, **kwargs))
+
     if config.lora.enabled:
         adapter = _save_folder(out / "adapter", lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
-        if config.verify_saves:
-            save_checks.append(checks.verify_on_rank0(adapter, None, tokenizer, adapter=True, load_base=load_base,
-                                                      dtype=weights_dtype, reference=reference))
+        verify(adapter, adapter=True, load_base=load_base)
     final = out / "model"
     if config.load_in_4bit:
         final = out / "adapter"  # no merged model/ for QLoRA (module docstring)
     elif config.lora.enabled:
+        merged = {}
+
         def write_merged(tmp):
             if main_process:  # the saved adapter merged into a fresh base: what a user rebuilds from adapter/
                 from peft import PeftModel
 
                 with checks.plain_loading():  # rank 0 alone: no ZeRO-3 partitioning of the fresh base
-                    merged = PeftModel.from_pretrained(load_base(), str(out / "adapter")).merge_and_unload()
-                merged.save_pretrained(str(tmp), safe_serialization=True)
+                    merged["model"] = PeftModel.from_pretrained(load_base(), str(out / "adapter")).merge_and_unload()
+                merged["model"].save_pretrained(str(tmp), safe_serialization=True)
                 tokenizer.save_pretrained(str(tmp))
         _save_folder(final, write_merged, main_process, trainer)
+        # its weights are the merge's, bit for bit; its logits the trained adapter model's, within the
+        # tolerance of the dtype (merged weights compute in another floating-point order)
+        verify(final, adapter=False, expected=merged.pop("model", None), expected_on_rank0_only=True)
     else:
         _save_folder(final, lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
-    if config.verify_saves and not config.load_in_4bit:
-        save_checks.append(checks.verify_on_rank0(final, None, tokenizer, adapter=False, dtype=weights_dtype,
-                                                  reference=reference))
+        verify(final, adapter=False)
 
     if main_process:
         manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
+        manifest["throughput"] = throughput(trainer.state.log_history, result.metrics)
         manifest["steps"] = trainer.state.global_step
         manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
         write_json(final / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
         write_json(out / "manifest.json", manifest)
         write_json(out / "log_history.json", trainer.state.log_history)
+        from ratune.train.curves import plot_training_curves
+
+        plot_training_curves(trainer.state.log_history, out / "training_curves.png",
+                             title=f"{out.name}: {config.train_retriever}, lr {config.learning_rate:g}")
         mark_complete(out)
     trainer.accelerator.wait_for_everyone()
     return final
+
+
+def throughput(log_history: list[dict], metrics: dict) -> dict:
+    """Training throughput of a run: ``{"tokens", "train_runtime_s", "tokens_per_s"}``.
+
+    ``tokens`` is TRL's ``num_tokens`` (the non-padding tokens seen, summed over processes) at
+    the last log; ``train_runtime_s`` the Trainer's wall time of ``train()`` (a resumed run
+    counts only its own part, and its tokens from the resumed step's count). None where the
+    history has no token count.
+    """
+    tokens = next((e["num_tokens"] for e in reversed(log_history) if "num_tokens" in e), None)
+    runtime = metrics.get("train_runtime")
+    rate = float(tokens) / runtime if tokens is not None and runtime else None
+    return {"tokens": None if tokens is None else int(tokens), "train_runtime_s": runtime, "tokens_per_s": rate}
 
 
 def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
