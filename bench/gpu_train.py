@@ -3,31 +3,41 @@
 Usage:
     python bench/gpu_train.py [--model demo|llama1b|llama7b|PATH] [--steps 10] [--warmup 3]
                               [--micro-batch 4] [--seq-len 2048] [--doc-len 640] [--attn sdpa]
-                              [--no-grad-ckpt] [--peak-tflops X] [--json]
+                              [--no-grad-ckpt] [--precision bf16|autocast] [--lora-r R]
+                              [--peak-tflops X] [--device cuda|cpu] [--json]
 
 On a machine without a CUDA GPU it prints that it has nothing to measure and exits 0 (with
-``--json``: ``{"skipped": reason}``).
+``--json``: ``{"skipped": reason}``), unless ``--device cpu`` asks for the CPU (the tiny shapes of
+bench/gpu_smoke.py's dry run).
 
 Models (``--model``): ``demo`` is SmolLM2-135M-Instruct (the converted demo model,
 :func:`ratune.train.model.ensure_demo_model`); ``llama7b`` is the paper's LLaMA-7B shape (hidden
 4096, 32 layers, 32 heads, MLP 11008, vocabulary 32000; Touvron et al. 2023, Table 2) and
 ``llama1b`` a 1B-class stand-in (the Llama-3.2-1B shape: hidden 2048, 16 layers, 32 query / 8 KV
 heads, MLP 8192, vocabulary 128256, tied embeddings), both randomly initialised on the GPU: no
-weights are downloaded, and throughput does not depend on weight values. A folder path loads
-that model with ``from_pretrained``.
+weights are downloaded, and throughput does not depend on weight values. ``llama1b-tiny`` and
+``llama7b-tiny`` are the same layouts (tied embeddings and 4:1 GQA; untied and multi-head) at toy
+size, for CPU dry runs. A folder path loads that model with ``from_pretrained``.
 
 What a step is: the paper recipe's micro-batch as ratune trains it with ``packing: true`` (TRL bfd
 packing, padding-free): ``--micro-batch`` rows of ``--seq-len`` tokens flattened into one
 sequence whose ``position_ids`` restart every ``--doc-len`` tokens (examples of that length; 640
 is about the mean TorchHub oracle row), so the attention kernel gets per-example boundaries as in
 training; ``--doc-len 0`` gives plain unpacked rows instead. Random token ids, loss on every
-token, bf16 weights, gradient checkpointing on (as the paper configs) unless ``--no-grad-ckpt``,
-AdamW (fused) step each iteration. The first ``--warmup`` steps are not timed; the timed steps
-are synchronised with ``torch.cuda.synchronize``.
+token, gradient checkpointing on (as the paper configs) unless ``--no-grad-ckpt``, AdamW (fused)
+step each iteration. The first ``--warmup`` steps are not timed; the timed steps are synchronised
+with ``torch.cuda.synchronize``. Precision (``--precision``): ``bf16`` (default) trains bf16
+weights with a bf16 AdamW; ``autocast`` keeps float32 weights and optimizer and runs the forward
+and backward under bf16 autocast, as ratune's full finetune without DeepSpeed does (``dtype:
+float32``, ``bf16: true``). ``--lora-r R``: LoRA of rank R (alpha 2R) on every linear layer of a
+frozen bf16 base (dropout 0.05), adapters in float32, under bf16 autocast, as ratune's LoRA configs
+(peft; only the adapters are in the optimizer).
 
 Numbers:
 - ``tokens_per_s_per_gpu`` = tokens per step x timed steps / timed seconds (one process, one GPU).
-- ``mfu`` = :func:`mfu`: 6 x N x tokens/s / peak FLOP/s, with N = :func:`matmul_params` (the
+- ``mfu`` = :func:`mfu`: 6 x N x tokens/s / peak FLOP/s (LoRA: 4 x N, ``flops_per_param``: the
+  frozen base computes no weight gradients, only the forward 2N and the input gradients 2N), with
+  N = :func:`matmul_params` of the base (the
   parameters multiplied per token: all weights except the input embedding; the output head
   counted also when tied to it). 6N per token is the forward (2N) plus backward (4N) matmul cost
   (Kaplan et al. 2020, sec. 2.1); attention-score FLOPs and gradient-checkpointing recomputation
@@ -41,9 +51,9 @@ Numbers:
 With ``--json`` prints one object::
 
     {"model", "params", "matmul_params", "gpu", "peak_tflops", "steps", "warmup", "micro_batch",
-     "seq_len", "doc_len", "attn", "grad_ckpt", "tokens_per_step", "seconds", "tokens_per_s_per_gpu",
-     "mfu", "mfu_with_attention", "step_seconds", "max_memory_gib", "loss_first", "loss_last",
-     "torch", "transformers"}
+     "seq_len", "doc_len", "attn", "grad_ckpt", "precision", "lora_r", "flops_per_param",
+     "tokens_per_step", "seconds", "tokens_per_s_per_gpu", "mfu", "mfu_with_attention",
+     "step_seconds", "max_memory_gib", "loss_first", "loss_last", "torch", "transformers"}
 """
 
 from __future__ import annotations
@@ -81,6 +91,11 @@ SHAPES = {
     # Llama-3.2-1B shape (its config.json): a 1B-class stand-in that trains on any 24 GB+ GPU
     "llama1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                     num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0),
+    # the same two layouts at toy size, for CPU dry runs (bench/gpu_smoke.py --dry-run)
+    "llama7b-tiny": dict(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=512, tie_word_embeddings=False),
+    "llama1b-tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True, rope_theta=500000.0),
 }
 
 
@@ -95,8 +110,9 @@ def peak_tflops_for(device_name: str | None) -> float | None:
 
 
 def mfu(params: float, tokens: float, seconds: float, peak_flops_per_s: float, *, n_gpus: int = 1,
-        extra_flops_per_token: float = 0.0) -> float:
-    """Model FLOPs utilisation: ``(6 x params + extra) x tokens / seconds / (peak x n_gpus)``.
+        extra_flops_per_token: float = 0.0, flops_per_param: float = 6.0) -> float:
+    """Model FLOPs utilisation: ``(6 x params + extra) x tokens / seconds / (peak x n_gpus)``
+    (``flops_per_param`` replaces the 6: 4 for LoRA on a frozen base).
 
     Args:
         params: parameters multiplied per token (see :func:`matmul_params`).
@@ -112,7 +128,7 @@ def mfu(params: float, tokens: float, seconds: float, peak_flops_per_s: float, *
     """
     if seconds <= 0 or peak_flops_per_s <= 0 or n_gpus < 1:
         raise ValueError(f"need seconds > 0, peak > 0, n_gpus >= 1 (got {seconds}, {peak_flops_per_s}, {n_gpus})")
-    return (6.0 * params + extra_flops_per_token) * tokens / seconds / (peak_flops_per_s * n_gpus)
+    return (flops_per_param * params + extra_flops_per_token) * tokens / seconds / (peak_flops_per_s * n_gpus)
 
 
 def attention_flops_per_token(num_layers: int, hidden_size: int, context: int) -> float:
@@ -136,16 +152,23 @@ def matmul_params(model) -> int:
     return total - embed.numel() + (embed.numel() if tied else 0)
 
 
-def build_model(name: str, *, attn: str, device: str):
-    """The model for ``--model`` in bf16 on ``device`` (see the module docstring)."""
+def shape_config(name: str):
+    """The ``LlamaConfig`` of a shape of :data:`SHAPES` (4096 positions)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
+
+
+def build_model(name: str, *, attn: str, device: str, dtype: str = "bfloat16"):
+    """The model for ``--model`` in ``dtype`` (bf16 by default) on ``device`` (see the module docstring)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     if name in SHAPES:
-        config = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
         torch.manual_seed(0)
-        with torch.device(device):  # initialised in place on the GPU, directly in bf16
-            model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
+        with torch.device(device):  # initialised in place on the GPU, directly in its dtype
+            model = LlamaForCausalLM._from_config(shape_config(name), dtype=getattr(torch, dtype),
+                                                  attn_implementation=attn)
         return model, name
     if name == "demo":
         from ratune.train.model import ensure_demo_model
@@ -153,32 +176,46 @@ def build_model(name: str, *, attn: str, device: str):
         path = ensure_demo_model()
     else:
         path = name
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), attn_implementation=attn)
     return model.to(device), str(path)
 
 
 def run(*, model_name: str = "demo", steps: int = 10, warmup: int = 3, micro_batch: int = 4, seq_len: int = 2048,
         doc_len: int = 640, attn: str = "sdpa", grad_ckpt: bool = True, peak_tflops: float | None = None,
-        device: str = "cuda") -> dict:
+        device: str = "cuda", precision: str = "bf16", lora_r: int | None = None) -> dict:
     """Train ``warmup + steps`` steps on random tokens and measure the timed ones; returns the
-    ``--json`` object. ``device="cpu"`` exists for the tests (a tiny model, to check the loop)."""
+    ``--json`` object. ``device="cpu"`` exists for the tests and dry runs (a tiny model, to check
+    the loop). ``precision`` and ``lora_r``: see the module docstring."""
+    import contextlib
+
     import torch
     import transformers
 
+    if precision not in ("bf16", "autocast"):
+        raise ValueError(f"unknown precision {precision!r}: expected bf16 or autocast")
     cuda = device == "cuda"
 
     def sync():
         if cuda:
             torch.cuda.synchronize()
-    model, label = build_model(model_name, attn=attn, device=device)
+    weights = "float32" if precision == "autocast" and lora_r is None else "bfloat16"
+    model, label = build_model(model_name, attn=attn, device=device, dtype=weights)
+    n = matmul_params(model)  # the base's, before any adapter
     model.config.use_cache = False
+    if lora_r is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    autocast = precision == "autocast" or lora_r is not None
+    amp = (lambda: torch.autocast(device_type=device, dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     if grad_ckpt:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=cuda)
     vocab = model.config.vocab_size
     total = micro_batch * seq_len
     gen = torch.Generator(device=device).manual_seed(0)
@@ -194,7 +231,8 @@ def run(*, model_name: str = "demo", steps: int = 10, warmup: int = 3, micro_bat
         ids = torch.randint(0, vocab, shape, device=device, generator=gen)
         sync()
         start = time.perf_counter()
-        out = model(input_ids=ids, labels=ids, position_ids=position_ids, use_cache=False)
+        with amp():
+            out = model(input_ids=ids, labels=ids, position_ids=position_ids, use_cache=False)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -206,18 +244,20 @@ def run(*, model_name: str = "demo", steps: int = 10, warmup: int = 3, micro_bat
     tokens = total * steps
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(name)
-    n = matmul_params(model)
+    factor = 4.0 if lora_r is not None else 6.0
     cfg = model.config
     context = doc_len or seq_len
     attn_extra = attention_flops_per_token(cfg.num_hidden_layers, cfg.hidden_size, context)
     return {
         "model": label, "params": sum(p.numel() for p in model.parameters()), "matmul_params": n, "gpu": name,
         "peak_tflops": peak, "steps": steps, "warmup": warmup, "micro_batch": micro_batch, "seq_len": seq_len,
-        "doc_len": doc_len, "attn": attn, "grad_ckpt": grad_ckpt, "tokens_per_step": total,
+        "doc_len": doc_len, "attn": attn, "grad_ckpt": grad_ckpt, "precision": "autocast" if autocast else "bf16",
+        "lora_r": lora_r,
+        "flops_per_param": factor, "tokens_per_step": total,
         "seconds": round(seconds, 3), "tokens_per_s_per_gpu": round(tokens / seconds, 1),
-        "mfu": round(mfu(n, tokens, seconds, peak * 1e12), 4) if peak else None,
-        "mfu_with_attention": round(mfu(n, tokens, seconds, peak * 1e12, extra_flops_per_token=attn_extra), 4)
-        if peak else None,
+        "mfu": round(mfu(n, tokens, seconds, peak * 1e12, flops_per_param=factor), 4) if peak else None,
+        "mfu_with_attention": round(mfu(n, tokens, seconds, peak * 1e12, extra_flops_per_token=attn_extra,
+                                        flops_per_param=factor), 4) if peak else None,
         "step_seconds": [round(t, 4) for t in times],
         "max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
@@ -249,19 +289,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-len", type=int, default=640, help="example length inside packed rows; 0 = unpacked")
     parser.add_argument("--attn", default="sdpa", help="sdpa | flash_attention_2 | eager | flex_attention")
     parser.add_argument("--no-grad-ckpt", action="store_true")
+    parser.add_argument("--precision", choices=("bf16", "autocast"), default="bf16",
+                        help="bf16 weights and optimizer, or float32 ones under bf16 autocast")
+    parser.add_argument("--lora-r", type=int, default=None, help="LoRA of this rank on a frozen bf16 base")
     parser.add_argument("--peak-tflops", type=float, default=None, help="GPU peak bf16 TFLOP/s (overrides the table)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: tiny shapes, dry runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         reason = "no CUDA GPU on this machine: bench/gpu_train.py measures GPU training throughput; nothing to do"
         print(json.dumps({"skipped": reason}) if args.json else reason)
         return 0
     result = run(model_name=args.model, steps=args.steps, warmup=args.warmup, micro_batch=args.micro_batch,
                  seq_len=args.seq_len, doc_len=args.doc_len, attn=args.attn, grad_ckpt=not args.no_grad_ckpt,
-                 peak_tflops=args.peak_tflops)
+                 peak_tflops=args.peak_tflops, device=args.device, precision=args.precision, lora_r=args.lora_r)
     print(json.dumps(result) if args.json else _table(result))
     return 0
 

@@ -135,15 +135,21 @@ def load_api_database(path: str | os.PathLike) -> list[dict]:
     """Load an API database: one API document (JSON object) per line, in file order.
 
     Raises:
+        RatuneError: the file does not exist.
         InputError: a line that is not a JSON object, or a document missing ``domain`` or
-            ``api_call`` (or with a non-string value there), named by file, line and field.
+            ``api_call`` (or with a non-string value there), named by file, line and field; a
+            database without any document (nothing to retrieve or score against).
     """
+    if not Path(path).is_file():
+        raise RatuneError(f"{path}: no API database there")
     docs = []
     for number, obj in iter_jsonl(path):
         for key in REQUIRED_DOC_FIELDS:
             if not isinstance(obj.get(key), str) or not obj[key].strip():
                 raise InputError(str(path), number, key, "missing or not a non-empty string")
         docs.append(obj)
+    if not docs:
+        raise InputError(str(path), None, None, "no API documents (the file is empty)")
     return docs
 
 
@@ -280,6 +286,9 @@ def load_examples(apibench_dir: str | os.PathLike, hub: str, split: str, *, leni
                 raise
             report.rejects.append((err.path, err.line, err.field, err.reason))
     report.rejects.extend((str(path), line, None, reason) for line, reason in skipped)
+    if not examples:  # an empty split would build, train or evaluate nothing and be marked complete
+        why = "every row was rejected (see the rejects)" if skipped or report.rejects else "the file has no rows"
+        raise InputError(str(path), None, None, f"no {split} examples: {why}")
     return examples
 
 

@@ -22,7 +22,6 @@ percentiles, the over-length counts, the settings and the input files' sha256.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -31,6 +30,7 @@ from ratune.data.apibench import (Example, api_database_path, check_hub, example
                                   load_examples)
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, render_user_turn,
                                 require_chat_template, shorten_document, template_name)
+from ratune.config import Count, MaxLength, check_fields
 from ratune.errors import RatuneError
 
 #: Train-time retrieval modes (Gorilla trains with none or oracle; the retrieved ones are ours):
@@ -66,12 +66,15 @@ class BuildSettings:
             the manifest's retriever metadata).
     """
 
-    max_length: int = 2048
-    max_document_tokens: int | None = None
-    top_k: int = 1
+    max_length: MaxLength = 2048
+    max_document_tokens: Count | None = None
+    top_k: Count = 1
     force_gold: bool = False
     dense_model: str | None = None
     bm25_backend: str = "rank_bm25"
+
+    def __post_init__(self):
+        check_fields(self)  # the bounds of the annotations, before any work starts
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
@@ -131,6 +134,19 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
     return rows, {"rows": len(rows), "shortened": shortened_n, "dropped": len(dropped), "dropped_lines": dropped}
 
 
+def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings) -> None:
+    """Refuse a split and mode whose every row the over-length policy dropped (an empty dataset
+    would be saved and marked complete, and training or eval would find nothing).
+
+    Raises:
+        RatuneError: naming the split, the mode, the counts and the setting to raise.
+    """
+    if counts["rows"] == 0:
+        raise RatuneError(f"{split} split, mode {mode}: all {counts['dropped']} rows are longer than --max-length "
+                          f"{settings.max_length} tokens even with their documents shortened (over-length policy); "
+                          "raise --max-length (or lower --max-document-tokens)")
+
+
 def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibench_dir, top_k: int,
                       retriever_cache: dict, dense_model: str | None = None,
                       bm25_backend: str = "rank_bm25") -> list[list[dict]]:
@@ -180,6 +196,8 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         apibench_dir: the APIBench folder.
         hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
+            Built in a temporary sibling (:func:`ratune.manifest.replacing_folder`) and swapped in
+            when complete, so a failed or interrupted rebuild leaves the previous build as it was.
         tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
             template training will use (:func:`ratune.train.model.load_tokenizer`); its registry
             name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
@@ -199,15 +217,12 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     Raises:
         InputError: on a bad input row (file:line field), unless lenient.
         RatuneError: a tokenizer without a chat template, unknown mode, two mixtures with one
-            name, or an existing output folder without ``overwrite``.
+            name, an existing output folder without ``overwrite``, or one that is not a ratune
+            data build (:func:`ratune.manifest.require_owned`; never deleted, with or without
+            ``overwrite``).
+        LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
-    from datasets import Dataset, DatasetDict
-    from tqdm.auto import tqdm
-
-    from ratune.data.apibench import ParseReport, load_api_database
-    from ratune.data.validate import validate_splits
-    from ratune.io import write_json
-    from ratune.manifest import base_manifest, mark_complete
+    from ratune.manifest import replacing_folder, require_owned
 
     check_hub(hub)
     require_chat_template(tokenizer, source=tokenizer_name, hint="give --chat-template (and the same chat_template "
@@ -222,13 +237,31 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         from ratune.retrieval.retrievers import require_finetuned_retriever
 
         require_finetuned_retriever(settings.dense_model, hub, "the dense_ft mode")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise RatuneError(f"{out}: output folder exists and is not empty (pass --overwrite to rebuild it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir)
+    require_owned(final, "data build", action="overwrite")  # a user's folder: refused, --overwrite or not
+    if final.is_dir() and any(final.iterdir()) and not overwrite:
+        raise RatuneError(f"{final}: output folder exists and is not empty (pass --overwrite to rebuild it)")
+    # built in a temporary sibling, swapped in at the end: a failed rebuild keeps the previous build
+    with replacing_folder(final, "data build") as out:
+        return _build_into(out, apibench_dir=apibench_dir, hub=hub, tokenizer=tokenizer,
+                           tokenizer_name=tokenizer_name, modes=modes, settings=settings, lenient=lenient,
+                           progress=progress, leakage=leakage, mixtures=mixtures, utility_keep=utility_keep,
+                           utility_meta=utility_meta)
 
+
+def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name: str, modes: Sequence[str],
+                settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
+                utility_keep: dict | None, utility_meta: dict | None) -> dict:
+    """The build of :func:`build_dataset` (its arguments were checked), written into ``out``."""
+    from datasets import Dataset, DatasetDict
+    from tqdm.auto import tqdm
+
+    from ratune.data.apibench import ParseReport, load_api_database
+    from ratune.data.validate import validate_splits
+    from ratune.io import write_json
+    from ratune.manifest import base_manifest, mark_complete
+
+    mixture_modes = [m.mode for m in mixtures]
     report = ParseReport()
     splits = {}
     for split in ("train", "eval"):
@@ -258,6 +291,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
             if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
                 docs, forced = force_gold_documents(examples, docs)
             rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings)
+            require_rows(c, split=split, mode=mode, settings=settings)
             if settings.force_gold and mode in RETRIEVED_MODES:
                 c["forced_gold"] = forced
             counts.setdefault(split, {})[mode] = c
@@ -285,6 +319,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
                 record["utility_filter"] = {**(utility_meta or {}), **filtered}
             rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
                                  components=drawn)
+            require_rows(c, split=split, mode=mixture.mode, settings=settings)
             counts.setdefault(split, {})[mixture.mode] = c
             lengths.setdefault(split, {})[mixture.mode] = _percentiles(
                 [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])

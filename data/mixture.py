@@ -32,11 +32,13 @@ config selects as ``train_retriever: mix-NAME``.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ratune.config import Count, Seed, check_fields
 from ratune.errors import RatuneError
 
 #: The components a mixture draws from, in the order draws use (new ones are appended, so a
@@ -69,8 +71,8 @@ class Mixture:
     name: str
     weights: dict = field(default_factory=dict)
     top1_retriever: str = "bm25"
-    distractors: int = 3
-    seed: int = 0
+    distractors: Count = 3
+    seed: Seed = 0
 
     def __post_init__(self):
         if not _NAME.match(self.name):
@@ -79,16 +81,15 @@ class Mixture:
         if unknown:
             raise RatuneError(f"mixture {self.name}: unknown component(s) {', '.join(unknown)}; "
                               f"expected {', '.join(MIXTURE_COMPONENTS)}")
-        if any(w < 0 for w in self.weights.values()):
-            raise RatuneError(f"mixture {self.name}: negative probability in {self.weights}")
+        if any(not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0 for w in self.weights.values()):
+            raise RatuneError(f"mixture {self.name}: probabilities must be finite numbers >= 0, got {self.weights}")
         total = sum(self.weights.values())
         if abs(total - 1.0) > 1e-6:
             raise RatuneError(f"mixture {self.name}: probabilities sum to {total:g}, not 1")
         if self.top1_retriever not in TOP1_RETRIEVERS:
             raise RatuneError(f"mixture {self.name}: top1 retriever {self.top1_retriever!r} is not one of "
                               f"{', '.join(TOP1_RETRIEVERS)}")
-        if self.distractors < 1:
-            raise RatuneError(f"mixture {self.name}: distractors must be >= 1, got {self.distractors}")
+        check_fields(self, f"mixture {self.name}")  # distractors >= 1, seed in numpy's range
 
     @property
     def mode(self) -> str:

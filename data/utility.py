@@ -167,10 +167,9 @@ def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
         ax.set_title(f"{mode}: mean {summary[mode]['mean']:.2f}, >0 {100 * summary[mode]['share_positive']:.0f} %")
         ax.set_xlabel("utility (nats per answer token)")
     fig.tight_layout()
-    tmp = out / "utility.tmp.png"
-    fig.savefig(tmp, dpi=100, metadata={"Software": None})
+    with atomic_write(out / "utility.png", "wb") as fh:  # a unique temporary name, not a fixed one
+        fig.savefig(fh, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
-    tmp.replace(out / "utility.png")
     mark_complete(out)
     return summary
 

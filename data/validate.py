@@ -382,11 +382,20 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
         dedupe_train: remove duplicate training examples (True) or only report them.
         leakage: one of :data:`LEAKAGE_POLICIES`.
         near_threshold: see :func:`find_leakage`.
+    A ``train`` split without an ``eval`` one is refused unless ``leakage`` is ``allow`` (the
+    check is never skipped silently); with ``allow`` the report's policy says it was not checked.
+
     Raises:
-        RatuneError: unknown policy, or leakage under policy ``error``.
+        RatuneError: unknown policy, leakage under policy ``error``, or a train split without an
+            eval split to check it against (policies ``error`` and ``drop``).
     """
     if leakage not in LEAKAGE_POLICIES:
         raise RatuneError(f"unknown leakage policy {leakage!r}: expected one of {', '.join(LEAKAGE_POLICIES)}")
+    if "train" in splits and "eval" not in splits:
+        if leakage != "allow":
+            raise RatuneError(f"{eval_path or 'the eval split'}: missing, and the training data's leakage check "
+                              "needs the eval questions; restore the eval file, or pass --leakage allow to build "
+                              "without the check (recorded in the manifest)")
     out = dict(splits)
     report = ValidationReport(near_threshold=near_threshold)
     if "train" in out:
@@ -402,6 +411,8 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
         else:
             report.leak_pairs = check_leakage(out["train"], out["eval"], train_path=train_path, eval_path=eval_path,
                                               allow=leakage == "allow", near_threshold=near_threshold)
+    elif "train" in out:
+        report.leakage_policy = "allow (not checked: no eval split)"
     if api_database is not None:
         report.domain_conflicts = conflicting_domains(api_database)
     return out, report

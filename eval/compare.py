@@ -156,21 +156,34 @@ def format_compare(result: dict) -> str:
     return "\n".join(lines)
 
 
+#: Most bootstrap resamples ``--resamples`` accepts (its replicates are held in memory: 80 MB).
+MAX_RESAMPLES = 10_000_000
+
+
 def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune compare`` to ``parser`` (see :func:`cli_compare`)."""
+    from typing import Annotated
+
+    from pydantic import Field
+
+    from ratune.args import bounded, input_dir, input_path
+    from ratune.config import Seed
     from ratune.data.apibench import HUBS
 
-    parser.add_argument("responses_a", metavar="RESPONSES_A",
+    resamples = Annotated[int, Field(ge=1, le=MAX_RESAMPLES)]
+
+    parser.add_argument("responses_a", metavar="RESPONSES_A", type=input_path,
                         help="response JSONL file, or an eval cell folder holding responses.jsonl")
-    parser.add_argument("responses_b", metavar="RESPONSES_B", help="the same for B (same questions)")
+    parser.add_argument("responses_b", metavar="RESPONSES_B", type=input_path,
+                        help="the same for B (same questions)")
     parser.add_argument("--hub", required=True, choices=HUBS, help="the APIBench hub")
-    parser.add_argument("--apibench", default=None,
+    parser.add_argument("--apibench", default=None, type=input_dir,
                         help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
     parser.add_argument("--metric", choices=COMPARE_METRICS, default="gorilla",
                         help="which outcome counts as correct (default gorilla)")
-    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
-                        help=f"paired bootstrap resamples (default {DEFAULT_RESAMPLES})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+    parser.add_argument("--resamples", type=bounded(resamples, "resamples"), default=DEFAULT_RESAMPLES,
+                        help=f"paired bootstrap resamples, 1 to {MAX_RESAMPLES} (default {DEFAULT_RESAMPLES})")
+    parser.add_argument("--seed", type=bounded(Seed), default=DEFAULT_SEED,
                         help=f"paired bootstrap seed (default {DEFAULT_SEED})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-hub-check", dest="no_hub_check", action="store_true",

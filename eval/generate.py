@@ -2,7 +2,11 @@
 
 Prompts are sorted by length (longest first) and batched with **left** padding, so every
 sequence's last prompt token sits at the end of the batch and answers do not depend on batch
-composition; decoding is greedy and stops at EOS.
+composition; decoding is greedy and stops at the tokenizer's EOS (:func:`stop_token_ids`, the
+stop ids of the vLLM backend too). Both backends follow one length policy
+(:func:`generation_limits`): prompt plus answer never exceed the model's positions
+(``max_position_embeddings``), so a prompt near them gets fewer than ``max_new_tokens`` new tokens,
+and one that fills them is an error.
 
 With ``prefill="each"`` every prompt but its last token is first run through the model alone,
 without padding, and the key/value caches are then left-padded into one batch cache from which
@@ -56,6 +60,71 @@ def finish_answer(text: str, *, stop_after_api_call: bool) -> str:
     return text.strip()
 
 
+def stop_token_ids(tokenizer) -> list[int]:
+    """The token ids that end an answer, the same for every backend (HF ``generate`` in
+    :func:`generate_batches`, vLLM in :mod:`ratune.eval.vllm_backend`): the tokenizer's EOS alone,
+    the token training appends to every answer (:func:`ratune.train.labels.tokenize_row`).
+
+    Other end-of-sequence ids a model folder's ``generation_config.json`` may list (LLaMA-3
+    Instruct lists three) are not stop ids here: HF is given this list explicitly (which
+    overrides the folder's generation config) and vLLM is told to stop at exactly this list, so
+    neither backend stops where the other goes on.
+
+    Raises:
+        RatuneError: the tokenizer has no EOS token.
+    """
+    from ratune.errors import RatuneError
+
+    if tokenizer.eos_token_id is None:
+        raise RatuneError("the tokenizer has no EOS token: answers would never end (set eos_token in its "
+                          "tokenizer_config.json)")
+    return [int(tokenizer.eos_token_id)]
+
+
+def max_positions_of(config) -> int | None:
+    """The longest sequence, prompt plus answer, a model config allows: ``max_position_embeddings``
+    of its text config (2048 for LLaMA-1); None when the config names none."""
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def generation_limits(prompt_lengths: Sequence[int], *, max_new_tokens: int, max_positions: int | None,
+                      names: Sequence[str] | None = None) -> list[int]:
+    """The new tokens each prompt may get: the length policy both backends follow.
+
+    A sequence never runs past the model's positions: a prompt of ``n`` tokens gets
+    ``min(max_new_tokens, max_positions - n)`` new tokens (its answer is cut there, as vLLM cuts at
+    its ``max_model_len``; HF ``generate`` would go on past the trained positions). Without a
+    known ``max_positions`` every prompt gets ``max_new_tokens``.
+
+    Args:
+        prompt_lengths: token count of each prompt.
+        max_new_tokens: the generation limit.
+        max_positions: :func:`max_positions_of` the model's config, or None.
+        names: how errors name each prompt (default ``prompt {index}``).
+    Returns:
+        One limit per prompt, each at least 1.
+    Raises:
+        RatuneError: a prompt of ``max_positions`` tokens or more (no room for one new token),
+            naming it, its length and the limit.
+    """
+    from ratune.errors import RatuneError
+
+    limits = []
+    for i, n in enumerate(prompt_lengths):
+        room = max_new_tokens if max_positions is None else min(max_new_tokens, max_positions - n)
+        if room < 1:
+            name = names[i] if names is not None else f"prompt {i}"
+            raise RatuneError(f"{name}: the prompt has {n} tokens, and the model has {max_positions} positions "
+                              "(max_position_embeddings): no room for an answer; shorten the documents "
+                              "(--max-document-tokens)")
+        limits.append(room)
+    return limits
+
+
 def decode_answer(tokenizer, new_token_ids, *, stop_after_api_call: bool) -> str:
     """Decode a sequence's generated ids (after the prompt; EOS and padding are special tokens
     and skipped) and apply :func:`finish_answer`."""
@@ -75,6 +144,20 @@ class FieldsCompleteCriteria:
 
         texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
         return torch.tensor([needed_fields_end(t) is not None for t in texts], device=input_ids.device)
+
+
+class RowLimitCriteria:
+    """A transformers stopping criterion: row ``i`` is done once it has ``limits[i]`` tokens after
+    ``prompt_width`` (the per-prompt limits of :func:`generation_limits` within one batch)."""
+
+    def __init__(self, limits: Sequence[int], prompt_width: int):
+        self.limits, self.prompt_width = list(limits), prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        generated = input_ids.shape[1] - self.prompt_width
+        return torch.tensor([generated >= n for n in self.limits], device=input_ids.device)
 
 
 #: How a batch's prompts are processed before decoding (see the module docstring).
@@ -151,8 +234,8 @@ def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens
 
 
 def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int = 8,
-                     max_new_tokens: int = 256, stop_after_api_call: bool = False, prefill: str = "auto"
-                     ) -> Iterator[list[tuple[int, str]]]:
+                     max_new_tokens: int = 256, stop_after_api_call: bool = False, prefill: str = "auto",
+                     max_positions: int | None = None) -> Iterator[list[tuple[int, str]]]:
     """Generate answers, yielding each finished batch as ``[(prompt index, text), ...]``.
 
     Args:
@@ -160,16 +243,22 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         tokenizer: its tokenizer (pad token set; padding side is forced to left here).
         prompts: token ids per prompt (from :func:`ratune.data.prompt.encode_prompt`).
         batch_size: prompts per ``generate`` call.
-        max_new_tokens: the generation limit per answer.
+        max_new_tokens: the generation limit per answer; a prompt near the model's positions gets
+            fewer (:func:`generation_limits`).
         stop_after_api_call: stop once the api_provider line is complete; cut the text there.
         prefill: ``"each"`` (every prompt alone, then the batch decodes together), ``"padded"``
             (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring.
             Batches of one prompt and models without a plain full-attention cache use
             ``generate`` directly either way.
+        max_positions: the model's positions (prompt + answer); None: :func:`max_positions_of`
+            ``model.config``.
     Yields:
-        Lists of ``(index into prompts, generated text without special tokens)``.
+        Lists of ``(index into prompts, generated text without special tokens)``. Decoding stops
+        at :func:`stop_token_ids`.
     Raises:
         ValueError: an unknown ``prefill``.
+        RatuneError: a prompt that leaves no room for an answer (:func:`generation_limits`), before
+            anything is generated; a tokenizer without EOS (:func:`stop_token_ids`).
     """
     import torch
 
@@ -178,8 +267,11 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
     prefill_alone = prefill == "each" and batch_size > 1 and _plain_cache(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))
-    kwargs = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                  eos_token_id=tokenizer.eos_token_id)
+    if max_positions is None:
+        max_positions = max_positions_of(getattr(model, "config", None))
+    limits = generation_limits([len(p) for p in prompts], max_new_tokens=max_new_tokens, max_positions=max_positions)
+    # a list of stop ids overrides every EOS id of the model folder's generation config
+    kwargs = dict(do_sample=False, pad_token_id=pad_id, eos_token_id=stop_token_ids(tokenizer))
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         width = max(len(prompts[i]) for i in idx)
@@ -189,16 +281,21 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
             ids = prompts[i]
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids):] = 1
-        extra = {}
+        extra, criteria = {}, []
+        batch_new = max(limits[i] for i in idx)  # rows with a lower limit stop at it (RowLimitCriteria)
         if stop_after_api_call:
+            criteria.append(FieldsCompleteCriteria(tokenizer, width))
+        if any(limits[i] < batch_new for i in idx):
+            criteria.append(RowLimitCriteria([limits[i] for i in idx], width))
+        if criteria:
             from transformers import StoppingCriteriaList
 
-            extra["stopping_criteria"] = StoppingCriteriaList([FieldsCompleteCriteria(tokenizer, width)])
+            extra["stopping_criteria"] = StoppingCriteriaList(criteria)
         with torch.inference_mode():
             if prefill_alone and len(idx) > 1 and width > 1:
-                extra["cache"] = prefill_each(model, [prompts[i] for i in idx], width, max_new_tokens)
+                extra["cache"] = prefill_each(model, [prompts[i] for i in idx], width, batch_new)
             out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-                                 **kwargs, **extra)
+                                 max_new_tokens=batch_new, **kwargs, **extra)
         batch = []
         for row, i in enumerate(idx):
             batch.append((i, decode_answer(tokenizer, out[row, width:].tolist(),

@@ -69,6 +69,28 @@ def _block(fractions: dict, counts: dict | None, n: int) -> dict:
     return out
 
 
+#: Keys every eval cell's metrics.json has (what :func:`make_cell` reads).
+METRICS_KEYS = ("n", "accuracy", "hallucination", "error")
+
+
+def read_metrics(path: str | Path) -> dict:
+    """An eval cell's ``metrics.json``, checked to be a JSON object with :data:`METRICS_KEYS`.
+
+    Raises:
+        InputError: naming the file (and the missing key): not JSON (a torn write), not an object,
+            or not a metrics file.
+    """
+    from ratune.errors import InputError
+    from ratune.io import read_json_object
+
+    metrics = read_json_object(path)
+    for key in METRICS_KEYS:
+        if key not in metrics:
+            raise InputError(str(path), None, key, "missing: not an eval cell's metrics (delete the cell's folder "
+                             "to evaluate it again)")
+    return metrics
+
+
 def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
     """A table cell from a metrics.json object of :mod:`ratune.eval.run`.
 
@@ -183,6 +205,12 @@ def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
     return rows, cols
 
 
+def has_result(cell: dict | None) -> bool:
+    """Whether a table cell holds a result: it exists and scored at least one question (a cell
+    of n = 0 has no rate; it shows as missing, never as 0.0)."""
+    return bool(cell) and int(cell.get("n", 0)) > 0
+
+
 def format_rate(value: float, ci: Sequence[float] | None = None) -> str:
     """``73.3 [61-83]``: a fraction in percent (one decimal) with its interval in whole percent."""
     text = f"{100 * value:.1f}"
@@ -204,7 +232,7 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
             line = [r]
             for s in cols:
                 c = index.get((r, s))
-                m = pick(c) if c else None
+                m = pick(c) if has_result(c) else None
                 if m and "accuracy" in m:
                     text = accuracy_text(c, m)
                     if "hallucination" in m:
@@ -221,12 +249,13 @@ def table2_markdown(table: dict) -> str:
     """Markdown: one table for the gorilla metric and one for the strict metric.
 
     Each cell reads ``73.3 [61-83] (h 10.0)``: accuracy % with its 95 % Wilson score interval
-    in whole percent, then hallucination %; a cell that did not run is "-".
+    in whole percent, then hallucination %; a cell that did not run, or ran on no question
+    (n = 0), is "-".
     """
     cells = [_complete(c) for c in table["cells"]]
     if any("n_seeds" in c for c in cells):
         return _replicates_markdown(table, cells)
-    n = sorted({c["n"] for c in cells})
+    n = sorted({c["n"] for c in cells if has_result(c)})
     out = [f"# Table 2: {table['hub']}, {table['model']}", "",
            f"Accuracy % [95 % interval] (h hallucination %) by train-time retrieval (rows) and test-time "
            f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
@@ -289,8 +318,9 @@ def table2_csv(table: dict) -> str:
                        if replicate else []))
     for c in table["cells"]:
         c = _complete(c)
+        empty = not has_result(c)  # n = 0: no rates (blank), never 0.0
         row = [table["hub"], table["model"], c["train_retriever"], c["test_retriever"], c["n"],
-               *_csv_values(c), *_csv_values(c.get("strict") or {})]
+               *_csv_values({} if empty else c), *_csv_values({} if empty else c.get("strict") or {})]
         if replicate:
             row += [c.get("n_seeds", 1), " ".join(map(str, c.get("seeds", []))),
                     *_csv_spread(c), *_csv_spread(c.get("strict") or {})]
@@ -325,7 +355,7 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
         for i, r in enumerate(rows):
             for j, s in enumerate(cols):
                 c = index.get((r, s))
-                m = pick(c) if c else None
+                m = pick(c) if has_result(c) else None
                 if m:
                     grid[i, j] = 100 * m["accuracy"]
         ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=100, cmap="viridis")
@@ -341,10 +371,11 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
         ax.set_title(title)
     fig.suptitle(f"Table 2 - {table['hub']} - {table['model']}")
     fig.tight_layout()
-    tmp = Path(path).with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    from ratune.io import atomic_write
+
+    with atomic_write(path, "wb") as fh:  # a unique temporary name, never a fixed one beside the user's files
+        fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path,

@@ -11,9 +11,25 @@ Output folder (one per checkpoint)::
                                 included); a rerun with different ones is refused instead of
                                 mixing answers
     {setting}/.complete         written last
+    .ratune-output              the folder is a ratune eval output (ratune.manifest.output_stage):
+                                a non-empty folder without it is refused, never written into
+    manifest.json               versions, git commit, checkpoint, input hashes, generation
+                                settings, and the sha256 of each finished cell's metrics.json
 
 Placement: on a machine where torch sees a CUDA GPU the model generates there in bfloat16, else
 on the CPU in float32 (``--device``, ``--dtype`` override; :func:`resolve_placement`).
+
+Checkpoints (:func:`resolve_checkpoint`): a run folder's ``model/``, a model folder, or a run that
+saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``): that adapter is merged into the
+UNQUANTIZED base its run manifest names, in the eval dtype
+(:func:`ratune.train.model.load_adapter_merged`), so eval measures the model ``ratune export
+--merge-lora`` writes, on any machine (no bitsandbytes or CUDA needed). It is not the 4-bit base
+the adapter was trained on; the train-time save check measured the adapter on that one.
+
+Length: prompt plus answer stay within the model's positions for both backends
+(:func:`ratune.eval.generate.generation_limits`); the questions that got fewer than
+``max_new_tokens`` new tokens are listed in ``metrics.json`` (``generation_limit.capped``), and a
+prompt that fills the positions alone is an error before the model is loaded.
 
 The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
 training-set builder uses, with the document budget and the chat template the checkpoint was
@@ -28,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ratune.config import Count, Threads, check_fields
 from ratune.errors import RatuneError
 
 #: Test-time settings, in Table 2 column order (Gorilla, Table 2; ``dense`` is ours).
@@ -86,12 +103,12 @@ class EvalSettings:
     """
 
     settings: Sequence[str] = SETTINGS
-    n_questions: int | None = None
-    batch_size: int = 8
-    max_new_tokens: int = 256
+    n_questions: Count | None = None
+    batch_size: Count = 8
+    max_new_tokens: Count = 256
     stop_after_api_call: bool = False
-    max_document_tokens: int | None = None
-    torch_threads: int | None = None
+    max_document_tokens: Count | None = None
+    torch_threads: Threads | None = None
     backend: str = "hf"
     trust_remote_code: bool = False
     dense_model: str | None = None
@@ -100,6 +117,9 @@ class EvalSettings:
     device: str = "auto"
     dtype: str = "auto"
     retriever_cache: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_fields(self)  # the bounds of ratune.config (Count, Threads), before any work starts
 
 
 def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
@@ -150,26 +170,96 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name()
 
 
-def model_folder(checkpoint: str | os.PathLike) -> Path:
-    """The model folder of a checkpoint: a ``ratune train`` run folder (its ``model/``) or a
-    folder with config.json itself.
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint loads as (:func:`resolve_checkpoint`).
+
+    Attributes:
+        folder: the folder holding the weights and the tokenizer: a model folder (config.json),
+            or, for a run that saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``), the
+            run's ``adapter/``.
+        base: None for a model folder; for an adapter, the base model it was trained on (the run
+            manifest's ``model_path``: a local folder, resolved, or a hub id).
+        base_in_4bit: the adapter was trained on the base loaded in 4-bit NF4 (the run config's
+            ``load_in_4bit``). It is loaded on the unquantized base all the same
+            (:func:`ratune.train.model.load_adapter_merged`).
+    """
+
+    folder: Path
+    base: str | None = None
+    base_in_4bit: bool = False
+
+
+def adapter_base(manifest: dict, source: str | os.PathLike, *, hint: str = "") -> str:
+    """The base model of a run's adapter: the run manifest's ``model_path``, resolved when it is a
+    local folder, kept as it is when it is a hub id that is not a local folder.
 
     Raises:
-        RatuneError: when neither holds a config.json.
+        RatuneError: the manifest records no ``model_path``, or it is neither a model folder
+            (config.json) nor spelled like a hub id (a base folder that is gone); ``hint`` ends
+            the message.
     """
+    from ratune.train.model import is_hub_id
+
+    recorded = manifest.get("model_path")
+    if not isinstance(recorded, str) or not recorded:
+        raise RatuneError(f"{source}: records no model_path (the base model the adapter was trained on){hint}")
+    path = Path(recorded)
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    if not path.exists() and not path.is_absolute() and is_hub_id(recorded):
+        return recorded  # from_pretrained resolves it (hub cache, or the hub where reachable)
+    raise RatuneError(f"{recorded}: the base model folder recorded in {source} is gone (no config.json); the "
+                      f"adapter loads only on it{hint}")
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike) -> Checkpoint:
+    """What ``checkpoint`` loads as: a ``ratune train`` run folder's ``model/``, a folder with
+    config.json itself, or a complete run folder with ``adapter/`` and no ``model/`` (what a QLoRA
+    run leaves, ``train/sft.py``): its adapter on the base its ``manifest.json`` names.
+
+    Raises:
+        RatuneError: none of these; an adapter-only run that is not complete (no .complete
+            marker) or whose base is gone (:func:`adapter_base`).
+    """
+    from ratune.io import read_json_object
+    from ratune.manifest import is_complete
+
     path = Path(checkpoint)
     if (path / "model" / "config.json").exists():
-        return path / "model"
+        return Checkpoint(path / "model")
     if (path / "config.json").exists():
-        return path
-    raise RatuneError(f"{path}: not a checkpoint (no config.json, and no model/config.json of a ratune run)")
+        return Checkpoint(path)
+    if (path / "adapter" / "adapter_config.json").exists():
+        if not is_complete(path) or not (path / "manifest.json").is_file():
+            raise RatuneError(f"{path}: training run is not complete (no .complete marker; adapter/ but no model/): "
+                              "finish or resume it first")
+        manifest = read_json_object(path / "manifest.json")
+        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+        return Checkpoint(path / "adapter", base=adapter_base(manifest, path / "manifest.json"),
+                          base_in_4bit=config.get("load_in_4bit") is True)
+    raise RatuneError(f"{path}: not a checkpoint (no config.json, no model/config.json of a ratune run, and no "
+                      "adapter/adapter_config.json of a QLoRA run)")
+
+
+def model_folder(checkpoint: str | os.PathLike) -> Path:
+    """The folder of a checkpoint's weights and tokenizer: :attr:`Checkpoint.folder` of
+    :func:`resolve_checkpoint` (a run's ``model/``, a model folder, or a QLoRA run's ``adapter/``).
+
+    Raises:
+        RatuneError: see :func:`resolve_checkpoint`.
+    """
+    return resolve_checkpoint(checkpoint).folder
 
 
 def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
     """The max_document_tokens the checkpoint's training data was built with, if recorded."""
+    from ratune.io import read_json_object
+
     manifest = Path(checkpoint) / "manifest.json"
     if manifest.exists():
-        return json.loads(manifest.read_text()).get("prompt", {}).get("max_document_tokens")
+        prompt = read_json_object(manifest).get("prompt") or {}  # a torn manifest: InputError naming it
+        return prompt.get("max_document_tokens") if isinstance(prompt, dict) else None
     return None
 
 
@@ -177,15 +267,29 @@ def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
     """The chat template name the checkpoint was trained with, from its run manifest (a run
     folder's ``manifest.json`` or a model folder's ``ratune_manifest.json``): ``prompt.chat_template``,
     else the training config's ``chat_template``; None when not recorded (the tokenizer's own)."""
+    from ratune.io import read_json_object
+
     path = Path(checkpoint)
     for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
         if manifest.exists():
-            data = json.loads(manifest.read_text())
-            prompt = data.get("prompt") or {}
+            data = read_json_object(manifest)  # a torn manifest: InputError naming it
+            prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
             if "chat_template" in prompt:
                 return prompt["chat_template"]
-            return (data.get("config") or {}).get("chat_template")
+            config = data.get("config") if isinstance(data.get("config"), dict) else {}
+            return config.get("chat_template")
     return None
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    """A nested identity as ``{"generation.max_new_tokens": 80, ...}`` (dotted keys name the setting)."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _check_cell_identity(cell: Path, identity: dict) -> None:
@@ -199,10 +303,12 @@ def _check_cell_identity(cell: Path, identity: dict) -> None:
 
     path = cell / "identity.json"
     if path.exists():
-        previous, identity = _with_placement(read_json(path)), _with_placement(identity)
+        previous, identity = _flat(_with_placement(read_json(path))), _flat(_with_placement(identity))
         changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
         if changed:
-            raise RatuneError(f"{cell}: this eval cell was made with different {', '.join(changed)}; "
+            diffs = "; ".join(f"{k}: {previous.get(k, '(unset)')!r} then, {identity.get(k, '(unset)')!r} now"
+                              for k in changed)
+            raise RatuneError(f"{cell}: this eval cell was made with different settings ({diffs}); "
                               "choose another --out folder (or delete the cell to redo it)")
         return
     cell.mkdir(parents=True, exist_ok=True)
@@ -220,26 +326,54 @@ def _read_done(path: Path) -> dict[int, dict]:
     if len(keep) != len(data):
         with open(path, "wb") as fh:
             fh.write(keep)
-    for line in keep.decode("utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            done[row["question_id"]] = row
+    from ratune.errors import InputError
+    from ratune.io import iter_jsonl
+
+    for number, row in iter_jsonl(path):  # a corrupt line: InputError naming file and line
+        qid = row.get("question_id")
+        if isinstance(qid, bool) or not isinstance(qid, int):
+            raise InputError(str(path), number, "question_id", f"expected an integer, got {qid!r} (delete the cell's "
+                             "folder to evaluate it again)")
+        done[qid] = row
     return done
 
 
 def _batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
-             stop_after_api_call: bool):
+             stop_after_api_call: bool, max_positions: int | None):
     """Batches of ``(prompt index, answer)`` from the chosen backend (same arguments, same answers)."""
     if backend == "vllm":
         from ratune.eval.vllm_backend import vllm_generate_batches
 
         # vLLM schedules its own batches; chunks of 32 x batch_size bound what a killed run loses
         return vllm_generate_batches(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                     stop_after_api_call=stop_after_api_call, chunk_size=32 * batch_size)
+                                     max_positions=max_positions, stop_after_api_call=stop_after_api_call,
+                                     chunk_size=32 * batch_size)
     from ratune.eval.generate import generate_batches
 
     return generate_batches(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            stop_after_api_call=stop_after_api_call)
+                            stop_after_api_call=stop_after_api_call, max_positions=max_positions)
+
+
+def checkpoint_max_positions(source: Checkpoint, *, trust_remote_code: bool = False) -> int | None:
+    """:func:`ratune.eval.generate.max_positions_of` the checkpoint's config (an adapter's: its
+    base's), the length limit both backends generate within.
+
+    Raises:
+        RatuneError: the config file is missing or unreadable.
+        ValueError: transformers' refusal of a config that needs the checkpoint's own code
+            without ``trust_remote_code``.
+    """
+    from transformers import AutoConfig
+
+    from ratune.eval.generate import max_positions_of
+
+    where = source.base or source.folder
+    try:  # a config that needs its own code raises transformers' ValueError, as load_model does
+        config = AutoConfig.from_pretrained(str(where), trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise RatuneError(f"{where}: cannot read the model config ({type(exc).__name__}: {first})") from None
+    return max_positions_of(config)
 
 
 def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, settings: EvalSettings):
@@ -287,13 +421,29 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
-    """Generate and score one checkpoint under each test setting.
+    """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
+    (:func:`ratune.locks.output_lock`) throughout.
 
     Returns:
         ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
     Raises:
-        RatuneError: unknown setting, bad checkpoint.
+        RatuneError: unknown setting, bad checkpoint, an ``out_dir`` that exists, is not empty and
+            is not a ratune eval output (:func:`ratune.manifest.require_owned`).
+        LockHeld: another process is writing ``out_dir``.
     """
+    from ratune.locks import output_lock
+    from ratune.manifest import require_owned
+
+    require_owned(out_dir, "eval run", action="write into")  # before the lock: a quick refusal
+    with output_lock(out_dir, command="eval run"):
+        require_owned(out_dir, "eval run", action="write into")
+        return _evaluate_checkpoint(checkpoint, hub=hub, apibench_dir=apibench_dir, out_dir=out_dir,
+                                    settings=settings, model_name=model_name, progress=progress)
+
+
+def _evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
+                         settings: EvalSettings, model_name: str | None, progress: bool) -> dict:
+    """The body of :func:`evaluate_checkpoint`, run under ``out_dir``'s lock."""
     from tqdm.auto import tqdm
 
     from ratune.data.apibench import load_examples
@@ -302,7 +452,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     from ratune.eval.scoring import Scorer
     from ratune.eval.stats import rate_intervals
     from ratune.io import write_json
-    from ratune.manifest import is_complete, mark_complete, package_versions
+    from ratune.manifest import OWNER_MARKER, claim_folder, is_complete, mark_complete, package_versions
     from ratune.retrieval.retrievers import Query
     from ratune.train.model import load_model, load_tokenizer, set_torch_threads
 
@@ -324,7 +474,17 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         require_vllm()  # before any question is loaded or cell written
     device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
     set_torch_threads(settings.torch_threads)
-    folder = model_folder(checkpoint)
+    source = resolve_checkpoint(checkpoint)
+    folder = source.folder
+    if source.base is not None and settings.backend == "vllm":
+        raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (adapter/, no merged model/); the vLLM "
+                          "backend loads model folders: merge it first (ratune export RUN --out DIR --merge-lora) "
+                          "and evaluate DIR, or use the HF backend")
+    from ratune.train.model import require_model_files
+
+    require_model_files(folder)  # weights (safetensors only) and tokenizer, before any cell is written
+    if source.base is not None:
+        require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
     budget = settings.max_document_tokens
     if budget is None:
         budget = trained_document_budget(checkpoint)
@@ -341,6 +501,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     from ratune.data.prompt import require_chat_template
 
     require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
+    positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
     from ratune.data.apibench import api_database_path, examples_path, input_hashes
     from ratune.io import sha256_file
 
@@ -357,17 +518,27 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         generation["chat_template"] = chat_template
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
+    if not (out / OWNER_MARKER).exists():  # new, empty, or made before the marker (checked by the caller)
+        claim_folder(out, "eval run")
     for setting in settings.settings:
         cell = out / setting
         examples, retriever, extra = _setting_plan(setting, all_examples, hub=hub, apibench_dir=apibench_dir,
                                                    settings=settings)
+        if not examples:  # never a complete cell of n = 0 (a report would show it as 0.0)
+            raise RatuneError(f"test setting {setting}: none of the {len(all_examples)} eval questions qualifies "
+                              "(swap needs another API of the question's domain, constraints_* a constrained "
+                              "question); not writing an empty cell: evaluate more questions or drop the setting")
         identity = {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
                     "questions": [e.line for e in examples], "generation": generation}
         if setting.endswith("dense_ft"):  # which finetuned retriever gave the documents
             identity["retriever_model"] = str(Path(settings.dense_model).resolve())
+        if source.base is not None:  # an adapter: the base it is merged into
+            identity["adapter_base"] = source.base
         _check_cell_identity(cell, identity)
         if is_complete(cell):
-            results[setting] = json.loads((cell / "metrics.json").read_text())
+            from ratune.eval.report import read_metrics
+
+            results[setting] = read_metrics(cell / "metrics.json")
             continue
         cell.mkdir(parents=True, exist_ok=True)
         docs = retriever.retrieve([Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples],
@@ -379,15 +550,27 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         responses_path = cell / "responses.jsonl"
         done = _read_done(responses_path)
         todo = [i for i, e in enumerate(examples) if e.line not in done]
-        prompts = [encode_prompt(tokenizer, render_user_turn(examples[i].instruction, docs[i],
-                                                             max_document_tokens=budget, count_tokens=count)[0])
-                   for i in todo]
+        all_prompts = [encode_prompt(tokenizer, render_user_turn(e.instruction, docs[i], max_document_tokens=budget,
+                                                                 count_tokens=count)[0])
+                       for i, e in enumerate(examples)]
+        prompts = [all_prompts[i] for i in todo]
+        from ratune.eval.generate import generation_limits
+
+        # the length policy of both backends, checked before the model is loaded
+        limits = generation_limits([len(p) for p in all_prompts], max_new_tokens=settings.max_new_tokens,
+                                   max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
         if todo:
             if model is None:
                 if settings.backend == "vllm":
                     from ratune.eval.vllm_backend import load_llm
 
-                    model = load_llm(folder, dtype=dtype)
+                    model = load_llm(folder, dtype=dtype, max_positions=positions,
+                                     trust_remote_code=settings.trust_remote_code)
+                elif source.base is not None:
+                    from ratune.train.model import load_adapter_merged
+
+                    model = load_adapter_merged(source.base, folder, dtype=dtype, device=device,
+                                                trust_remote_code=settings.trust_remote_code)
                 else:
                     model = load_model(folder, dtype=dtype, device=device,
                                        trust_remote_code=settings.trust_remote_code)
@@ -396,7 +579,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             with open(responses_path, "a", encoding="utf-8") as fh:
                 for batch in _batches(settings.backend, model, tokenizer, prompts, batch_size=settings.batch_size,
                                       max_new_tokens=settings.max_new_tokens,
-                                      stop_after_api_call=settings.stop_after_api_call):
+                                      stop_after_api_call=settings.stop_after_api_call, max_positions=positions):
                     for j, text in batch:
                         ex = examples[todo[j]]
                         row = {"question_id": ex.line, "text": text, "model": name, "setting": setting}
@@ -428,7 +611,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             "versions": package_versions(),
             "abstention": abstention(responses),
             "inputs": inputs,
+            # questions whose prompt left fewer than max_new_tokens positions (ratune.eval.generate.generation_limits)
+            "generation_limit": {"max_positions": positions,
+                                 "capped": [e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens]},
         }
+        if source.base is not None:
+            metrics["adapter"] = {"base": source.base, "base_trained_in_4bit": source.base_in_4bit,
+                                  "evaluated_on": f"the unquantized base in {dtype}, adapter merged"}
         if setting == "swap":
             from ratune.eval.swap import follow_rates
 
@@ -442,4 +631,20 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         write_json(cell / "metrics.json", metrics)
         mark_complete(cell)
         results[setting] = metrics
+    _write_eval_manifest(out, checkpoint=folder, hub=hub, inputs=inputs, generation=generation, results=results)
     return results
+
+
+def _write_eval_manifest(out: Path, *, checkpoint: Path, hub: str, inputs: dict, generation: dict,
+                         results: dict) -> None:
+    """``out/manifest.json``, as every stage writes: versions, git commit, the checkpoint, input
+    hashes, generation settings and, per finished cell, the sha256 of its metrics.json (cells of
+    earlier runs into the same folder are kept)."""
+    from ratune.io import read_json_object, sha256_file, write_json
+    from ratune.manifest import base_manifest
+
+    path = out / "manifest.json"
+    cells = read_json_object(path).get("cells", {}) if path.exists() else {}
+    cells.update({s: sha256_file(out / s / "metrics.json") for s in results})
+    write_json(path, {**base_manifest("eval run"), "checkpoint": str(checkpoint.resolve()), "hub": hub,
+                      "inputs": inputs, "generation": generation, "cells": dict(sorted(cells.items()))})

@@ -772,7 +772,8 @@ def load_responses(path, n_questions: int | None = None) -> list[dict]:
     Raises:
         RatuneError: the file does not exist.
         InputError: naming file and line, for bytes that are not UTF-8, a line that is not a JSON
-            object, and a question_id that is missing, not an int, duplicated or out of range.
+            object, and a question_id that is missing, not an int, duplicated or out of range; a
+            file without any response.
     """
     path = Path(path)
     if not path.is_file():
@@ -794,6 +795,8 @@ def load_responses(path, n_questions: int | None = None) -> list[dict]:
         text = obj.get("text")
         out.append({"question_id": qid, "text": text if isinstance(text, str) else None,
                     "line": number})
+    if not out:  # scoring nothing would report n = 0 with 0.0 rates
+        raise InputError(str(path), None, None, "no responses (the file is empty)")
     return out
 
 
@@ -873,10 +876,12 @@ def check_hub_matches(hub: str, responses: list[dict], scorer: "Scorer | None" =
 
 def add_score_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune eval score`` to ``parser`` (see :func:`cli_score`)."""
+    from ratune.args import input_dir, input_file
+
     parser.add_argument("--hub", required=True, choices=HUBS, help="the APIBench hub")
-    parser.add_argument("--responses", required=True,
+    parser.add_argument("--responses", required=True, type=input_file,
                         help="response JSONL file (question_id, text per line)")
-    parser.add_argument("--apibench", default=None,
+    parser.add_argument("--apibench", default=None, type=input_dir,
                         help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
     parser.add_argument("--metric", choices=("gorilla", "strict", "both"), default="both",
                         help="which metric to print (default both)")

@@ -13,8 +13,8 @@
     ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
 
-User errors (bad input, bad config) print one message naming file, line and field on stderr and
-exit with status 2, without a traceback.
+User errors (bad input, bad config, a bad flag value) print one message naming file, line, field or
+flag on stderr and exit with status 2, without a traceback (:func:`run_guarded` states the policy).
 """
 
 from __future__ import annotations
@@ -26,23 +26,53 @@ import sys
 from typing import Callable
 
 
+#: Set to 1 to see the traceback of an error the boundary reports in one line.
+TRACEBACK_ENV = "RATUNE_TRACEBACK"
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
-    """Run ``fn``; turn a RatuneError into a stderr message and exit status 2."""
+    """Run ``fn`` behind ratune's one error boundary (every ``ratune`` command and
+    ``python -m ratune.train``, under accelerate or not).
+
+    Policy: a user's mistake is reported where it is found, as a :class:`~ratune.errors.RatuneError`
+    naming the file, line, field or flag (readers of JSON, JSONL and YAML name the file and line;
+    argparse types name the flag, :mod:`ratune.args`). The boundary prints ``ratune: error:
+    MESSAGE`` on stderr and returns 2 for:
+
+    * a RatuneError (InputError included);
+    * an OSError that carries a file name (missing, a folder where a file is expected, permission
+      denied, disk full, ...): the operating system refused an operation on a named path, which no
+      traceback would explain better: ``ratune: error: PATH: reason``.
+
+    Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
+    in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
+    that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
+    Ctrl-C returns 130, a closed stdout (``| head``) 0.
+    """
+    import os
+
     from ratune.errors import RatuneError
 
+    debug = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
     try:
         return fn() or 0
     except RatuneError as exc:
+        if debug:
+            raise
         print(f"ratune: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        if debug or not exc.filename:
+            raise
+        where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
+        print(f"ratune: error: {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 def _data_build(args) -> int:
@@ -98,11 +128,15 @@ def _data_utility(args) -> int:
     model_path = resolve_model_path(args.model)
     from pathlib import Path
 
-    from ratune.io import read_json
+    from ratune.io import read_json_object
 
     built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
-    chat_template = (read_json(built).get("settings") or {}).get("chat_template") if built.exists() else None
+    chat_template = (read_json_object(built).get("settings") or {}).get("chat_template") if built.exists() else None
     tokenizer = load_tokenizer(model_path, chat_template=chat_template)
+    from ratune.data.prompt import require_chat_template
+
+    require_chat_template(tokenizer, source=str(model_path), hint="build the data with --chat-template (the "
+                          "manifest gives it to this command)")
     model = load_model(model_path)
     records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
                               max_examples=args.max_examples, batch_size=args.batch_size)
@@ -254,8 +288,7 @@ def _report(args) -> int:
     from pathlib import Path
 
     from ratune.errors import RatuneError
-    from ratune.eval.report import make_cell, table2_markdown, write_table2
-    from ratune.io import read_json
+    from ratune.eval.report import make_cell, read_metrics, table2_markdown, write_table2
     from ratune.manifest import is_complete
 
     if args.sweep_dir:
@@ -269,25 +302,46 @@ def _report(args) -> int:
                           "`ratune compare`)")
     if not (args.eval and args.hub and args.model and args.out):
         raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --hub, --model and --out")
-    cells = []
+    from ratune.eval.run import EXPERIMENT_SETTINGS
+
+    cells, experiments = [], []  # experiment settings (swap, irrelevant, constraints_*) go beside Table 2
+    false_abstention = {}  # abstaining under oracle, where the document answers (as in sweep reports)
     for spec in args.eval:
         if "=" not in spec:
             raise RatuneError(f"--eval {spec!r}: expected TRAIN_RETRIEVER=EVAL_DIR")
         train_retriever, folder = spec.split("=", 1)
+        if not Path(folder).is_dir():
+            raise RatuneError(f"--eval {spec!r}: {folder}: no such eval folder")
         for cell in sorted(Path(folder).iterdir()):
             if cell.is_dir() and is_complete(cell):
-                cells.append(make_cell(train_retriever, cell.name, read_json(cell / "metrics.json")))
+                metrics = read_metrics(cell / "metrics.json")
+                if cell.name in EXPERIMENT_SETTINGS:
+                    experiments.append({"cell": train_retriever, "axes": {}, "setting": cell.name,
+                                        "train_retriever": train_retriever, "metrics": metrics})
+                else:
+                    cells.append(make_cell(train_retriever, cell.name, metrics))
+                    if cell.name == "oracle" and metrics.get("abstention"):
+                        false_abstention[train_retriever] = metrics["abstention"]
     if not cells:
         raise RatuneError("no complete eval cells found in the --eval folders")
     table = write_table2(cells, hub=args.hub, model=args.model, out_dir=args.out)
     print(table2_markdown(table))
+    if experiments:
+        from ratune.eval.robustness import experiment_rows, experiments_markdown
+        from ratune.io import write_json, write_text
+
+        rows = experiment_rows(experiments, false_abstention)
+        write_json(Path(args.out) / "experiments.json", {"experiments": rows})
+        write_text(Path(args.out) / "experiments.md", experiments_markdown(rows))
+        print("Experiments (beside Table 2, not in it):\n")
+        print(experiments_markdown(rows))
     return 0
 
 
 def _demo(args) -> int:
     from ratune.demo import run_demo
 
-    return run_demo(args.config, out_dir=args.out)
+    return run_demo(args.config, out_dir=args.out, apibench=args.apibench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,17 +352,29 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.prompt import CHAT_TEMPLATE_NAMES
     from ratune.eval.run import DEVICES, DTYPES, EXPERIMENT_SETTINGS, SETTINGS, TABLE_SETTINGS
     from ratune.eval.scoring import add_score_arguments
+    from ratune.args import (RatuneArgumentParser, bounded, checked, input_dir, input_file, key_equals_dir,
+                             latest_or_dir, model_ref, output_dir, setting)
+    from ratune.config import Count, FiniteFloat
+    from ratune.data.build import BuildSettings
+    from ratune.data.mixture import Mixture
+    from ratune.eval.run import EvalSettings
     from ratune.retrieval.retrievers import BM25_BACKENDS, BM25_VARIANTS, RETRIEVERS
+    from ratune.sweep_pairs import parse_selector
 
-    parser = argparse.ArgumentParser(prog="ratune", description="Retriever-aware training (RAT) for API calling.")
+    mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
+    selector = checked(parse_selector, "selector", good="train_retriever=oracle", bad=("oracle", ","))
+
+    parser = RatuneArgumentParser(prog="ratune", description="Retriever-aware training (RAT) for API calling.")
     stages = parser.add_subparsers(dest="stage", required=True)
 
     data = stages.add_parser("data", help="build training chats").add_subparsers(dest="action", required=True)
     b = data.add_parser("build", help="APIBench -> chats per train-time retrieval mode")
-    b.add_argument("--apibench", help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    b.add_argument("--apibench", type=input_dir,
+                   help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
     b.add_argument("--hub", required=True, choices=HUBS)
-    b.add_argument("--out", required=True, help="output folder")
-    b.add_argument("--tokenizer", default="smollm2-135m-instruct", help="model folder whose tokenizer measures lengths")
+    b.add_argument("--out", required=True, type=output_dir, help="output folder")
+    b.add_argument("--tokenizer", default="smollm2-135m-instruct", type=model_ref,
+                   help="model folder whose tokenizer measures lengths")
     b.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
                    help="chat template for a tokenizer without one (base LLaMA; gorilla_v0 is the paper's format); "
                         "replaces a tokenizer's own; recorded in the manifest, training needs the same "
@@ -316,21 +382,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=TRAIN_MODES,
                    help=f"train-time retrieval modes (default {' '.join(DEFAULT_MODES)}; dense_ft needs --dense-model; "
                         "`--modes` alone: none, with --mixture)")
-    b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...",
+    b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...", type=mixture_spec,
                    help="also build the mode mix-NAME, each example's document drawn from the mixture, e.g. "
                         "rat_mix:none=0.25,oracle=0.25,top1=0.25,distractors=0.25 (repeatable; data/mixture.py)")
-    b.add_argument("--mixture-seed", type=int, default=0, help="seed of the mixture draws (default 0)")
-    b.add_argument("--distractors", type=int, default=3,
+    b.add_argument("--mixture-seed", type=setting(Mixture, "seed"), default=0,
+                   help="seed of the mixture draws (default 0)")
+    b.add_argument("--distractors", type=setting(Mixture, "distractors"), default=3,
                    help="other APIs' documents beside the gold one in the distractors component (default 3)")
     b.add_argument("--top1-retriever", choices=TOP1_RETRIEVERS, default="bm25",
                    help="retriever of the top1 component (default bm25)")
-    b.add_argument("--dense-model", default=None, metavar="DIR",
+    b.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
                    help="finetuned retriever folder (`ratune retrieval train`) for the dense_ft mode / top1 retriever")
     b.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
                    help="BM25 implementation (same rankings; bm25s is faster)")
-    b.add_argument("--max-length", type=int, default=2048, help="tokens per row (paper: 2048)")
-    b.add_argument("--max-document-tokens", type=int, default=None, help="document budget in tokens")
-    b.add_argument("--top-k", type=int, default=1, help="documents per prompt for bm25/dense modes")
+    b.add_argument("--max-length", type=setting(BuildSettings, "max_length"), default=2048,
+                   help="tokens per row (paper: 2048)")
+    b.add_argument("--max-document-tokens", type=setting(BuildSettings, "max_document_tokens"), default=None,
+                   help="document budget in tokens")
+    b.add_argument("--top-k", type=setting(BuildSettings, "top_k"), default=1,
+                   help="documents per prompt for bm25/dense modes")
     b.add_argument("--force-gold", action="store_true",
                    help="retrieved modes (bm25, bm25_paper, dense, dense_ft), train split: the gold document replaces the lowest-ranked one when "
                         "the retriever missed it (counted as forced_gold)")
@@ -340,45 +410,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eval instructions found in the training data: fail (default), drop those training rows, "
                         "or keep them; always reported in the manifest")
     b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    b.add_argument("--utility-file", default=None, metavar="FILE",
+    b.add_argument("--utility-file", default=None, metavar="FILE", type=input_file,
                    help="utility.jsonl of `ratune data utility`: keep a mixture's oracle/top1 document only "
                         "where its utility exceeds --min-utility")
-    b.add_argument("--min-utility", type=float, default=None, help="threshold in nats per answer token")
+    b.add_argument("--min-utility", type=bounded(FiniteFloat), default=None,
+                   help="threshold in nats per answer token")
     b.set_defaults(func=_data_build)
 
     u = data.add_parser("utility", help="document utility: answer loss without minus with the document")
-    u.add_argument("--data", required=True, help="a `ratune data build` folder with mode none and the document modes")
-    u.add_argument("--modes", nargs="+", default=["oracle"], help="document modes to measure (default oracle)")
-    u.add_argument("--model", default="smollm2-135m-instruct", help="model folder (or the demo alias)")
-    u.add_argument("--out", required=True, help="output folder (utility.jsonl, utility.json, utility.png)")
-    u.add_argument("--split", default="train")
-    u.add_argument("--max-examples", type=int, default=None, help="the first N examples only")
-    u.add_argument("--batch-size", type=int, default=8)
-    u.add_argument("--threads", type=int, default=None, help="torch threads")
+    u.add_argument("--data", required=True, type=input_dir,
+                   help="a `ratune data build` folder with mode none and the document modes")
+    u.add_argument("--modes", nargs="+", default=["oracle"], choices=TRAIN_MODES,
+                   help="document modes to measure (default oracle)")
+    u.add_argument("--model", default="smollm2-135m-instruct", type=model_ref, help="model folder (or the demo alias)")
+    u.add_argument("--out", required=True, type=output_dir,
+                   help="output folder (utility.jsonl, utility.json, utility.png)")
+    u.add_argument("--split", default="train", choices=("train", "eval"))
+    u.add_argument("--max-examples", type=bounded(Count), default=None, help="the first N examples only")
+    u.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
+    u.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None, help="torch threads")
     u.set_defaults(func=_data_utility)
 
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
-    r.add_argument("--apibench")
+    r.add_argument("--apibench", type=input_dir)
     r.add_argument("--hub", required=True, choices=(*HUBS, "all"),
                    help="a hub, or all: the report for the three hubs (retrieval.md, retrieval.png)")
     r.add_argument("--retriever", default="all",
                    choices=("all", *(x for x in RETRIEVERS if x != "none"), "dense_ft"))
-    r.add_argument("--dense-model", default=None, metavar="DIR",
+    r.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
                    help="a finetuned retriever folder (`ratune retrieval train`); adds dense_ft to the report")
     r.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
                    help="BM25 implementation (same rankings; bm25s is much faster on large catalogs)")
-    r.add_argument("--bm25-index", default=None, metavar="DIR",
+    r.add_argument("--bm25-index", default=None, metavar="DIR", type=input_dir,
                    help="a saved index (`ratune retrieval index`) for the BM25 retriever it was built for; "
                         "refused when built for another hub, variant or corpus")
-    r.add_argument("--out", help="also write retrieval_{hub}.json, .md and a bar chart (.png) here")
+    r.add_argument("--out", type=output_dir, help="also write retrieval_{hub}.json, .md and a bar chart (.png) here")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_retrieval_eval)
     ri = retrieval.add_parser("index", help="build and save a BM25 index (bm25s) for a hub's API database")
-    ri.add_argument("--apibench")
+    ri.add_argument("--apibench", type=input_dir)
     ri.add_argument("--hub", required=True, choices=HUBS)
     ri.add_argument("--retriever", choices=tuple(BM25_VARIANTS), default="bm25", help="BM25 variant")
-    ri.add_argument("--out", required=True, help="index folder (arrays.npz + ratune_bm25_index.json)")
+    ri.add_argument("--out", required=True, type=output_dir, help="index folder (arrays.npz + ratune_bm25_index.json)")
     ri.set_defaults(func=_retrieval_index)
     from ratune.retrieval.finetune import add_train_arguments, run_train
 
@@ -387,29 +461,30 @@ def build_parser() -> argparse.ArgumentParser:
     rt.set_defaults(func=run_train)
 
     t = stages.add_parser("train", help="finetune from a YAML config")
-    t.add_argument("--config", required=True)
-    t.add_argument("--resume-from", default=None, help="'latest' or a checkpoint folder")
+    t.add_argument("--config", required=True, type=input_file)
+    t.add_argument("--resume-from", default=None, type=latest_or_dir, help="'latest' or a checkpoint folder")
     t.set_defaults(func=_train)
 
     ev = stages.add_parser("eval", help="generate and score").add_subparsers(dest="action", required=True)
     e = ev.add_parser("run", help="generate answers under test settings and score them")
-    e.add_argument("--checkpoint", required=True, help="a ratune train run folder or a model folder")
+    e.add_argument("--checkpoint", required=True, type=input_dir, help="a ratune train run folder or a model folder")
     e.add_argument("--hub", required=True, choices=HUBS)
-    e.add_argument("--apibench")
-    e.add_argument("--out", required=True)
+    e.add_argument("--apibench", type=input_dir)
+    e.add_argument("--out", required=True, type=output_dir)
     e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=TABLE_SETTINGS + EXPERIMENT_SETTINGS,
                    help="Table 2 settings (default all five), dense_ft (needs --dense-model) and/or experiments: "
                         "swap, irrelevant, constraints_SETTING (docs/experiments.md)")
-    e.add_argument("--dense-model", default=None, metavar="DIR",
+    e.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
                    help="finetuned retriever folder (`ratune retrieval train`) of the dense_ft settings")
     e.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
                    help="BM25 implementation (same rankings; bm25s is faster)")
-    e.add_argument("--n-questions", type=int, default=None)
-    e.add_argument("--batch-size", type=int, default=8)
-    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--n-questions", type=setting(EvalSettings, "n_questions"), default=None,
+                   help="the first N eval questions (default all)")
+    e.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
+    e.add_argument("--max-new-tokens", type=setting(EvalSettings, "max_new_tokens"), default=256)
     e.add_argument("--stop-after-api-call", action="store_true")
-    e.add_argument("--max-document-tokens", type=int, default=None)
-    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--max-document-tokens", type=setting(EvalSettings, "max_document_tokens"), default=None)
+    e.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None)
     e.add_argument("--backend", choices=("hf", "vllm"), default="hf",
                    help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only")
     e.add_argument("--device", choices=DEVICES, default="auto",
@@ -427,12 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_eval_score)
 
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
-    rp.add_argument("sweep_dir", nargs="?", default=None, help="a `ratune sweep` output folder")
-    rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR")
+    rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
+    rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR", type=key_equals_dir)
     rp.add_argument("--hub", choices=HUBS)
-    rp.add_argument("--model")
-    rp.add_argument("--out")
-    rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"),
+    rp.add_argument("--model", help="the model's name in the table")
+    rp.add_argument("--out", type=output_dir)
+    rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), type=selector,
                     help="with SWEEP_DIR: compare the cells selected by A and B (key=value,... e.g. "
                          "train_retriever=oracle,test_retriever=oracle); repeatable; replaces the sweep "
                          "file's compare list")
@@ -456,15 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=getattr(module, runner))
 
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
-    d.add_argument("--config", default=None, help="demo config (default configs/demo.yaml)")
-    d.add_argument("--out", default=None, help="output folder (default from the config: runs/demo)")
+    d.add_argument("--config", default=None, type=input_file, help="demo config (default configs/demo.yaml)")
+    d.add_argument("--out", default=None, type=output_dir, help="output folder (default from the config: runs/demo)")
+    d.add_argument("--apibench", default=None, type=input_dir, help="APIBench folder (default: the config's apibench key, "
+                   "$RATUNE_APIBENCH or ../shared/apibench)")
     d.set_defaults(func=_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``ratune`` console command."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``ratune`` console command; returns the exit status (2 for a bad
+    argument, which the parser reports in one line; 0 after ``--help``)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: a bad argument (its one line is printed) or --help
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     return run_guarded(lambda: args.func(args))
 
 

@@ -3,20 +3,69 @@
 Configs are YAML files validated by pydantic models with ``extra="forbid"``: an unknown key is an
 error that names the key, the file and the closest valid key; a wrong type names the field. All
 of it happens before any model is loaded.
+
+Every YAML config ratune reads (training, demo, sweep, a sweep's base config, a sweep folder's
+``sweep.yaml``) goes through :func:`load_yaml`, the one loader: PyYAML's SafeLoader (plain data
+only) that also
+
+* refuses a key given twice in one mapping, naming both lines (SafeLoader keeps the last one
+  silently);
+* bounds the work of aliases: anchors and aliases are allowed, but a document whose aliases
+  expand it to more than :data:`MAX_CONFIG_VALUES` values (a "billion laughs" alias bomb: 2 KB
+  of nested anchors that expand to 10^9 leaves) is refused before anything walks it;
+* refuses a file larger than :data:`MAX_CONFIG_BYTES`, nesting deeper than
+  :data:`MAX_CONFIG_DEPTH`, a folder and bytes that are not UTF-8, each in one line naming the
+  file (and line).
+
+Numbers: the bounded types below (:data:`Count`, :data:`Seed`, ...) are each bound's one
+definition. Stage schemas (pydantic models and settings dataclasses) annotate their fields with
+them, settings dataclasses check themselves with :func:`check_fields`, and command-line flags
+derive their argparse ``type`` from the schema field (:func:`ratune.args.setting`), so a number a
+user types is checked at the edge, before any work starts, by the same rule as in a config file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
+import typing
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ratune.errors import RatuneError
 
 M = TypeVar("M", bound=BaseModel)
+
+#: Counts and sizes (batch sizes, top-k, questions, steps, tokens, epochs): at least 1.
+Count = Annotated[int, Field(ge=1)]
+#: Tokens per training row (prompt, answer and EOS): at least 16.
+MaxLength = Annotated[int, Field(ge=16)]
+#: Random seeds: what numpy, torch and Python's random all accept (0 .. 2**32 - 1).
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+#: Thread and process counts: at least 1.
+Threads = Annotated[int, Field(ge=1)]
+#: A positive, finite float (learning rates, TFLOP/s).
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: Any finite float (thresholds).
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+#: A share in (0, 1] (MFU).
+Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+#: A TCP port.
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+#: The pydantic model config of every config schema: unknown keys are errors, floats are finite.
+SCHEMA_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+#: Largest config file read (configs are a few KB; this bounds the memory a hostile file takes).
+MAX_CONFIG_BYTES = 1 << 20
+#: Most values (scalars, lists, mappings) a config may hold once its aliases are expanded.
+MAX_CONFIG_VALUES = 100_000
+#: Deepest nesting of lists and mappings in a config (ratune's configs nest 3 levels).
+MAX_CONFIG_DEPTH = 64
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -31,7 +80,8 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
-    """One line per problem: ``source: key.path: message`` (with a did-you-mean for unknown keys)."""
+    """``source: key.path: message`` per problem (with a did-you-mean for unknown keys), joined
+    with ``; `` so that the whole error is one line."""
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -42,23 +92,133 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(allowed)}"
             lines.append(f"{source}: unknown key {where!r}{hint}")
         else:
-            lines.append(f"{source}: {where}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
+            lines.append(f"{source}: {where}: {err['msg']} (got {_short(err.get('input'))})")
+    return "; ".join(lines)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and deep nesting (see the module docstring)."""
+
+    _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # bounded while scanning: the scanner's work grows with the square of the flow nesting
+        if self.flow_level >= MAX_CONFIG_DEPTH:
+            raise _Refused(self.line + 1, f"nested more than {MAX_CONFIG_DEPTH} levels deep; not a ratune config")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                raise _Refused(self.peek_event().start_mark.line + 1,
+                               f"nested more than {MAX_CONFIG_DEPTH} levels deep; not a ratune config")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges; its keys may be overridden on purpose
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader's own error follows
+                line = key_node.start_mark.line + 1
+                if first is not None:
+                    raise _Refused(line, f"duplicate key {key!r} (first given on line {first})")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Refused(Exception):
+    """A config the loader refuses, at a 1-based line."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+
+
+def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES) -> None:
+    """Refuse a composed document that aliases expand beyond ``limit`` values.
+
+    Aliases share node objects, so sizes are computed once per node (time linear in the file).
+    """
+    sizes: dict[int, int | None] = {}
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            if sizes[key] is None:
+                raise _Refused(node.start_mark.line + 1, "an alias refers to the mapping or list that contains "
+                               "it (a recursive structure)")
+            return sizes[key]
+        sizes[key] = None
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        if total > limit:
+            raise _Refused(node.start_mark.line + 1, f"aliases expand the config to more than {limit} values "
+                           "(an alias bomb?); write the values out")
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping.
+    """Read a YAML mapping with the one config loader (see the module docstring).
 
     Raises:
-        RatuneError: missing file, YAML syntax error (with its line), or a top level that is not a mapping.
+        RatuneError: one line naming the file (and the line where there is one): missing, a
+            folder, too large, not UTF-8, YAML syntax, a duplicate key, aliases past the bound,
+            nesting too deep, or a top level that is not a mapping.
     """
     path = Path(path)
+    if path.is_dir():
+        raise RatuneError(f"{path}: is a folder, expected a YAML config file")
     if not path.exists():
         raise RatuneError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise RatuneError(f"{path}: cannot read the config ({exc.strerror or exc})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise RatuneError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a ratune config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise RatuneError(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x}); save the config as UTF-8") from None
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise RatuneError(f"{where}: not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise RatuneError(f"{path}: not valid YAML: {exc}") from None
+        raise RatuneError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except _Refused as exc:
+        raise RatuneError(f"{path}:{exc.line}: {exc}") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise RatuneError(f"{path}: expected a mapping of keys to values at the top level")
     return data
@@ -82,3 +242,55 @@ def load_config(model: type[M], path: str | Path, overrides: dict | None = None)
             node = node.setdefault(part, {})
         node[leaf] = value
     return validate(model, data, str(path))
+
+
+# ---------------------------------------------------------------- bounded fields of settings schemas
+
+
+@functools.lru_cache(maxsize=None)
+def field_annotation(schema: type, name: str) -> Any:
+    """The annotation (with its ``Annotated`` bounds) of field ``name`` of a settings dataclass
+    or pydantic model.
+
+    Raises:
+        KeyError: no such field.
+    """
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        info = schema.model_fields[name]
+        return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return typing.get_type_hints(schema, include_extras=True)[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(annotation: Any) -> TypeAdapter:
+    return TypeAdapter(annotation)
+
+
+def check_value(annotation: Any, value: Any) -> Any:
+    """``value`` validated against ``annotation`` (lax: ``"8"`` is 8).
+
+    Raises:
+        ValueError: the first problem, in pydantic's words (``Input should be ...``).
+    """
+    try:
+        return _adapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(exc.errors()[0]["msg"]) from None
+
+
+def check_fields(obj: Any, source: str | None = None) -> None:
+    """Check every field of a settings dataclass against its annotation (the bounded types above).
+
+    Called by the settings dataclasses' ``__post_init__``, so a value out of range is refused
+    wherever the settings are made (command line, sweep, demo, Python), before any work starts.
+
+    Raises:
+        RatuneError: ``Schema.field: message (got value)`` for the first bad field.
+    """
+    cls = type(obj)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        try:
+            check_value(field_annotation(cls, f.name), value)
+        except ValueError as exc:
+            raise RatuneError(f"{source or cls.__name__}.{f.name}: {exc} (got {_short(value)})") from None

@@ -13,25 +13,25 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from ratune.config import load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, load_yaml, validate
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
 class DemoData(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_length: int = 768
-    max_document_tokens: int | None = 128
+    model_config = SCHEMA_CONFIG
+    max_length: MaxLength = 768
+    max_document_tokens: Count | None = 128
 
 
 class DemoEval(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG
     settings: list[str] = ["0_shot", "bm25", "dense", "oracle"]
-    n_questions: int | None = 50
-    batch_size: int = 8
-    max_new_tokens: int = 80
+    n_questions: Count | None = 50
+    batch_size: Count = 8
+    max_new_tokens: Count = 80
     stop_after_api_call: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"   # auto: cuda when torch sees a GPU, else cpu
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
@@ -40,33 +40,61 @@ class DemoEval(BaseModel):
 class DemoConfig(BaseModel):
     """configs/demo.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG
     hub: str = "torchhub"
     out_dir: str = "runs/demo"
     model: str = "smollm2-135m-instruct"
     apibench: str | None = None
-    torch_threads: int | None = 2
+    torch_threads: Threads | None = 2
     data: DemoData = DemoData()
     arms: list[str] = Field(default_factory=lambda: ["none", "oracle"])
     train: dict = Field(default_factory=dict)
     eval: DemoEval = DemoEval()
 
 
-def run_demo(config_path: str | None = None, *, out_dir: str | None = None) -> int:
-    """Run (or resume) the demo; returns 0. See the module docstring."""
+def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None) -> int:
+    """Run (or resume) the demo; returns 0. See the module docstring.
+
+    ``apibench`` (``ratune demo --apibench DIR``) overrides the config's ``apibench`` key; with
+    neither, the APIBench folder is $RATUNE_APIBENCH or ../shared/apibench
+    (:func:`ratune.data.apibench.resolve_apibench_dir`).
+
+    Holds the output folder's lock throughout (:func:`ratune.locks.output_lock`) and writes only
+    into a folder that is new, empty or a ratune demo output (:func:`ratune.manifest.require_owned`).
+    An unfinished training arm is deleted only when it is a ratune train output.
+
+    Raises:
+        RatuneError: a bad config, an output folder ratune did not make, and the stages' errors.
+        LockHeld: another process is writing the output folder (or one of its stages' folders).
+    """
+    from ratune.locks import output_lock
+    from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
+
+    path = Path(config_path) if config_path else DEFAULT_CONFIG
+    cfg = validate(DemoConfig, load_yaml(path), str(path))
+    if apibench is not None:
+        cfg = cfg.model_copy(update={"apibench": apibench})
+    out = Path(out_dir or cfg.out_dir)
+    require_owned(out, "demo", action="write into")
+    with output_lock(out, command="demo"):
+        require_owned(out, "demo", action="write into")
+        if not (out / OWNER_MARKER).exists():
+            claim_folder(out, "demo")
+        return _run_demo(cfg, path, out)
+
+
+def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
+    """The body of :func:`run_demo`, run under the output folder's lock."""
     from ratune.data.apibench import resolve_apibench_dir
     from ratune.data.build import BuildSettings, build_dataset
     from ratune.eval.report import make_cell, table2_markdown, write_table2
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
-    from ratune.manifest import is_complete
+    from ratune.locks import output_lock
+    from ratune.manifest import is_complete, require_owned
     from ratune.train.config import TrainConfig
     from ratune.train.model import ensure_demo_model, load_tokenizer, resolve_model_path, set_torch_threads
     from ratune.train.sft import train
 
-    path = Path(config_path) if config_path else DEFAULT_CONFIG
-    cfg = validate(DemoConfig, load_yaml(path), str(path))
-    out = Path(out_dir or cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     apibench = resolve_apibench_dir(cfg.apibench)
     set_torch_threads(cfg.torch_threads)
     times: dict[str, float] = {}
@@ -95,7 +123,9 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None) -> i
         if not is_complete(run_dir):
             import shutil
 
-            shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished demo arm restarts from scratch
+            require_owned(run_dir, "train", action="delete")  # an unfinished ratune run, or nothing
+            with output_lock(run_dir, command="demo"):  # not while a `ratune train` writes it
+                shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished demo arm restarts from scratch
             run_dir.mkdir(parents=True)
             (run_dir.parent / f"train_{arm}.yaml").write_text(yaml.safe_dump(train_cfg.model_dump(), sort_keys=True))
             train(train_cfg, config_path=str(run_dir.parent / f"train_{arm}.yaml"))

@@ -2,6 +2,8 @@
 
 Every artifact ratune writes goes through :func:`atomic_write` (temporary name in the same
 folder, fsync, then ``os.replace``), so a killed job leaves either the old file or the new one.
+Whole folders are written the same way: into a uniquely named ratune-owned sibling
+(:func:`temp_folder`), then swapped in (:func:`swap_folder`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -86,6 +89,80 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         raise
 
 
+#: Temporary siblings of an output folder: ``.ratune-tmp.XXXXXXXX.NAME`` (being built) and
+#: ``.ratune-old.XXXXXXXX.NAME`` (the previous folder, during a swap).
+_TEMP_KINDS = ("tmp", "old")
+
+
+def temp_folder(out: str | os.PathLike, *, kind: str = "tmp", token: str | None = None,
+                create: bool = True) -> Path:
+    """A new, uniquely named, ratune-owned folder beside ``out``:
+    ``.ratune-{kind}.XXXXXXXX.{out.name}``, made with :func:`tempfile.mkdtemp`.
+
+    Args:
+        out: the output folder the temporary one stands in for (need not exist).
+        kind: ``tmp`` (a folder being written) or ``old`` (a replaced folder, during a swap).
+        token: 8 characters from ``[a-z0-9_]`` in place of mkdtemp's random ones, for processes
+            that must agree on the name (the ranks of a distributed run); the folder must not exist.
+        create: False (only with ``token``) returns the path without creating it (the ranks that
+            do not write).
+    Raises:
+        FileExistsError: ``token`` given and that folder exists.
+        ValueError: a malformed ``token``, or ``create=False`` without one.
+    """
+    out = Path(out)
+    if token is None:
+        if not create:
+            raise ValueError("temp_folder(create=False) needs the token of a folder another process made")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=f".ratune-{kind}.", suffix=f".{out.name}", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(path, 0o777 & ~umask)  # mkdtemp makes 0700; the swapped-in folder gets mkdir's mode
+        return path
+    if not re.fullmatch(r"[a-z0-9_]{8}", token):
+        raise ValueError(f"temporary folder token {token!r}: expected 8 characters from [a-z0-9_]")
+    path = out.parent / f".ratune-{kind}.{token}.{out.name}"
+    if create:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir()
+    return path
+
+
+def stale_temp_folders(out: str | os.PathLike) -> list[Path]:
+    """The temporary siblings (:func:`temp_folder`) of ``out`` that exist; call it only while
+    holding ``out``'s lock, when none of them can belong to a live writer."""
+    out = Path(out)
+    pattern = re.compile(rf"\.ratune-({'|'.join(_TEMP_KINDS)})\.[a-z0-9_]{{8}}\.{re.escape(out.name)}")
+    if not out.parent.is_dir():
+        return []
+    return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
+def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder).
+
+    The old ``out`` is first renamed to a :func:`temp_folder` of kind ``old``, then ``tmp`` is
+    renamed to ``out``, then the old folder is deleted; if the second rename fails the old folder
+    is renamed back. Callers check beforehand that ``out`` may be replaced
+    (:func:`ratune.manifest.require_owned`).
+    """
+    import shutil
+
+    tmp, out = Path(tmp), Path(out)
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = temp_folder(out, kind="old")
+    os.replace(out, old)  # onto the empty folder mkdtemp made (rename(2) allows that)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON, atomically (byte-identical for equal input)."""
     with atomic_write(path) as fh:
@@ -106,3 +183,15 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.load(fh)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(str(path), None, None, f"not valid JSON ({exc})") from None
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """:func:`read_json` of a file that must hold a JSON object (a manifest, metrics, a config).
+
+    Raises:
+        InputError: naming the file: malformed, truncated, or not an object.
+    """
+    obj = read_json(path)
+    if not isinstance(obj, dict):
+        raise InputError(str(path), None, None, f"expected a JSON object, got {type(obj).__name__}")
+    return obj

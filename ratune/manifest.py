@@ -4,10 +4,18 @@ Every command writes ``manifest.json`` into its output folder: the command, the 
 versions that change results (transformers, trl, peft, accelerate, datasets, torch, tree-sitter
 and its grammar, ...), and the git commit of the code. A folder's ``.complete`` marker is written
 last; a folder without it is never read as complete.
+
+This module is also the one owner of "this folder is a ratune output of stage X"
+(:func:`output_stage`): the :data:`OWNER_MARKER` file a stage writes when it makes the folder.
+ratune replaces, deletes or writes into an existing non-empty folder only when it is such an output
+of the same stage (:func:`require_owned`); :func:`replacing_folder` builds a new output in a
+temporary sibling and swaps it in at the end, under the output's lock (:mod:`ratune.locks`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +25,13 @@ TRACKED_PACKAGES = ("ratune", "torch", "transformers", "trl", "peft", "accelerat
                     "sentence-transformers", "rank-bm25", "bm25s", "tree-sitter", "tree-sitter-languages", "tokenizers")
 
 COMPLETE_MARKER = ".complete"
+#: Written into every output folder ratune makes (data build, train, eval run, retrieval train,
+#: retrieval index, demo), holding ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
+OWNER_MARKER = ".ratune-output"
+#: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
+#: ``manifest.json`` whose ``command`` names the stage, and eval cells' ``identity.json``).
+LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
+                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json")}
 
 
 def package_versions() -> dict:
@@ -58,3 +73,109 @@ def mark_complete(folder: str | Path) -> None:
 def is_complete(folder: str | Path) -> bool:
     """Whether a folder carries the completion marker."""
     return Path(folder, COMPLETE_MARKER).exists()
+
+
+def claim_folder(folder: str | Path, stage: str) -> None:
+    """Mark ``folder`` (created by ratune) as an output of ``stage`` (:data:`OWNER_MARKER`)."""
+    from ratune.io import write_json
+
+    write_json(Path(folder, OWNER_MARKER), {"stage": stage})
+
+
+def output_stage(folder: str | Path) -> str | None:
+    """The stage whose output ``folder`` is, or None when ratune did not make it.
+
+    Read from :data:`OWNER_MARKER`; for folders made before the marker existed, from a
+    ``manifest.json`` whose ``command`` is a string (data build, train), the stage's
+    :data:`LEGACY_OWNER_FILES` entry, or sub-folders holding an eval cell's ``identity.json``.
+    A marker or manifest that cannot be read counts as not ratune's.
+    """
+    import json
+
+    folder = Path(folder)
+
+    def field(name: str, key: str):
+        try:
+            obj = json.loads(Path(folder, name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        value = obj.get(key) if isinstance(obj, dict) else None
+        return value if isinstance(value, str) else None
+
+    if not folder.is_dir():
+        return None
+    if (folder / OWNER_MARKER).exists():
+        return field(OWNER_MARKER, "stage")
+    command = field("manifest.json", "command")
+    if command:
+        return command
+    for stage, names in LEGACY_OWNER_FILES.items():
+        if any((folder / name).is_file() for name in names):
+            return stage
+    if any(p.is_file() for p in folder.glob("*/identity.json")):
+        return "eval run"
+    return None
+
+
+def require_owned(folder: str | Path, stage: str, *, action: str = "replace") -> None:
+    """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune ``stage`` output.
+
+    A folder that does not exist, or is empty, passes.
+
+    Raises:
+        RatuneError: naming the folder: it is a file, or not a ratune output of ``stage`` (and what
+            made it, when it is another stage's output).
+    """
+    from ratune.errors import RatuneError
+
+    folder = Path(folder)
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir():
+        raise RatuneError(f"{folder}: exists and is not a folder; choose another output path")
+    if not any(folder.iterdir()):
+        return
+    found = output_stage(folder)
+    if found == stage:
+        return
+    what = f"it is a ratune {found} output" if found else f"it has no {OWNER_MARKER} marker"
+    raise RatuneError(f"{folder}: not a ratune {stage} output ({what}); ratune does not {action} folders it did "
+                      "not make: choose another output folder, or move this one away yourself")
+
+
+@contextlib.contextmanager
+def replacing_folder(out: str | Path, stage: str):
+    """Build the output ``out`` of ``stage`` in a new temporary sibling and swap it in on success.
+
+    ``out`` is resolved first (``..`` and symlinks followed: a symlinked output keeps its link and
+    gets a new target folder beside the old one). Holds ``out``'s lock
+    (:func:`ratune.locks.output_lock`) throughout; checks ``out`` with
+    :func:`require_owned` before and again just before the swap; removes temporary siblings that
+    a killed earlier writer of ``out`` left (:func:`ratune.io.stale_temp_folders`). The body
+    writes into the yielded folder, which already carries :data:`OWNER_MARKER`. If the body raises
+    (or is interrupted), the temporary folder is removed and ``out`` keeps its previous content.
+    Callers decide beforehand whether an existing ``out`` may be replaced at all (their
+    ``--overwrite``).
+
+    Yields:
+        The temporary folder.
+    Raises:
+        RatuneError: from :func:`require_owned`; LockHeld when another process writes ``out``.
+    """
+    from ratune.io import stale_temp_folders, swap_folder, temp_folder
+    from ratune.locks import output_lock
+
+    out = Path(out).resolve()
+    with output_lock(out):
+        require_owned(out, stage)
+        for stale in stale_temp_folders(out):  # under the lock: no live writer of out owns them
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = temp_folder(out)
+        try:
+            claim_folder(tmp, stage)
+            yield tmp
+            require_owned(out, stage)
+            swap_folder(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -59,9 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from ratune.config import load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Port, Seed, Threads, load_yaml, validate
 from ratune.errors import RatuneError
 from ratune.sweep_pairs import ComparePair
 
@@ -76,17 +76,17 @@ class SweepData(BaseModel):
     ``tokenizer`` defaults to the cells' ``model``.
     """
 
-    model_config = ConfigDict(extra="forbid")
-    max_length: int | None = Field(None, ge=16)
-    max_document_tokens: int | None = Field(None, ge=1)
-    top_k: int = Field(1, ge=1)
+    model_config = SCHEMA_CONFIG
+    max_length: MaxLength | None = None
+    max_document_tokens: Count | None = None
+    top_k: Count = 1
     tokenizer: str | None = None
     leakage: Literal["error", "drop", "allow"] = "error"
     mixtures: list[str] = Field(default_factory=list,
                                 description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
                                             "trains on one with train_retriever: mix-NAME")
-    mixture_seed: int = 0
-    distractors: int = Field(3, ge=1)
+    mixture_seed: Seed = 0
+    distractors: Count = 3
     top1_retriever: Literal["bm25", "bm25_paper", "dense", "dense_ft"] = "bm25"
     dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
                                                       "(and top1_retriever dense_ft)")
@@ -96,17 +96,17 @@ class SweepData(BaseModel):
 class SweepEval(BaseModel):
     """Arguments of ``ratune eval run`` for every cell."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG
     settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle", "swap", "irrelevant",
                            "constraints_0_shot", "constraints_bm25", "constraints_dense", "constraints_gpt_index",
                            "constraints_oracle", "dense_ft", "constraints_dense_ft"]
                   ] = ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
-    n_questions: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
-    max_new_tokens: int = Field(256, ge=1)
+    n_questions: Count | None = None
+    batch_size: Count = 8
+    max_new_tokens: Count = 256
     stop_after_api_call: bool = False
-    max_document_tokens: int | None = Field(None, ge=1)
-    threads: int | None = Field(None, ge=1)
+    max_document_tokens: Count | None = None
+    threads: Threads | None = None
     backend: Literal["hf", "vllm"] = "hf"
     dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
     bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
@@ -118,13 +118,13 @@ class SweepEval(BaseModel):
 class SlurmSettings(BaseModel):
     """Resources of each training job (eval jobs take one node and one GPU)."""
 
-    model_config = ConfigDict(extra="forbid")
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(1, ge=1)
+    model_config = SCHEMA_CONFIG
+    nodes: Count = 1
+    gpus_per_node: Count = 1
     time: str = "24:00:00"
     partition: str | None = None
     eval_time: str | None = None
-    main_process_port: int = 29500
+    main_process_port: Port = 29500
     setup: list[str] = Field(default_factory=list, description="shell lines run first (module load, venv)")
     extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --account=x")
 
@@ -132,7 +132,7 @@ class SlurmSettings(BaseModel):
 class SweepConfig(BaseModel):
     """A sweep file (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG
     name: str | None = None
     out_dir: str | None = None
     apibench: str | None = None
@@ -413,6 +413,27 @@ def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
     return cmd
 
 
+def _read_cell_record(path: Path) -> dict:
+    """A cell's stored ``cell.json`` (written by the sweep), checked to hold what is read from it.
+
+    Raises:
+        InputError: naming the file (and the field): not JSON (a torn write), or not a cell record.
+    """
+    from ratune.errors import InputError
+    from ratune.io import read_json_object
+
+    record = read_json_object(path)
+    config = record.get("config")
+    if not isinstance(record.get("name"), str) or not isinstance(config, dict):
+        raise InputError(str(path), None, "name" if not isinstance(record.get("name"), str) else "config",
+                         "missing: not a sweep cell record (delete the cell's folder to run it again)")
+    for key in ("hub", "train_retriever", "model"):
+        if key not in config:
+            raise InputError(str(path), None, f"config.{key}", "missing: not a sweep cell record (delete the cell's "
+                             "folder to run it again)")
+    return record
+
+
 def cell_record(sweep: Sweep, cell: Cell) -> dict:
     """What ``cell.json`` stores, and what a rerun compares: axes, resolved config, data and eval settings."""
     record = {"name": cell.name, "axes": cell.axes, "config": cell.config,
@@ -443,7 +464,7 @@ def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
     path = cell.dir / "cell.json"
     if not path.exists():
         return []
-    old = json.loads(path.read_text())
+    old = _read_cell_record(path)
     new = cell_record(sweep, cell)
     keys = []
     for part, schema in (("config", TrainConfig), ("data", SweepData), ("eval", SweepEval)):
@@ -529,8 +550,23 @@ def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
         return False
     if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
         return True
+    from ratune.manifest import require_owned
+
+    require_owned(run_dir, "train", action="delete")  # only an unfinished ratune training run is restarted
     shutil.rmtree(run_dir)
     return False
+
+
+def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, out) -> None:
+    """Run one step of a cell, saying which cell of how many, where its log goes, and how long it took."""
+    import time
+
+    log = cell.dir / "logs" / f"{step}.log"
+    print(f"[{step}] {cell.name} {progress}: {_fmt(cmd)}\n  log: {log} (follow it with: tail -f {log})",
+          file=out, flush=True)
+    start = time.monotonic()
+    runner(cmd, log)
+    print(f"[{step}] {cell.name} {progress}: done in {time.monotonic() - start:.0f} s", file=out, flush=True)
 
 
 def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
@@ -546,7 +582,7 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         KeyboardInterrupt: after printing where it stopped (a rerun continues).
     """
     out = out or sys.stdout
-    from ratune.io import write_json
+    from ratune.io import read_json_object, write_json
     from ratune.manifest import is_complete
 
     runner = runner or run_command
@@ -563,7 +599,7 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
             if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
                 continue
             manifest = Path(entry["dir"]) / "manifest.json"
-            have = set(json.loads(manifest.read_text()).get("modes", [])) if manifest.exists() else set()
+            have = set(read_json_object(manifest).get("modes", [])) if manifest.exists() else set()
             if is_complete(entry["dir"]) and set(entry["modes"]) <= have:
                 continue
             current = f"data {hub}"
@@ -572,8 +608,9 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                 runner(data_command(sweep, hub, entry), sweep.out_dir / "logs" / f"data_{hub}.log")
             except RatuneError as exc:
                 data_errors[hub] = str(exc)
-        for cell in cells:
+        for number, cell in enumerate(cells, start=1):
             current = cell.name
+            progress = f"({number}/{len(cells)})"
             if is_finished(sweep, cell):
                 status[cell.name] = "skipped (finished)"
                 print(f"[skip] {cell.name}: finished", file=out)
@@ -588,11 +625,9 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                 if not is_complete(cell.dir / "train"):
                     resume = _prepare_training(sweep, cell)
                     cmd = train_command(sweep, cell, resume=resume)
-                    print(f"[train] {cell.name}: {_fmt(cmd)}", file=out)
-                    runner(cmd, cell.dir / "logs" / "train.log")
+                    _run_step(runner, "train", cell, cmd, progress, out)
                 cmd = eval_command(sweep, cell)
-                print(f"[eval] {cell.name}: {_fmt(cmd)}", file=out)
-                runner(cmd, cell.dir / "logs" / "eval.log")
+                _run_step(runner, "eval", cell, cmd, progress, out)
                 if not is_finished(sweep, cell):
                     raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
             except RatuneError as exc:
@@ -760,7 +795,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     Per table, ``worst_case.md`` and ``sweep.json``'s ``worst_case`` give each trained model's
     lowest accuracy across its test settings (:mod:`ratune.eval.robustness`).
     Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
-    accuracy over train x test settings; ties: the first) with its ``ratune export`` command.
+    accuracy over train x test settings; ties listed in ``tied_with``; a table whose cells all
+    scored 0 has none, under ``no_best``) with its ``ratune export`` command (:func:`best_cells`).
 
     Returns:
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
@@ -769,7 +805,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
             several cells in one context.
     """
-    from ratune.eval.report import GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, write_table2
+    from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, read_metrics,
+                                    write_table2)
     from ratune.eval.run import EXPERIMENT_SETTINGS, TABLE_SETTINGS
     from ratune.io import write_json, write_text
     from ratune.manifest import is_complete
@@ -781,8 +818,10 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     rows = []
     finished = []  # dimensions and metrics.json of each finished eval cell (chosen-pair comparisons)
     axis_keys: list[str] = []
+    if not sweep_dir.is_dir():
+        raise RatuneError(f"{sweep_dir}: no such sweep folder")
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
-        record = json.loads(cell_json.read_text())
+        record = _read_cell_record(cell_json)
         for k in record.get("axes", {}):
             if k not in axis_keys:
                 axis_keys.append(k)
@@ -798,9 +837,9 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             if setting in EXPERIMENT_SETTINGS:
                 experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
                                     "train_retriever": config["train_retriever"],
-                                    "metrics": json.loads((folder / "metrics.json").read_text())})
+                                    "metrics": read_metrics(folder / "metrics.json")})
                 continue
-            cell_metrics = json.loads((folder / "metrics.json").read_text())
+            cell_metrics = read_metrics(folder / "metrics.json")
             if setting == "oracle" and cell_metrics.get("abstention"):
                 abstention_by_cell[record["name"]] = cell_metrics["abstention"]
             table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
@@ -903,18 +942,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     for name, table in tables.items():  # each trained model's lowest accuracy across test settings
         summary["worst_case"][name] = worst_case(table["cells"])
         write_text(out / name / "worst_case.md", worst_case_markdown(summary["worst_case"][name]))
-    if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table (ties: first cell)
-        best: dict[str, dict] = {}
-        for record, c in rows:
-            group = group_of(record, False)
-            if group not in best or c["accuracy"] > best[group]["accuracy"]:
-                cell_dir = sweep_dir / "cells" / record["name"]
-                best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
-                               "test_retriever": c["test_retriever"], "accuracy": c["accuracy"],
-                               "accuracy_ci": c.get("accuracy_ci"), "n": c["n"],
-                               "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
-                                               f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}
-        summary["best"] = best
+    if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table
+        summary["best"], summary["no_best"] = best_cells(sweep_dir, rows, lambda record: group_of(record, False))
     if experiments:
         from ratune.eval.robustness import experiments_markdown, experiment_rows
 
@@ -945,13 +974,12 @@ def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
     Raises:
         RatuneError: the stored pairs do not validate (naming the file).
     """
-    import yaml
     from pydantic import ValidationError
 
     path = Path(sweep_dir) / "sweep.yaml"
     if not path.is_file():
         return []
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = load_yaml(path)
     try:
         return [ComparePair.model_validate(p) for p in data.get("compare") or []]
     except ValidationError as err:
@@ -992,11 +1020,56 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
         print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
     if pairs is not None or load_compare_pairs(sweep_dir):
         print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
-    for name, b in json.loads((report_dir / "sweep.json").read_text(encoding="utf-8")).get("best", {}).items():
-        print(f"best in {name}: {b['cell']} (train {b['train_retriever']}, test {b['test_retriever']}, "
-              f"accuracy {100 * b['accuracy']:.1f} %, n = {b['n']}); export it with:\n  {b['export']}")
+    from ratune.io import read_json_object
+
+    summary = read_json_object(report_dir / "sweep.json")
+    for name, b in summary.get("best", {}).items():
+        where = f"(train {b['train_retriever']}, test {b['test_retriever']}, accuracy {100 * b['accuracy']:.1f} %, " \
+                f"n = {b['n']})"
+        if b.get("tied_with"):
+            print(f"no single best in {name}: {b['cell']} {where} ties with {', '.join(b['tied_with'])}; export the "
+                  f"one you want, e.g.:\n  {b['export']}")
+        else:
+            print(f"best in {name}: {b['cell']} {where}; export it with:\n  {b['export']}")
+    for name, reason in summary.get("no_best", {}).items():
+        print(f"no best cell in {name}: {reason}")
     print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
     return 0
+
+
+def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
+    """The cell to export per table: the highest gorilla accuracy over train x test settings.
+
+    Args:
+        sweep_dir: the sweep folder (the export command names the cell's folders in it).
+        rows: ``(cell record, table cell)`` of every finished Table 2 cell.
+        group_of: the table a cell record belongs to.
+    Returns:
+        ``(best, no_best)``: ``best[table]`` is the first cell (in cell order) with the highest
+        accuracy, with ``tied_with`` listing the other cells (other checkpoints) that reach
+        exactly that accuracy under some test setting (a tie is reported, never broken silently); ``no_best[table]`` says why a table has none (every
+        cell scored 0: there is nothing to choose).
+    """
+    by_group: dict[str, list] = {}
+    for record, c in rows:
+        by_group.setdefault(group_of(record), []).append((record, c))
+    best, no_best = {}, {}
+    for group, cells in by_group.items():
+        top = max(c["accuracy"] for _, c in cells)
+        if top <= 0:
+            no_best[group] = f"every one of its {len(cells)} cells scored 0.0 % (gorilla); nothing to choose"
+            continue
+        tied = [(r, c) for r, c in cells if c["accuracy"] == top]
+        record, c = tied[0]
+        others = list(dict.fromkeys(r["name"] for r, _ in tied if r["name"] != record["name"]))
+        cell_dir = sweep_dir / "cells" / record["name"]
+        best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
+                       "test_retriever": c["test_retriever"], "accuracy": c["accuracy"],
+                       "accuracy_ci": c.get("accuracy_ci"), "n": c["n"],
+                       "tied_with": others,
+                       "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
+                                       f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}
+    return best, no_best
 
 
 # ---------------------------------------------------------------- CLI
@@ -1004,11 +1077,13 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed."""
-    parser.add_argument("file", help="sweep file (YAML)")
+    from ratune.args import input_file, output_dir
+
+    parser.add_argument("file", type=input_file, help="sweep file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
                         help="local: run the commands here; slurm: write sbatch scripts and submit.sh")
-    parser.add_argument("--out", default=None, help="sweep folder (default: the file's out_dir)")
+    parser.add_argument("--out", default=None, type=output_dir, help="sweep folder (default: the file's out_dir)")
     parser.add_argument("--rerun-changed", action="store_true",
                         help="delete and rerun cells whose resolved config changed since they ran")
 

@@ -24,12 +24,12 @@ data); cells on different question sets are refused with the compare stage's mes
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ratune.errors import RatuneError
+from ratune.io import read_json_object
 
 #: Dimensions every eval cell has besides the sweep axes.
 CELL_DIMENSIONS = ("hub", "train_retriever", "test_retriever")
@@ -141,7 +141,7 @@ def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: i
                 results.append({**entry, "status": "missing", "missing": missing})
                 continue
             a, b = found["a"][0], found["b"][0]
-            per_q = [json.loads(Path(x["metrics_path"]).read_text()).get("per_question") for x in (a, b)]
+            per_q = [read_json_object(x["metrics_path"]).get("per_question") for x in (a, b)]
             entry.update(a_cell=f"{a['cell']}/{a['dims']['test_retriever']}",
                          b_cell=f"{b['cell']}/{b['dims']['test_retriever']}")
             if not per_q[0] or not per_q[1]:

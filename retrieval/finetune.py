@@ -31,17 +31,20 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
+from pydantic import Field
+
+from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
 from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, load_examples,
                                   resolve_apibench_dir)
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json
+from ratune.manifest import require_owned
 from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
@@ -64,26 +67,20 @@ class FinetuneSettings:
             more of each document.
     """
 
-    epochs: int = 3
-    batch_size: int = 32
-    learning_rate: float = 5e-5
-    warmup_ratio: float = 0.1
-    seed: int = 0
-    scale: float = 20.0
-    max_seq_length: int | None = None
+    epochs: Count = 3
+    batch_size: Annotated[int, Field(ge=2, description="in-batch negatives need two pairs")] = 32
+    learning_rate: PositiveFloat = 5e-5
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    seed: Seed = 0
+    scale: PositiveFloat = 20.0
+    max_seq_length: Annotated[int, Field(ge=8, description="word pieces")] | None = None
+
+    def __post_init__(self):
+        check_fields(self)  # the bounds of the annotations: refused when made, before any work
 
     def check(self) -> "FinetuneSettings":
-        """Return self, or raise RatuneError naming the first invalid setting."""
-        if self.epochs < 1:
-            raise RatuneError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 2:
-            raise RatuneError(f"batch size must be >= 2 (in-batch negatives need two pairs), got {self.batch_size}")
-        if not self.learning_rate > 0:
-            raise RatuneError(f"learning rate must be > 0, got {self.learning_rate}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise RatuneError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.max_seq_length is not None and self.max_seq_length < 8:
-            raise RatuneError(f"max_seq_length must be >= 8 word pieces, got {self.max_seq_length}")
+        """Return self (the settings were checked when made; kept for callers)."""
+        check_fields(self)
         return self
 
 
@@ -140,19 +137,22 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         eval_examples: ``hub``'s eval examples; their instructions must not occur in training.
         hub: the hub the model is for (recorded; the dense retriever refuses other hubs).
         out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
-            written under a temporary name and renamed when complete.
+            written in a temporary sibling and swapped in when complete
+            (:func:`ratune.manifest.replacing_folder`).
         train_path: the training file the examples came from (its sha256 is recorded).
         eval_path: the eval file (named in leakage errors; its sha256 is recorded).
         settings: training settings.
         base_model: a sentence-transformers folder to start from; default all-MiniLM-L6-v2 offline.
         api_database: the hub's API database file, whose sha256 is recorded when given.
-        overwrite: replace an existing ``out_dir`` (otherwise an existing folder is an error).
+        overwrite: replace an existing ``out_dir`` (otherwise an existing folder is an error); only a
+            folder ratune's retrieval train made is replaced.
         threads: torch CPU threads (None keeps torch's setting).
     Returns:
         The metadata written to ``out_dir/ratune_retriever.json``.
     Raises:
         RatuneError: invalid settings, examples of another hub or split, fewer than two pairs, an
-            existing ``out_dir`` without ``overwrite``, or eval instructions in the training data.
+            existing ``out_dir`` without ``overwrite`` or not made by retrieval train, or eval
+            instructions in the training data; LockHeld when another process writes ``out_dir``.
     """
     check_hub(hub)
     settings = settings.check()
@@ -167,6 +167,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
+    require_owned(out_dir, "retrieval train")  # a folder ratune did not make is never replaced
     leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
 
     # heavy imports only once the inputs are known to be usable (refusals stay fast)
@@ -177,7 +178,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from ratune.manifest import git_commit, package_versions
+    from ratune.manifest import git_commit, package_versions, replacing_folder
 
     if threads:
         torch.set_num_threads(threads)
@@ -189,9 +190,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         model.max_seq_length = settings.max_seq_length
     loss = MultipleNegativesRankingLoss(model, scale=settings.scale)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with replacing_folder(out_dir, "retrieval train") as tmp:  # locked; swapped in when complete
         args = SentenceTransformerTrainingArguments(
             output_dir=str(tmp / "trainer"), num_train_epochs=settings.epochs,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,
@@ -236,12 +235,6 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
             "git_commit": git_commit(),
         }
         write_json(tmp / RETRIEVER_METADATA_FILE, meta)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
@@ -271,15 +264,21 @@ def add_train_arguments(parser) -> None:
     """Arguments of ``ratune retrieval train`` (added to an argparse sub-parser)."""
     from ratune.data.apibench import HUBS
 
+    from ratune.args import bounded, input_dir, output_dir, setting
+
     d = FinetuneSettings()
-    parser.add_argument("--apibench", help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    parser.add_argument("--apibench", type=input_dir,
+                        help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
     parser.add_argument("--hub", required=True, choices=HUBS)
-    parser.add_argument("--out", required=True, help="output folder, e.g. runs/retrievers/torchhub-minilm-ft")
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="pairs per batch (in-batch negatives)")
-    parser.add_argument("--lr", type=float, default=d.learning_rate, help="peak learning rate")
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="output folder, e.g. runs/retrievers/torchhub-minilm-ft")
+    parser.add_argument("--epochs", type=setting(FinetuneSettings, "epochs"), default=d.epochs)
+    parser.add_argument("--batch-size", type=setting(FinetuneSettings, "batch_size"), default=d.batch_size,
+                        help="pairs per batch (in-batch negatives; at least 2)")
+    parser.add_argument("--lr", type=setting(FinetuneSettings, "learning_rate"), default=d.learning_rate,
+                        help="peak learning rate")
+    parser.add_argument("--seed", type=setting(FinetuneSettings, "seed"), default=d.seed)
+    parser.add_argument("--threads", type=bounded(Threads), default=None, help="torch CPU threads")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--evaluate", action="store_true",
                         help="also measure the trained retriever on the hub's eval set (top-1, recall@k, NDCG@k)")

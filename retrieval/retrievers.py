@@ -319,6 +319,8 @@ class BM25Retriever(Retriever):
             raise RatuneError(f"unknown BM25 backend {backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
         self.name, self.hub, self.variant, self.backend = variant, hub, BM25_VARIANTS[variant], backend
         self.corpus = _bm25_corpus(corpus, variant)
+        if not self.corpus:
+            raise RatuneError(f"{hub}: an empty API database; BM25 has no document to index")
         self._tokenize = bm25_tokenize if self.variant["tokenizer"].startswith("lowercase") else str.split
         if _index is not None:
             self._index = _index
@@ -349,27 +351,30 @@ class BM25Retriever(Retriever):
     def save(self, out_dir: str | Path) -> Path:
         """Write the index (backend ``bm25s`` only) to ``out_dir``: ``arrays.npz`` (numpy, no
         pickles) and :data:`BM25_INDEX_METADATA` (format, hub, variant, parameters, corpus sha256,
-        bm25s version).
+        bm25s version). An existing ``out_dir`` is replaced only when it is a saved index
+        (:func:`ratune.manifest.replacing_folder`: written beside it, swapped in when complete).
 
         Raises:
-            RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle).
+            RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle);
+                an existing non-empty ``out_dir`` that is not a ratune index, or a file.
+            LockHeld: another process is writing ``out_dir``.
         """
         import numpy as np
 
         from ratune.io import write_json
-        from ratune.manifest import package_versions
+        from ratune.manifest import package_versions, replacing_folder
 
         if self.backend != "bm25s":
             raise RatuneError("only a bm25s index can be saved (rank_bm25's would need pickle); "
                               "use --bm25-backend bm25s")
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         state = self._index.state()
-        np.savez(out / "arrays.npz", data=state["data"], indices=state["indices"], indptr=state["indptr"])
-        write_json(out / BM25_INDEX_METADATA, {
-            "format": BM25_INDEX_FORMAT, **self.metadata(), "variant": self.name,
-            "corpus_sha256": self.corpus_sha256(), "n_documents": state["n_documents"], "vocab": state["vocab"],
-            "versions": package_versions()})
+        with replacing_folder(out, "retrieval index") as tmp:  # locked; built beside out, swapped in
+            np.savez(tmp / "arrays.npz", data=state["data"], indices=state["indices"], indptr=state["indptr"])
+            write_json(tmp / BM25_INDEX_METADATA, {
+                "format": BM25_INDEX_FORMAT, **self.metadata(), "variant": self.name,
+                "corpus_sha256": self.corpus_sha256(), "n_documents": state["n_documents"], "vocab": state["vocab"],
+                "versions": package_versions()})
         return out
 
     @classmethod
@@ -515,6 +520,8 @@ class DenseRetriever(Retriever):
         if self.finetuned is not None:
             self.name = "dense_ft"
         self.corpus = dedup_corpus(corpus)
+        if not self.corpus:
+            raise RatuneError(f"{hub}: an empty API database; the dense retriever has no document to index")
         self.batch_size = batch_size
         self._model = SentenceTransformer(self.model_path, device="cpu")
         self._doc_emb = self._model.encode([dense_document_text(d) for d in self.corpus], batch_size=batch_size,

@@ -1,12 +1,36 @@
-"""Shared fixtures: the real APIBench folder, the real SmolLM2 tokenizer, a tiny random Llama.
+"""Shared fixtures: the real APIBench folder, the real SmolLM2 tokenizer, a tiny random Llama,
+a LLaMA-1-shaped tokenizer, and the CPU/GPU split of the suite.
 
 Unit tests never load the 135M model: they use a tiny randomly initialised LlamaForCausalLM
 saved to a temporary folder and loaded back through the same from_pretrained path the real
 model takes, with SmolLM2's own tokenizer (whose pad token is its EOS token).
+
+CPU and GPU tests. Tests marked ``gpu`` (tests/test_gpu.py) run only where torch sees a CUDA
+device and are skipped elsewhere (:func:`pytest_collection_modifyitems`). Everything else runs on
+the CPU on every machine, so that it means the same on a laptop, in CI and on a GPU node: from
+the start of the session (:func:`pytest_configure`), fixtures of every scope included, CUDA is
+hidden in two ways:
+
+- ``CUDA_VISIBLE_DEVICES=""`` in ``os.environ``, for the processes the tests start (``python -m
+  ratune.train``, ``accelerate launch``, ``ratune``, the bench scripts): they see no GPU at all,
+  exactly as on a CPU-only machine;
+- ``torch.cuda.is_available`` replaced by a function returning False in the pytest process (the
+  variable cannot hide a GPU from a process whose CUDA runtime is already initialised), and the
+  cache of transformers' ``is_torch_cuda_available`` cleared, so ratune's own checks (``use_cpu``,
+  eval placement, DeepSpeed on gloo) and the libraries' take their CPU paths. Nothing else in
+  torch.cuda is patched: code calling other torch.cuda functions unguarded would see the GPU, and
+  none of ratune's does. A test may still patch ``is_available`` itself (monkeypatch) to simulate
+  a GPU.
+
+The autouse fixture :func:`_gpu_tests_see_the_gpu` lifts both for the duration of a ``gpu`` test
+only. The machine's CUDA availability is read once, before anything is hidden
+(:data:`CUDA_AVAILABLE`); on a GPU machine the CUDA runtime is initialised then, with the machine's
+own CUDA_VISIBLE_DEVICES, so hiding the devices never takes them away from the ``gpu`` tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -16,6 +40,88 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from ratune.data.apibench import resolve_apibench_dir  # noqa: E402
+from ratune.data.prompt import GORILLA_V0_SYSTEM  # noqa: E402
+
+#: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
+CUDA_AVAILABLE = False
+#: What :func:`_hide_cuda` replaces: torch.cuda.is_available and the CUDA_VISIBLE_DEVICES value (None: unset).
+_REAL_CUDA: dict = {}
+
+
+def pytest_configure(config):
+    """Read the machine's CUDA availability, then hide CUDA for the session (module docstring)."""
+    global CUDA_AVAILABLE
+    import torch
+
+    CUDA_AVAILABLE = bool(torch.cuda.is_available())
+    if CUDA_AVAILABLE:
+        torch.cuda.init()  # the runtime now holds this machine's devices, whatever CUDA_VISIBLE_DEVICES becomes
+    _REAL_CUDA.update(is_available=torch.cuda.is_available, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    _hide_cuda()
+
+
+def pytest_unconfigure(config):
+    """Give the process back its CUDA view."""
+    if _REAL_CUDA:
+        _show_cuda()
+
+
+def _hide_cuda() -> None:
+    import torch
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    torch.cuda.is_available = _no_cuda
+    _clear_transformers_cuda_cache()
+
+
+def _show_cuda() -> None:
+    import torch
+
+    if _REAL_CUDA["visible"] is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = _REAL_CUDA["visible"]
+    torch.cuda.is_available = _REAL_CUDA["is_available"]
+    _clear_transformers_cuda_cache()
+
+
+def _no_cuda() -> bool:
+    """torch.cuda.is_available while CUDA is hidden (module docstring)."""
+    return False
+
+
+def _clear_transformers_cuda_cache() -> None:
+    """Forget transformers' cached ``is_torch_cuda_available`` (an lru_cache), if transformers is imported."""
+    import sys
+
+    utils = sys.modules.get("transformers.utils.import_utils")
+    clear = getattr(getattr(utils, "is_torch_cuda_available", None), "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` where torch sees no CUDA device."""
+    if CUDA_AVAILABLE:
+        return
+    skip = pytest.mark.skip(reason="marker gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_see_the_gpu(request):
+    """A test marked ``gpu`` sees the machine's CUDA devices while it runs; every other test and
+    every fixture see none (module docstring)."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    _show_cuda()
+    try:
+        yield
+    finally:
+        _hide_cuda()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -74,4 +180,84 @@ def tiny_model_dir(tmp_path_factory, smol_tokenizer_dir, smol_tokenizer):
     model.save_pretrained(folder, safe_serialization=True)
     for f in smol_tokenizer_dir.iterdir():
         shutil.copy(f, folder / f.name)
+    return folder
+
+
+# ---- a LLaMA-1-shaped tokenizer (huggyllama/llama-7b's shape), small enough to read
+
+# The TorchHub row used throughout: torchhub_train.json line 132 (checked in test_the_row_is_torchhub_line_132).
+INSTRUCTION = "Design me an API for classifying images using a pretrained model."
+ANSWER = ("<<<domain>>>: Classification\n"
+          "<<<api_call>>>: torch.hub.load(repo_or_dir='pytorch/vision', model='resnet34', pretrained=True)\n"
+          "<<<api_provider>>>: PyTorch\n"
+          "<<<explanation>>>: Load the pre-trained ResNet34 model from PyTorch Hub for image classification.\n"
+          "<<<code>>>: import torch\n"
+          "model = torch.hub.load('pytorch/vision', 'resnet34', pretrained=True)")
+
+# The tokens: ids 0-2 special, 3-258 the byte-fallback tokens <0x00>..<0xFF> (so "\n" is 13, as in
+# LLaMA), then one token per piece below, in this order (259, 260, ...). "▁" is the space
+# (sentencepiece's Metaspace, prepended to the text's start as LLaMA does).
+PIECES = [
+    "▁" + GORILLA_V0_SYSTEM.replace(" ", "▁"),                                    # 259 the system text
+    "USER:",                                                                     # 260
+    "▁" + INSTRUCTION.replace(" ", "▁"),                                          # 261 " Design me ... model."
+    "ASSISTANT:",                                                                # 262
+    "▁<<<domain>>>:▁Classification",                                             # 263 the answer's first line
+    "<<<api_call>>>:▁torch.hub.load(repo_or_dir='pytorch/vision',▁model='resnet34',▁pretrained=True)",  # 264
+    "<<<api_provider>>>:▁PyTorch",                                               # 265
+    "<<<explanation>>>:▁Load▁the▁pre-trained▁ResNet34▁model▁from▁PyTorch▁Hub▁for▁image▁classification.",
+    # 266 (above)
+    "<<<code>>>:▁import▁torch",                                                  # 267
+    "model▁=▁torch.hub.load('pytorch/vision',▁'resnet34',▁pretrained=True)",     # 268
+    "▁<|im_start|>user",                                                         # 269
+    INSTRUCTION.replace(" ", "▁"),                                               # 270 the same, after "\n"
+    "<|im_end|>",                                                                # 271
+    "<|im_start|>assistant",                                                     # 272
+]
+# The order in which each piece's merges are ranked: a piece's chain of merges (left to right, one
+# character at a time) must come before any other piece's first merge that could fire inside it
+# (e.g. 268's "m"+"o" inside 264's "model=", 259's "▁"+"A" inside 261's "▁API").
+MERGE_ORDER = [2, 11, 0, 4, 10, 5, 6, 7, 8, 1, 3, 12, 13, 9]
+
+BOS, EOS, NL = 1, 2, 13
+
+
+def build_llama1_tokenizer(folder) -> None:
+    """Write a LLaMA-1-shaped tokenizer folder (tokenizer.json + tokenizer_config.json, class
+    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template)."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers import LlamaTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in PIECES:
+        vocab[piece] = len(vocab)
+    merges = []
+    for index in MERGE_ORDER:
+        piece = PIECES[index]
+        for k in range(1, len(piece)):
+            for part in (piece[:k], piece[k]):
+                vocab.setdefault(part, len(vocab))
+            vocab.setdefault(piece[:k + 1], len(vocab))
+            if (piece[:k], piece[k]) not in merges:
+                merges.append((piece[:k], piece[k]))
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", 1)])
+    llama = LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    llama.save_pretrained(folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True, add_eos_token=False)
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+@pytest.fixture(scope="session")
+def llama1_dir(tmp_path_factory):
+    """A folder holding the LLaMA-1-shaped tokenizer of :func:`build_llama1_tokenizer`."""
+    folder = tmp_path_factory.mktemp("llama1_tokenizer")
+    build_llama1_tokenizer(folder)
     return folder

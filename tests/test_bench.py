@@ -266,3 +266,52 @@ def test_eval_throughput_reports_both_prefill_modes(et, apibench, tiny_model_dir
     assert r["ratio"] == pytest.approx(r["batched_tokens_per_s"] / r["batch1_tokens_per_s"], rel=1e-3)
     table = et.format_table(r)
     assert "HF batched (2, each)" in table and "HF batched (2, padded)" in table
+
+
+def test_gpu_smoke_dry_run_runs_every_stage_on_cpu(tmp_path):
+    """bench/gpu_smoke.py --dry-run: every stage of the GPU smoke run on toy shapes on the CPU,
+    ratune's own training process included, so the script cannot rot before a GPU runs it; and
+    without --dry-run on a CPU-only machine it says so and exits 0."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    gs = _load("gpu_smoke")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py"), "--out", str(tmp_path / "gpu")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("no CUDA GPU on this machine"), proc.stderr[-2000:]
+    assert not (tmp_path / "gpu" / "gpu_smoke.json").exists()
+
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py"), "--dry-run", "--out", str(tmp_path / "dry")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "dry" / "gpu_smoke.json").read_text())
+    stages = report["stages"]
+    assert report["dry_run"] is True and report["device"] == "cpu" and set(stages) == set(gs.STAGES)
+    assert not [name for name, r in stages.items() if "failed" in r or "skipped" in r], stages
+    plan = gs.PLANS["dry"]
+    tokens = plan["rows_per_step"] * plan["row_tokens"]  # one padding-free micro-batch: 2 rows of 400 tokens
+    for kind in ("1b", "7b_full", "7b_lora"):
+        ratune, loop = stages[f"train_{kind}_ratune"], stages[f"train_{kind}_loop"]
+        warmup, steps = plan["steps"]["1b" if kind == "1b" else "7b"]
+        assert ratune["tokens_per_step"] == loop["tokens_per_step"] == tokens
+        assert ratune["steps"] == loop["steps"] == steps and len(ratune["step_seconds"]) == steps
+        assert ratune["tokens_per_s"] == pytest.approx(tokens * steps / sum(ratune["step_seconds"]), rel=0.01)
+        assert ratune["matmul_params"] == loop["matmul_params"] > 0 and loop["tokens_per_s"] > 0
+        assert ratune["flops_per_param"] == loop["flops_per_param"] == (4.0 if kind == "7b_lora" else 6.0)
+        assert ratune["stopped_after_timed_steps"] is (kind != "1b")
+    # the 1B run ran to its end: model/ saved and checked (bit for bit, logits on the same device)
+    (check,) = stages["train_1b_ratune"]["save_checks"]
+    assert check["folder"] == "model" and check["max_abs_logit_diff"] <= check["tolerance"]
+    assert stages["train_1b_ratune"]["device"]["type"] == "cpu"
+    generate = stages["generate"]
+    assert (generate["device"], generate["dtype"], generate["model"]) == ("cpu", "float32", plan["big"])
+    assert set(generate["batches"]) == {str(b) for b in plan["gen_batches"]}
+    for b, r in generate["batches"].items():
+        assert r["loop"]["generated_tokens"] == r["prompts"] * plan["max_new_tokens"]
+        assert 0 < r["ratune"]["generated_tokens"] <= r["loop"]["generated_tokens"]  # ratune stops at EOS
+    table = gs.format_table(report)
+    assert "DRY RUN" in table and "hand loop (ceiling)" in table and "save checks of the 1B run" in table
+    assert table.splitlines()[0] in proc.stdout

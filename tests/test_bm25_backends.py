@@ -267,7 +267,7 @@ def test_eval_runs_the_dense_ft_setting(apibench, tiny_model_dir, dense_ft_folde
     # another retriever folder for the same cell is refused
     other = tmp_path / "other-ft"
     shutil.copytree(dense_ft_folder, other)
-    with pytest.raises(RatuneError, match="made with different retriever_model"):
+    with pytest.raises(RatuneError, match=r"made with different settings \(retriever_model: "):
         run(str(other), settings=("dense_ft",))
 
 

@@ -1,9 +1,11 @@
 """Chat templates for tokenizers without one (issue 17, items 1 and 2).
 
 A LLaMA-1-shaped tokenizer (huggyllama/llama-7b: BPE with byte fallback, ``<unk>`` 0, ``<s>`` 1,
-``</s>`` 2, BOS added, no pad token, no chat template) is built here from a vocabulary small
-enough to read: each line of one TorchHub row is one token, so the expected ids of the row under
-``chatml`` and ``gorilla_v0`` are written out by hand below.
+``</s>`` 2, BOS added, no pad token, no chat template) is built by tests/conftest.py
+(``build_llama1_tokenizer``, fixture ``llama1_dir``; the GPU rehearsal trains with it too) from a
+vocabulary small enough to read: each line of one TorchHub row is one token (ids 259, 260, ... in
+conftest's ``PIECES``), so the expected ids of the row under ``chatml`` and ``gorilla_v0`` are
+written out by hand below.
 """
 
 from __future__ import annotations
@@ -19,82 +21,9 @@ from ratune.data.prompt import (CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES, GORILLA_V0_
 from ratune.errors import RatuneError
 from ratune.train.labels import tokenize_row
 
-# The TorchHub row used throughout: torchhub_train.json line 132 (checked in test_the_row_is_torchhub_line_132).
-INSTRUCTION = "Design me an API for classifying images using a pretrained model."
-ANSWER = ("<<<domain>>>: Classification\n"
-          "<<<api_call>>>: torch.hub.load(repo_or_dir='pytorch/vision', model='resnet34', pretrained=True)\n"
-          "<<<api_provider>>>: PyTorch\n"
-          "<<<explanation>>>: Load the pre-trained ResNet34 model from PyTorch Hub for image classification.\n"
-          "<<<code>>>: import torch\n"
-          "model = torch.hub.load('pytorch/vision', 'resnet34', pretrained=True)")
+from conftest import ANSWER, BOS, INSTRUCTION, NL  # the row and its tokenizer's ids (tests/conftest.py)
 
-# The tokens: ids 0-2 special, 3-258 the byte-fallback tokens <0x00>..<0xFF> (so "\n" is 13, as in
-# LLaMA), then one token per piece below, in this order (259, 260, ...). "▁" is the space
-# (sentencepiece's Metaspace, prepended to the text's start as LLaMA does).
-PIECES = [
-    "▁" + GORILLA_V0_SYSTEM.replace(" ", "▁"),                                    # 259 the system text
-    "USER:",                                                                     # 260
-    "▁" + INSTRUCTION.replace(" ", "▁"),                                          # 261 " Design me ... model."
-    "ASSISTANT:",                                                                # 262
-    "▁<<<domain>>>:▁Classification",                                             # 263 the answer's first line
-    "<<<api_call>>>:▁torch.hub.load(repo_or_dir='pytorch/vision',▁model='resnet34',▁pretrained=True)",  # 264
-    "<<<api_provider>>>:▁PyTorch",                                               # 265
-    "<<<explanation>>>:▁Load▁the▁pre-trained▁ResNet34▁model▁from▁PyTorch▁Hub▁for▁image▁classification.",
-    # 266 (above)
-    "<<<code>>>:▁import▁torch",                                                  # 267
-    "model▁=▁torch.hub.load('pytorch/vision',▁'resnet34',▁pretrained=True)",     # 268
-    "▁<|im_start|>user",                                                         # 269
-    INSTRUCTION.replace(" ", "▁"),                                               # 270 the same, after "\n"
-    "<|im_end|>",                                                                # 271
-    "<|im_start|>assistant",                                                     # 272
-]
-# The order in which each piece's merges are ranked: a piece's chain of merges (left to right, one
-# character at a time) must come before any other piece's first merge that could fire inside it
-# (e.g. 268's "m"+"o" inside 264's "model=", 259's "▁"+"A" inside 261's "▁API").
-MERGE_ORDER = [2, 11, 0, 4, 10, 5, 6, 7, 8, 1, 3, 12, 13, 9]
-
-BOS, EOS, NL = 1, 2, 13
 ANSWER_IDS = [263, NL, 264, NL, 265, NL, 266, NL, 267, NL, 268]
-
-
-def build_llama1_tokenizer(folder) -> None:
-    """Write a LLaMA-1-shaped tokenizer folder (tokenizer.json + tokenizer_config.json, class
-    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template)."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from transformers import LlamaTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece in PIECES:
-        vocab[piece] = len(vocab)
-    merges = []
-    for index in MERGE_ORDER:
-        piece = PIECES[index]
-        for k in range(1, len(piece)):
-            for part in (piece[:k], piece[k]):
-                vocab.setdefault(part, len(vocab))
-            vocab.setdefault(piece[:k + 1], len(vocab))
-            if (piece[:k], piece[k]) not in merges:
-                merges.append((piece[:k], piece[k]))
-    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", 1)])
-    llama = LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    llama.save_pretrained(folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True, add_eos_token=False)
-    config_path.write_text(json.dumps(config, indent=2))
-
-
-@pytest.fixture(scope="module")
-def llama1_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama1_tokenizer")
-    build_llama1_tokenizer(folder)
-    return folder
 
 
 def _load(folder, chat_template=None):
@@ -295,13 +224,18 @@ def test_training_without_any_template_names_the_config_field(llama1_dir, tmp_pa
 
 
 def _checkpoint(root, llama1_dir, manifest: dict | None):
-    """A run folder whose model/ holds the LLaMA-1 tokenizer (saved without a template) and a
-    config.json; no weights: the tests replace model loading and generation."""
+    """A run folder whose model/ holds the LLaMA-1 tokenizer (saved without a template), a
+    config.json and a placeholder model.safetensors (eval checks a checkpoint has safetensors
+    weights before it starts); the tests replace model loading and generation."""
     import shutil
+
+    import torch
+    from safetensors.torch import save_file
 
     model = root / "model"
     shutil.copytree(llama1_dir, model)
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"placeholder": torch.zeros(1)}, str(model / "model.safetensors"))
     if manifest is not None:
         (root / "manifest.json").write_text(json.dumps(manifest))
     return root

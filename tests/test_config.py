@@ -65,3 +65,49 @@ def test_demo_config_validates():
     assert cfg.arms == ["none", "oracle"]
     train = validate(TrainConfig, {**BASE, **cfg.train}, "demo train")
     assert train.resolve_batch(1) == (1, 8)
+
+
+def test_cpu_starter_configs_load_resolve_and_match_the_demo():
+    """configs/train/cpu_*.yaml: one file per CPU scenario a user copies (issue 21 item 6); each
+    loads, resolves its batch for its launcher, and its header commands parse; the LoRA one is
+    the demo's training arm, key for key."""
+    import shlex
+
+    import yaml as pyyaml
+
+    from ratune.cli import build_parser
+    from ratune.config import load_config
+    from ratune.train.config import TrainConfig
+
+    root = Path(__file__).resolve().parent.parent
+    expected = {"cpu_lora_smollm2.yaml": (1, (1, 8)), "cpu_full_smollm2.yaml": (1, (1, 8)),
+                "cpu_zero2_2proc.yaml": (2, (1, 4))}
+    assert sorted(p.name for p in (root / "configs/train").glob("cpu_*.yaml")) == sorted(expected)
+    parser = build_parser()
+    for name, (processes, batch) in expected.items():
+        path = root / "configs/train" / name
+        config = load_config(TrainConfig, path)
+        assert config.resolve_batch(processes) == batch, name
+        assert config.model == "smollm2-135m-instruct" and config.data_dir == "runs/data/torchhub"
+        text = path.read_text().replace("\\\n#", "")
+        for line in text.splitlines():
+            command = line.lstrip("# ").strip()
+            if command.startswith("ratune data build"):  # the others name folders made later
+                parser.parse_args(shlex.split(command)[1:])  # exits (SystemExit) on a stale flag
+    demo_train = pyyaml.safe_load((root / "configs/demo.yaml").read_text())["train"]
+    lora = load_config(TrainConfig, root / "configs/train/cpu_lora_smollm2.yaml").model_dump()
+    assert {k: lora[k] for k in demo_train if k != "lora"} == {k: v for k, v in demo_train.items() if k != "lora"}
+    assert lora["lora"] == {**demo_train["lora"], "enabled": True}
+
+
+def test_demo_takes_apibench_from_the_command_line(tmp_path, capsys):
+    """`ratune demo --apibench DIR` reaches the demo (README and issue 21 item 6): a folder that is
+    not APIBench is named in the one-line error, before any model or data work."""
+    from ratune.cli import main
+
+    empty = tmp_path / "not_apibench"
+    empty.mkdir()
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--apibench", str(empty)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ratune: error: APIBench folder not found (tried ") and str(empty) in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "demo" / "data").exists()

@@ -430,3 +430,55 @@ def test_reload_check_catches_a_changed_adapter(tmp_path, tiny_model_dir, smol_t
     save_file(tensors, str(f), metadata={"format": "pt"})
     with pytest.raises(RatuneError, match=rf"{folder}: weight '{re.escape(name[:-len('.weight')])}.default.weight' differs"):
         checks.verify_saved(folder, model, smol_tokenizer, adapter=True, load_base=base)
+
+
+def _same_row_data(folder: Path, n: int = 8) -> Path:
+    """A data folder of ``n`` copies of one row: every sampler order gives the same batches, so a
+    distributed run and a single-process run of the same global batch must train alike."""
+    from datasets import Dataset, DatasetDict
+
+    from ratune.manifest import mark_complete
+
+    rows = {"user_turn": ["Which API classifies images of cats?"] * n,
+            "completion": ["load the pretrained resnet50 model from torch hub and run it on the image"] * n,
+            "line": list(range(1, n + 1))}
+    DatasetDict({"train": Dataset.from_dict(rows)}).save_to_disk(str(folder / "none"))
+    mark_complete(folder)
+    return folder
+
+
+@pytest.mark.distributed
+def test_zero2_two_processes_match_one_process_of_the_same_global_batch(tmp_path, tiny_model_dir):
+    """2 processes x accumulation 2 under ZeRO-2 against 1 process x accumulation 4 (global batch 4
+    both): the same losses at every step and the same final weights, within float32 reduction
+    noise (issue 21 item 8; torchtune checks distributed losses against single-device ones)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    data = _same_row_data(tmp_path / "same")
+    common = {"data_dir": str(data), "max_steps": 3, "save_steps": None}
+    proc, out = _launch(tmp_path, tiny_model_dir, "z2", launcher_args=TWO_PROCS,
+                        deepspeed=str(ROOT / "configs/deepspeed/zero2.json"), **common)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    config = yaml.safe_load((tmp_path / "z2.yaml").read_text())
+    config.pop("deepspeed")
+    single = train(TrainConfig(**{**config, "output_dir": str(tmp_path / "single")}))
+
+    def losses(run):
+        return [e["loss"] for e in json.loads((run / "log_history.json").read_text()) if "loss" in e]
+
+    assert json.loads((out / "manifest.json").read_text())["gradient_accumulation_steps"] == 2
+    assert json.loads((tmp_path / "single" / "manifest.json").read_text())["gradient_accumulation_steps"] == 4
+    assert len(losses(out)) == 3
+    assert losses(out) == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    assert losses(out)[2] < losses(out)[0]  # it learns the repeated row
+    distributed, reference = load_file(str(out / "model" / "model.safetensors")), load_file(str(single / "model.safetensors"))
+    # the DeepSpeed save writes the tied lm_head too (equal to the embedding); the plain save does not
+    assert set(distributed) - set(reference) <= {"lm_head.weight"} and set(reference) <= set(distributed)
+    if "lm_head.weight" in distributed:
+        assert torch.equal(distributed["lm_head.weight"], distributed["model.embed_tokens.weight"])
+    for name in reference:
+        torch.testing.assert_close(distributed[name], reference[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -43,6 +43,10 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
                                       progress=False,
                                       settings=EvalSettings(n_questions=3, batch_size=3, max_new_tokens=8))
         assert list(results) == list(SETTINGS)
+        # the eval folder has its manifest, as every stage's folder does
+        ev_manifest = json.loads((tmp_path / f"eval_{arm}" / "manifest.json").read_text())
+        assert ev_manifest["command"] == "eval run" and sorted(ev_manifest["cells"]) == sorted(SETTINGS)
+        assert ev_manifest["versions"]["transformers"] and ev_manifest["generation"]["max_new_tokens"] == 8
         for setting, m in results.items():
             assert m["n"] == 3
             assert m["accuracy"] + m["hallucination"] + m["error"] == pytest.approx(1.0)
@@ -62,6 +66,35 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
     md = (tmp_path / "table2.md").read_text()
     assert "| none |" in md and "| oracle |" in md
     assert (tmp_path / "table2.csv").read_text().count("\n") == 1 + 10
+
+    # The verdicts are real, not a constant (a scorer that answered "error" for everything would
+    # pass the checks above): the same scorer counts gold answers of questions 1-3 correct on both
+    # metrics and tells hallucinations from errors; and re-scoring each cell's saved responses
+    # gives its metrics.json counts.
+    from ratune.data.apibench import load_examples
+    from ratune.data.prompt import format_answer
+    from ratune.eval.scoring import Scorer
+
+    scorer = Scorer.from_apibench("torchhub", apibench)
+    gold = [{"question_id": e.line, "text": format_answer(e.answer)} for e in load_examples(apibench, "torchhub", "eval")[:3]]
+    assert [e["question_id"] for e in gold] == [1, 2, 3]
+    result = scorer.score(gold)
+    assert (result["gorilla"]["correct_n"], result["strict"]["correct_n"]) == (3, 3)
+    # a call of no database API is a hallucination; text with no call at all is an error (the
+    # official scripts' semantics, ../shared/scoring/official_semantics.md)
+    result = scorer.score([{"question_id": 1, "text": "<<<api_call>>>: foo.bar(1)"},
+                           {"question_id": 2, "text": "<<<api_call>>>: torch.hub.load('x/y', 'zzz')"},
+                           {"question_id": 3, "text": "I do not know."}])
+    assert [q["gorilla"] for q in result["per_question"]] == ["hallucination", "hallucination", "error"]
+    assert [q["strict"] for q in result["per_question"]] == ["hallucination", "hallucination", "error"]
+    for arm in ("none", "oracle"):
+        for setting in SETTINGS:
+            cell = tmp_path / f"eval_{arm}" / setting
+            saved = [json.loads(x) for x in (cell / "responses.jsonl").read_text().splitlines()]
+            rescored = scorer.score(saved)
+            metrics = json.loads((cell / "metrics.json").read_text())
+            assert rescored["gorilla"]["correct_n"] == round(metrics["accuracy"] * metrics["n"]), (arm, setting)
+            assert rescored["gorilla"]["hallucination_n"] == round(metrics["hallucination"] * metrics["n"])
 
 
 def test_data_build_cli_json_and_bad_input(tmp_path, apibench, smol_tokenizer_dir):

@@ -313,7 +313,8 @@ def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_mo
     assert (cpu["generation"]["device"], cpu["generation"]["dtype"], cpu["device_name"]) == ("cpu", "float32", "cpu")
     # the same cell on a GPU machine (auto: cuda, bfloat16) is another cell
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different generation"):
+    with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different settings \(generation.device: "
+                                          r"'cpu' then, 'cuda' now; generation.dtype: 'float32' then, 'bfloat16' now"):
         _eval(tiny_model_dir, apibench, tmp_path / "cpu")
     # a cell made before placements were recorded ran on the CPU in float32, and continues as one
     path = tmp_path / "cpu" / "0_shot" / "identity.json"
@@ -347,7 +348,7 @@ def test_device_and_dtype_reach_eval_run_from_the_cli_the_sweep_and_the_demo(tmp
     from ratune.demo import DemoEval
 
     parser = build_parser()
-    base = ["eval", "run", "--checkpoint", "c", "--hub", "torchhub", "--out", "o"]
+    base = ["eval", "run", "--checkpoint", str(tmp_path), "--hub", "torchhub", "--out", "o"]
     args = parser.parse_args(base)
     assert (args.device, args.dtype) == ("auto", "auto")
     args = parser.parse_args(base + ["--device", "cuda", "--dtype", "float16"])

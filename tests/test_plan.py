@@ -149,3 +149,11 @@ def test_qlora_needs_lora_and_says_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(RatuneError, match="needs a CUDA GPU"):
         train(cfg)
     assert not (tmp_path / "o").exists()  # checked before anything is written
+
+
+def test_parameter_counts_print_in_the_units_of_their_size():
+    from ratune.train.plan import format_count
+
+    # LLaMA-7B, SmolLM2-135M (134,515,008 parameters), a LoRA r 8 adapter, a tiny test model
+    assert [format_count(n) for n in (P7B, 134_515_008, 1_261_568, 20_480, 12)] == \
+        ["6.74B", "135M", "1.26M", "20.5k", "12"]

@@ -159,7 +159,7 @@ def test_single_seed_sweep_unchanged(tmp_path):
     assert "n_seeds" not in cell and cell["accuracy_ci"] == pytest.approx([0.6099, 0.8287], abs=1e-4)
     report = sweep_dir / "report"
     assert not (report / "replicates.csv").exists()
-    assert set(json.loads((report / "sweep.json").read_text())) == {"axes", "tables", "worst_case", "best", "sources"}
+    assert set(json.loads((report / "sweep.json").read_text())) == {"axes", "tables", "worst_case", "best", "no_best", "sources"}
     md = (report / "torchhub__seed-1" / "table2.md").read_text()
     assert "| none | 73.3 [61-83] (h 10.0) |" in md and "sd" not in md
     header = (report / "torchhub__seed-1" / "table2.csv").read_text().splitlines()[0]

@@ -109,6 +109,76 @@ def test_hand_made_cells_without_intervals(tmp_path):
     assert table["cells"][0]["strict"]["accuracy_ci"] == list(wilson_interval(30, 60))
     assert table["cells"][1]["accuracy_ci"] == [0.0, 1.0]  # n = 0: the whole range
     md = (tmp_path / "table2.md").read_text()
-    assert "73.3 [61-83] (h 10.0)" in md and "0.0 [0-100]" in md
+    assert "73.3 [61-83] (h 10.0)" in md and "0.0 [0-100]" not in md  # n = 0 shows as missing
+    assert "| oracle | - | - |" in md
     rows = list(csv.DictReader(io.StringIO((tmp_path / "table2.csv").read_text())))
     assert rows[1]["strict_accuracy"] == "" and rows[1]["strict_accuracy_low"] == ""
+
+
+# ---- reports say what they hold (issue 21 item 5) ----
+
+def _eval_folder(root, results: dict):
+    """An `ratune eval run` output folder: one complete cell per setting with its metrics.json."""
+    for setting, metrics in results.items():
+        cell = root / setting
+        cell.mkdir(parents=True)
+        (cell / "metrics.json").write_text(json.dumps(metrics))
+        (cell / ".complete").write_text("complete\n")
+    return root
+
+
+def test_report_eval_puts_experiments_beside_table2_and_empty_cells_as_missing(tmp_path, capsys):
+    from sweep_cells import rate_metrics
+
+    from ratune.cli import main
+
+    swap = {**rate_metrics(10, 3, 1), "document_swap": {"n": 10, "follows_document": 0.9, "follows_document_ci":
+                                                        [0.6, 0.98], "follows_memory": 0.1}}
+    empty = {"n": 0, "accuracy": 0.0, "hallucination": 0.0, "error": 0.0}
+    ev = _eval_folder(tmp_path / "eval", {"0_shot": rate_metrics(10, 7, 1), "bm25": empty, "swap": swap})
+    out = tmp_path / "report"
+    assert main(["report", "--eval", f"oracle={ev}", "--hub", "torchhub", "--model", "tiny", "--out", str(out)]) == 0
+    table = json.loads((out / "table2.json").read_text())
+    assert sorted(c["test_retriever"] for c in table["cells"]) == ["0_shot", "bm25"]  # swap is no Table 2 column
+    md = (out / "table2.md").read_text()
+    assert "swap" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| oracle |"))
+    assert row == "| oracle | 70.0 [40-89] (h 10.0) | - |"  # n = 0 shows as missing, never 0.0 [0-100]
+    assert "n = 10 questions per cell" in md
+    csv_row = next(r for r in csv.DictReader(io.StringIO((out / "table2.csv").read_text()))
+                   if r["test_retriever"] == "bm25")
+    assert (csv_row["n"], csv_row["accuracy"], csv_row["accuracy_low"]) == ("0", "", "")
+    experiments = json.loads((out / "experiments.json").read_text())["experiments"]
+    assert [(e["cell"], e["follows_document"]["rate"]) for e in experiments] == [("oracle", 0.9)]
+    assert "| oracle | oracle | 90.0 [60-98] | 10.0 |" in (out / "experiments.md").read_text()
+    assert "Experiments (beside Table 2, not in it)" in capsys.readouterr().out
+
+
+def test_sweep_report_names_ties_and_no_best_when_every_cell_is_zero(tmp_path, capsys):
+    from sweep_cells import finished_cell, rate_metrics
+
+    from ratune import sweep as sw
+
+    tied = tmp_path / "tied"
+    finished_cell(tied, "a", {"train_retriever": "none"}, {"0_shot": rate_metrics(10, 6, 1),
+                                                            "oracle": rate_metrics(10, 6, 2)})
+    finished_cell(tied, "b", {"train_retriever": "oracle"}, {"0_shot": rate_metrics(10, 2, 1),
+                                                              "oracle": rate_metrics(10, 6, 0)})
+    finished_cell(tied, "c", {"train_retriever": "bm25"}, {"0_shot": rate_metrics(10, 5, 1)})
+    assert sw.cli_report_sweep(str(tied)) == 0
+    summary = json.loads((tied / "report" / "sweep.json").read_text())
+    best = summary["best"]["torchhub"]
+    # a: 60 % twice (one checkpoint, no tie); b: 60 % under oracle (another checkpoint: a tie)
+    assert (best["cell"], best["accuracy"], best["tied_with"]) == ("a", 0.6, ["b"]) and summary["no_best"] == {}
+    out = capsys.readouterr().out
+    assert "no single best in torchhub: a (train none, test 0_shot, accuracy 60.0 %, n = 10) ties with b;" in out
+
+    zero = tmp_path / "zero"
+    finished_cell(zero, "a", {"train_retriever": "none"}, {"0_shot": {**rate_metrics(10, 1, 5), "accuracy": 0.0}})
+    finished_cell(zero, "b", {"train_retriever": "oracle"}, {"0_shot": {**rate_metrics(10, 1, 5), "accuracy": 0.0}})
+    assert sw.cli_report_sweep(str(zero)) == 0
+    summary = json.loads((zero / "report" / "sweep.json").read_text())
+    assert summary["best"] == {}
+    assert summary["no_best"] == {"torchhub": "every one of its 2 cells scored 0.0 % (gorilla); nothing to choose"}
+    out = capsys.readouterr().out
+    assert "no best cell in torchhub: every one of its 2 cells" in out and "best in torchhub:" not in out

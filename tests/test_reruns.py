@@ -90,6 +90,8 @@ def test_eval_cell_made_with_other_settings_is_refused(tmp_path):
              "generation": {"max_new_tokens": 8}}
     _check_cell_identity(cell, ident)
     _check_cell_identity(cell, dict(ident))  # same identity: continue
-    with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different checkpoint, "
-                                          r"generation; choose another --out"):
+    # the refusal names each differing setting with both values (nested ones by dotted name)
+    with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different settings \(checkpoint: "
+                                          r"'/a' then, '/b' now; generation.max_new_tokens: 8 then, 16 now\); "
+                                          r"choose another --out"):
         _check_cell_identity(cell, dict(ident, checkpoint="/b", generation={"max_new_tokens": 16}))

@@ -202,9 +202,13 @@ def test_cli_refuses_wrong_hub_and_allows_override(capsys):
         cli_score(args(hub="torchhub", responses=released("huggingface"), no_hub_check=True))
 
 
-def test_cli_user_errors(tmp_path):
-    with pytest.raises(RatuneError, match="not found"):
-        cli_score(args(hub="torchhub", responses=tmp_path / "missing.jsonl"))
+def test_cli_user_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # the flag's type refuses a missing file when it is parsed
+        args(hub="torchhub", responses=tmp_path / "missing.jsonl")
+    assert "missing.jsonl: no such file or folder" in capsys.readouterr().err
+    with pytest.raises(RatuneError, match="not found"):  # and so does cli_score, called without the parser
+        cli_score(argparse.Namespace(hub="torchhub", responses=tmp_path / "missing.jsonl", apibench=None,
+                                     metric="both", json=False))
     with pytest.raises(RatuneError, match="unknown hub"):
         cli_score(argparse.Namespace(hub="pypi", responses="x", apibench=None, metric="both", json=False))
     with pytest.raises(RatuneError, match="APIBench folder not found"):

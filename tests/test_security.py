@@ -304,6 +304,7 @@ def test_config_trust_remote_code_reaches_the_loaders(trust, tmp_path, tiny_mode
     from ratune.train.export import export_checkpoint
 
     # training: the config's value (default False) goes to tokenizer and model loading
+    monkeypatch.setattr(sft, "check_training_data", lambda config: None)  # no data: rows are replaced below
     monkeypatch.setattr(sft, "load_training_rows",
                         lambda config, tokenizer: ({"input_ids": [[1, 2]], "labels": [[-100, 2]]}, {"examples": 1}))
     extra = {"trust_remote_code": True} if trust else {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
+import sys
 import subprocess
 from functools import partial
 from pathlib import Path
@@ -218,6 +220,13 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
     assert sw.cli_sweep(args(path)) == 0
     out = capsys.readouterr().out
     assert f"[skip] {cells['none'].name}: finished" in out
+    # progress per cell (which of how many), where its log is, and when each step is done
+    oracle = cells["oracle"]
+    order = [c.name for c in sw.expand(sw.load_sweep(path))]
+    progress = f"({order.index(oracle.name) + 1}/2)"
+    assert f"[train] {oracle.name} {progress}: accelerate launch" in out
+    assert f"  log: {oracle.dir / 'logs' / 'train.log'} (follow it with: tail -f " in out
+    assert re.search(rf"\[eval\] {re.escape(oracle.name)} {re.escape(progress)}: done in \d+ s", out)
     assert all(cells["none"].name not in " ".join(c) for c in runner.calls)
     assert not any(c[:3] == ["ratune", "data", "build"] for c in runner.calls)
     assert not (cells["oracle"].dir / "error.txt").exists()
@@ -306,10 +315,11 @@ def test_report_without_finished_cells(tmp_path):
 
 def test_run_command_logs_and_raises(tmp_path):
     log = tmp_path / "logs" / "x.log"
-    sw.run_command(["python", "-c", "print('hello')"], log)
-    assert "hello" in log.read_text() and log.read_text().startswith("$ python -c")
+    cmd = [sys.executable, "-c", "print('hello')"]
+    sw.run_command(cmd, log)
+    assert log.read_text() == f"$ {sw._fmt(cmd)}\nhello\n"
     with pytest.raises(RatuneError, match="exited with status 3"):
-        sw.run_command(["python", "-c", "import sys; print('boom'); sys.exit(3)"], log)
+        sw.run_command([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], log)
 
 
 def test_settings_added_later_at_their_default_are_not_changes(tmp_path):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, Threads
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import RatuneError
 
@@ -19,7 +20,7 @@ from ratune.errors import RatuneError
 class LoraSettings(BaseModel):
     """PEFT LoRA settings (Hu et al., 2021). ``enabled: false`` trains all weights."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG
     enabled: bool = False
     r: int = Field(16, ge=1, description="LoRA rank")
     alpha: int = Field(32, ge=1)
@@ -52,7 +53,10 @@ class TrainConfig(BaseModel):
             (``ratune data build --chat-template``); training refuses another (docs/prompts.md).
         load_in_4bit: QLoRA (Dettmers et al., 2023): load the frozen base in 4-bit NF4 with
             bitsandbytes (optional extra ``qlora``; CUDA only) and train LoRA on top; needs
-            ``lora.enabled``. Only ``adapter/`` is saved (no merged ``model/``).
+            ``lora.enabled``. Only ``adapter/`` is saved (no merged ``model/``); ``ratune eval run``
+            and ``ratune export --merge-lora`` load it on the unquantized base. Refused with a
+            ZeRO-3 ``deepspeed`` JSON (peft's QLoRA + ZeRO-3 recipe needs another 4-bit storage
+            dtype and no device_map; ZeRO-2 and no DeepSpeed are fine).
         deepspeed: a DeepSpeed JSON (configs/deepspeed/); ZeRO-3 ones must set
             ``stage3_gather_16bit_weights_on_model_save: true``.
         packing: TRL packing (bfd): whole rows packed into bins of max_length, padding-free;
@@ -84,21 +88,21 @@ class TrainConfig(BaseModel):
             and a login). Every run also writes ``training_curves.png`` (:mod:`ratune.train.curves`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SCHEMA_CONFIG  # unknown keys are errors; every float is finite (no .inf, no .nan)
 
     model: str
     data_dir: str
     train_retriever: str
     output_dir: str
     hub: Literal["torchhub", "huggingface", "tensorflowhub"] = "torchhub"
-    max_length: int = Field(2048, ge=16)
-    global_batch_size: int = Field(64, ge=1)
-    per_device_batch_size: int = Field(1, ge=1)
-    gradient_accumulation_steps: int | None = Field(None, ge=1)
-    learning_rate: float = Field(2e-5, gt=0)
+    max_length: MaxLength = 2048
+    global_batch_size: Count = 64
+    per_device_batch_size: Count = 1
+    gradient_accumulation_steps: Count | None = None
+    learning_rate: PositiveFloat = 2e-5
     num_epochs: float = Field(5.0, gt=0)
-    max_steps: int | None = Field(None, ge=1)
-    max_examples: int | None = Field(None, ge=1)
+    max_steps: Count | None = None
+    max_examples: Count | None = None
     warmup_ratio: float = Field(0.03, ge=0, lt=1)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
     weight_decay: float = Field(0.0, ge=0)
@@ -110,10 +114,10 @@ class TrainConfig(BaseModel):
     packing: bool = False
     padding_free: bool = False
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
-    seed: int = 42
-    torch_threads: int | None = None
-    logging_steps: int = Field(1, ge=1)
-    save_steps: int | None = Field(None, ge=1)
+    seed: Seed = 42
+    torch_threads: Threads | None = None
+    logging_steps: Count = 1
+    save_steps: Count | None = None
     save_strategy: Literal["no", "steps", "epoch"] | None = None
     save_total_limit: int | None = Field(None, ge=1)
     chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None  # the names of data/prompt.py CHAT_TEMPLATES
@@ -143,6 +147,20 @@ class TrainConfig(BaseModel):
                              "(choose padding_free to keep counting examples per batch)")
         if self.load_in_4bit and not self.lora.enabled:
             raise ValueError("load_in_4bit: true (QLoRA) needs lora.enabled: true; 4-bit weights cannot be trained")
+        if self.load_in_4bit and self.deepspeed:
+            from ratune.train.sft import read_deepspeed_config  # raises RatuneError naming an unreadable file
+
+            if read_deepspeed_config(self.deepspeed)["zero_optimization"]["stage"] == 3:
+                raise ValueError(
+                    f"load_in_4bit: true (QLoRA) with the ZeRO-3 DeepSpeed config {self.deepspeed} is not supported: "
+                    "peft's guide 'Use PEFT QLoRA and DeepSpeed with ZeRO3' (huggingface.co/docs/peft/accelerate/"
+                    "deepspeed) needs the 4-bit weights stored in the compute dtype (BitsAndBytesConfig "
+                    "bnb_4bit_quant_storage=bfloat16, and from_pretrained's dtype the same), the model loaded "
+                    "without a device_map so that deepspeed.zero.Init partitions it (accelerate zero3_init_flag: "
+                    "true), and bitsandbytes>=0.43.3; ratune's 4-bit load (train/sft.py _load_4bit) keeps the "
+                    "default uint8 storage and places the whole model on each rank's GPU with a device_map. Use "
+                    "QLoRA without deepspeed or with ZeRO-2 (configs/deepspeed/zero2.json), or LoRA under ZeRO-3 "
+                    "(lora.enabled: true, load_in_4bit: false, deepspeed: configs/deepspeed/zero3.json)")
         if self.dtype != "float32" and not self.lora.enabled and not self.deepspeed:
             raise ValueError(
                 f"dtype: {self.dtype} with a full finetune (lora.enabled: false) and no deepspeed keeps no fp32 "

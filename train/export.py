@@ -1,7 +1,8 @@
 """Export a trained checkpoint as a self-contained Hugging Face model folder, optionally pushed to
 the hub: ``ratune export CHECKPOINT --out DIR [--merge-lora] [--push-to-hub REPO_ID] [--private]``.
 
-Exported folder (written into ``DIR.tmp``, then renamed to ``DIR``)::
+Exported folder (written into a new ratune-owned sibling ``.ratune-tmp.XXXXXXXX.DIR``, then
+renamed to ``DIR``, under ``DIR``'s lock)::
 
     config.json, model.safetensors    the weights (safetensors only), LoRA merged
     generation_config.json            greedy decoding; eos_token_id = the EOS the model was trained
@@ -49,14 +50,16 @@ def _read_json(path: Path) -> dict:
 
 
 def _source(checkpoint: Path) -> tuple[Path, dict | None]:
-    """``(model folder, run manifest or None)`` of a run folder or a plain model folder."""
+    """``(model folder, run manifest or None)`` of a run folder or a plain model folder; the model
+    folder of a run that saved only ``adapter/`` (QLoRA) is that adapter folder
+    (:func:`ratune.eval.run.resolve_checkpoint`)."""
     from ratune.eval.run import model_folder
     from ratune.manifest import is_complete
 
     if not checkpoint.exists():
         raise RatuneError(f"{checkpoint}: checkpoint does not exist")
     folder = model_folder(checkpoint)
-    if folder == checkpoint / "model" and (checkpoint / "manifest.json").exists():
+    if folder in (checkpoint / "model", checkpoint / "adapter") and (checkpoint / "manifest.json").exists():
         if not is_complete(checkpoint):
             raise RatuneError(f"{checkpoint}: training run is not complete (no .complete marker); "
                               "finish or resume it before exporting")
@@ -228,6 +231,7 @@ def _recipe(manifest: dict | None) -> dict:
         "dtype": cfg.get("dtype"), "bf16": cfg.get("bf16"), "seed": cfg.get("seed"),
         "lora": ({k: lora.get(k) for k in ("r", "alpha", "dropout", "target_modules")}
                  if lora.get("enabled") else None),
+        "load_in_4bit": bool(cfg.get("load_in_4bit")),  # QLoRA: trained on a 4-bit base, merged into the 16/32-bit one
         "examples": (manifest.get("data") or {}).get("examples"),
         "train_tokens": (manifest.get("data") or {}).get("tokens"),
     }
@@ -267,8 +271,10 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                 f"| examples | {r.get('examples')}" + (f" (max_examples {r['max_examples']})" if r.get("max_examples")
                                                         else "") + " |",
                 f"| max length | {r.get('max_length')} tokens (documents cut to {r.get('max_document_tokens')}) |",
-                "| LoRA | " + (f"rank {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, modules "
-                               f"{lora['target_modules']}; merged into the base"
+                "| LoRA | " + (("QLoRA (trained on the base in 4-bit NF4), " if r.get("load_in_4bit") else "")
+                               + f"rank {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, modules "
+                               f"{lora['target_modules']}; merged into the "
+                               + ("unquantized " if r.get("load_in_4bit") else "") + "base"
                                + (" at export" if merged_from_adapter else " after training")
                                if lora else "no (full finetune)") + " |",
                 f"| dtype | {r.get('dtype')} (bf16 {r.get('bf16')}) |",
@@ -351,12 +357,16 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             data hashes and the base model) or a plain model folder holding config.json (a run's
             ``model/`` that carries ``ratune_manifest.json`` gives the recipe too; that file, which
             holds local paths, is not exported).
-        out_dir: the folder to create; refused when it exists and is not empty. Written as
-            ``out_dir + ".tmp"`` (a leftover one from a killed export is replaced) and renamed.
+        out_dir: the folder to create; refused when it exists and is not empty, and when it is
+            inside the checkpoint or holds it (both paths resolved first, so ``..`` is fine).
+            Written into a new ratune-owned temporary sibling (:func:`ratune.io.temp_folder`)
+            and renamed; nothing else beside it is touched.
         merge_lora: when the run has ``adapter/``, load the base model (the run manifest's
-            ``model_path``) and merge the adapter into it with peft's ``merge_and_unload``; without
+            ``model_path``, unquantized, in the run's ``dtype``) and merge the adapter into it with
+            peft's ``merge_and_unload`` (:func:`ratune.train.model.load_adapter_merged`); without
             an adapter (full finetune, or a plain model folder) the model is exported as it is.
-            Without this flag ``model/`` (already merged by training) is exported.
+            Without this flag ``model/`` (already merged by training) is exported. A QLoRA run
+            (``load_in_4bit: true``) saves only ``adapter/`` and needs this flag.
         push_to_hub: ``OWNER/NAME``: after a successful export, create the model repo (exist_ok)
             and upload the folder with :class:`huggingface_hub.HfApi`.
         private: create the repo private (only with ``push_to_hub``; an existing repo keeps its
@@ -374,14 +384,26 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         The exported folder.
     Raises:
         RatuneError: bad arguments or missing hub token (before any work); missing or incomplete
-            checkpoint; --merge-lora whose base model folder is gone; existing non-empty
-            ``out_dir``; vocabulary mismatch (:func:`check_vocabulary`); a Table 2 file without
-            this run's row; a failed upload (the local export is kept).
+            checkpoint; a QLoRA run without --merge-lora; --merge-lora whose base model folder is
+            gone, or is a quantized checkpoint; existing non-empty
+            ``out_dir``, or one inside the checkpoint (or holding it); vocabulary mismatch
+            (:func:`check_vocabulary`); a Table 2 file without this run's row; a failed upload
+            (the local export is kept).
+        LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
-    checkpoint, out = Path(checkpoint), Path(out_dir)
+    checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
     token = _hub_token(push_to_hub, private)  # before any work
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RatuneError(f"{out}: output folder exists and is not empty; choose another --out")
+    _check_out(checkpoint, out)
+    from ratune.locks import output_lock
+
+    with output_lock(out, command="export"):  # before any model is loaded: a second export is refused at once
+        return _export(checkpoint, out, token, merge_lora=merge_lora, push_to_hub=push_to_hub, private=private,
+                       eval_dirs=eval_dirs, table2=table2, base_model=base_model, license=license)
+
+
+def _export(checkpoint: Path, out: Path, token: str | None, *, merge_lora: bool, push_to_hub: str | None,
+            private: bool, eval_dirs, table2, base_model: str | None, license: str) -> Path:
+    """The body of :func:`export_checkpoint`, run under ``out``'s lock (arguments checked)."""
     folder, manifest = _source(checkpoint)
     cfg = (manifest or {}).get("config", {})
     base_id = _resolve_base_model_id(manifest, base_model)
@@ -400,20 +422,25 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     dtype = cfg.get("dtype", "float32")
     trust = bool(cfg.get("trust_remote_code", False))
     adapter = checkpoint / "adapter"
+    adapter_only = folder == adapter  # a QLoRA run: adapter/ and no model/
+    if adapter_only and not merge_lora:
+        raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (QLoRA, load_in_4bit: true: no merged "
+                          "model/ is written at train time); export it with --merge-lora, which merges the adapter "
+                          "into the unquantized base")
     merged_from_adapter = bool(merge_lora and manifest and (adapter / "adapter_config.json").exists())
     base_rows = None
     if manifest and manifest.get("model_path") and (Path(manifest["model_path"]) / "config.json").exists():
         base_cfg = _read_json(Path(manifest["model_path"]) / "config.json")
         base_rows = base_cfg.get("vocab_size") or (base_cfg.get("text_config") or {}).get("vocab_size")
     if merged_from_adapter:
-        from peft import PeftModel
+        # the adapter merged into the UNQUANTIZED base, in the run's dtype (QLoRA runs too: a merge into
+        # their 4-bit base would round the merged weights to 4 bits again)
+        from ratune.eval.run import adapter_base
+        from ratune.train.model import load_adapter_merged
 
-        base_path = Path(manifest.get("model_path") or "")
-        if not (base_path / "config.json").exists():
-            raise RatuneError(f"--merge-lora: the base model folder {base_path} recorded in {checkpoint}/manifest.json "
-                              "is gone; export without --merge-lora (model/ is already merged)")
-        model = PeftModel.from_pretrained(load_model(base_path, dtype=dtype, trust_remote_code=trust), str(adapter))
-        model = model.merge_and_unload()
+        base = adapter_base(manifest, checkpoint / "manifest.json",
+                            hint="" if adapter_only else "; export without --merge-lora (model/ is already merged)")
+        model = load_adapter_merged(base, adapter, dtype=dtype, trust_remote_code=trust)
     else:
         model = load_model(folder, dtype=dtype, trust_remote_code=trust)
     tokenizer = load_tokenizer(folder, trust_remote_code=trust)  # the training tokenizer, saved with model/
@@ -448,33 +475,55 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     card = _model_card(model_name=model_name, base_model=base_id, license=license, recipe=recipe, cells=cells,
                        table_hub=table_hub, body=body)
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with torch.no_grad():
-        model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    gen.save_pretrained(str(tmp))
-    card.save(str(tmp / "README.md"))
-    write_json(tmp / EXPORT_MANIFEST, {
-        "command": "export", "source": {"checkpoint_name": checkpoint.name, "run": manifest is not None,
-                                        "merged_lora_at_export": merged_from_adapter},
-        "base_model": base_id, "recipe": recipe, "data_inputs": hashes, "data_note": hash_note,
-        "data_manifest_sha256": (manifest or {}).get("data_manifest_sha256"),
-        "training_versions": versions, "export_versions": export_versions, "vocabulary": vocab,
-        "eos_token_id": eos_id, "pad_token_id": pad_id, "table2_cells": cells, "table2_hub": table_hub,
-        "git_commit": (manifest or {}).get("git_commit"),
-    })
-    for stray in tmp.glob("*.bin"):  # safetensors only
-        stray.unlink()
-    if out.exists():
-        out.rmdir()  # empty (checked above)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(out)
+    from ratune.io import stale_temp_folders, temp_folder
+
+    _check_out(checkpoint, out)  # again: it may have changed while the model loaded
+    for stale in stale_temp_folders(out):  # a killed export's (under the lock: no live writer's)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = temp_folder(out)  # unique and ratune's: a user's OUT.tmp is never touched
+    try:
+        with torch.no_grad():
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        gen.save_pretrained(str(tmp))
+        card.save(str(tmp / "README.md"))
+        write_json(tmp / EXPORT_MANIFEST, {
+            "command": "export", "source": {"checkpoint_name": checkpoint.name, "run": manifest is not None,
+                                            "merged_lora_at_export": merged_from_adapter},
+            "base_model": base_id, "recipe": recipe, "data_inputs": hashes, "data_note": hash_note,
+            "data_manifest_sha256": (manifest or {}).get("data_manifest_sha256"),
+            "training_versions": versions, "export_versions": export_versions, "vocabulary": vocab,
+            "eos_token_id": eos_id, "pad_token_id": pad_id, "table2_cells": cells, "table2_hub": table_hub,
+            "git_commit": (manifest or {}).get("git_commit"),
+        })
+        for stray in tmp.glob("*.bin"):  # safetensors only
+            stray.unlink()
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     if push_to_hub:
         push_folder(out, push_to_hub, token=token, private=private)
     return out
+
+
+def _check_out(checkpoint: Path, out: Path) -> None:
+    """Refuse an export folder that exists and is not empty, or that is inside the checkpoint or
+    holds it (compared resolved: symlinks and ``..`` followed).
+
+    Raises:
+        RatuneError: naming the folder and the reason.
+    """
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RatuneError(f"{out}: output folder exists and is not empty; choose another --out")
+    source = checkpoint.resolve()
+    if out == source or source in out.parents:
+        raise RatuneError(f"{out}: the export folder is inside the checkpoint {source}; choose an --out outside it")
+    if out in source.parents:
+        raise RatuneError(f"{out}: the export folder would hold the checkpoint {source}; choose another --out")
 
 
 def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private: bool = False) -> str:
@@ -504,16 +553,19 @@ def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private:
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune export`` to ``parser`` (see :func:`cli_export`)."""
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a ratune train run folder or a model folder")
-    parser.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
+    from ratune.args import input_dir, input_file, output_dir
+
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", type=input_dir,
+                        help="a ratune train run folder or a model folder")
+    parser.add_argument("--out", required=True, type=output_dir, help="output folder (must not exist or be empty)")
     parser.add_argument("--merge-lora", dest="merge_lora", action="store_true",
                         help="merge the run's adapter/ into its base model (default: export model/, merged at train)")
     parser.add_argument("--push-to-hub", dest="push_to_hub", default=None, metavar="REPO_ID",
                         help="upload the exported folder to this hub model repo (token: $HF_TOKEN or hf auth login)")
     parser.add_argument("--private", action="store_true", help="create the hub repo private")
-    parser.add_argument("--table2", default=None, metavar="FILE",
+    parser.add_argument("--table2", default=None, metavar="FILE", type=input_file,
                         help="table2.json whose row for this run's train_retriever goes into the model card")
-    parser.add_argument("--eval", dest="eval_dirs", action="append", default=None, metavar="EVAL_DIR",
+    parser.add_argument("--eval", dest="eval_dirs", action="append", default=None, metavar="EVAL_DIR", type=input_dir,
                         help="an eval run folder of this checkpoint whose cells go into the card (repeatable)")
     parser.add_argument("--base-model", dest="base_model", default=None, metavar="REPO_ID",
                         help="hub id of the base model for the card metadata (default from the run config)")

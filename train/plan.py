@@ -91,7 +91,9 @@ def model_size(model: str) -> dict:
     """
     folder = Path(model)
     if (folder / "config.json").exists():
-        fields, source = json.loads((folder / "config.json").read_text()), str(folder / "config.json")
+        from ratune.io import read_json_object
+
+        fields, source = read_json_object(folder / "config.json"), str(folder / "config.json")
     elif model in KNOWN_MODELS:
         fields, source = dict(KNOWN_MODELS[model]), "table"
     else:
@@ -101,7 +103,10 @@ def model_size(model: str) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in fields.items() if k not in ("quantization_config", "torch_dtype", "dtype")}
-    cfg = AutoConfig.for_model(**fields)
+    try:
+        cfg = AutoConfig.for_model(**fields)
+    except (ValueError, KeyError, TypeError) as exc:  # no or an unknown model_type, bad fields
+        raise RatuneError(f"{source}: not a causal LM config transformers knows ({exc})") from None
     with torch.device("meta"):
         net = AutoModelForCausalLM.from_config(cfg)
     seen, total, largest = set(), 0, 0
@@ -125,9 +130,12 @@ def _zero_settings(config: TrainConfig, base_dir: Path) -> tuple[int, bool]:
         path = base_dir / path
     if not path.exists():
         raise RatuneError(f"{config.deepspeed}: DeepSpeed config not found")
-    zero = json.loads(path.read_text()).get("zero_optimization", {})
-    offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
-    return int(zero.get("stage", 0)), offload
+    from ratune.train.sft import read_deepspeed_config
+
+    zero = read_deepspeed_config(path)["zero_optimization"]
+    offload_optimizer = zero.get("offload_optimizer") or {}
+    offload = isinstance(offload_optimizer, dict) and offload_optimizer.get("device", "none") in ("cpu", "nvme")
+    return zero["stage"], offload
 
 
 def _lora_params(size: dict, r: int) -> int:
@@ -145,12 +153,14 @@ def _data_tokens(config: TrainConfig, base_dir: Path) -> tuple[int, float, str]:
     manifest = manifest / "manifest.json"
     examples, mean, source = KNOWN_TRAIN_EXAMPLES.get(config.hub), float(config.max_length), "max_length"
     if manifest.exists():
-        built = json.loads(manifest.read_text())
+        from ratune.io import read_json_object
+
+        built = read_json_object(manifest)
         try:
             examples = int(built["counts"]["train"][config.train_retriever]["rows"])
             mean = float(built["token_lengths"]["train"][config.train_retriever]["p50"])
             source = f"{manifest} token_lengths p50"
-        except KeyError:
+        except (KeyError, TypeError, ValueError):
             pass
     if examples is None:
         raise RatuneError(f"{manifest}: no built data manifest, and the {config.hub} training set size is unknown; "
@@ -248,20 +258,33 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
 
 def add_plan_arguments(parser) -> None:
     """Arguments of ``ratune plan``: --config FILE, --gpus N, --mfu F, --peak-tflops F, --json."""
-    parser.add_argument("--config", required=True, help="training config (YAML)")
-    parser.add_argument("--gpus", type=int, required=True, help="total GPUs (processes) of the run")
-    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed (default 0.4)")
-    parser.add_argument("--peak-tflops", type=float, default=312.0,
+    from ratune.args import bounded, input_file
+    from ratune.config import PositiveFloat, Share, Threads
+
+    parser.add_argument("--config", required=True, type=input_file, help="training config (YAML)")
+    parser.add_argument("--gpus", type=bounded(Threads), required=True, help="total GPUs (processes) of the run")
+    parser.add_argument("--mfu", type=bounded(Share), default=0.4,
+                        help="model FLOPs utilisation assumed, in (0, 1] (default 0.4)")
+    parser.add_argument("--peak-tflops", type=bounded(PositiveFloat), default=312.0,
                         help="peak dense 16-bit TFLOP/s per GPU (default 312, A100)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def format_count(n: float) -> str:
+    """A parameter count in the field's units, three significant digits: ``6.74B``, ``135M``,
+    ``1.26k``, ``12``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
 
 
 def _format(result: dict) -> str:
     g = result["per_gpu_gib"]
     stage = f"ZeRO-{result['zero_stage']}" if result["zero_stage"] else "DDP (no DeepSpeed)"
     lines = [
-        f"model {result['model']}: {result['params'] / 1e9:.2f}B parameters ({result['model_source']}), "
-        f"{result['trainable_params'] / 1e9:.3g}B trainable",
+        f"model {result['model']}: {format_count(result['params'])} parameters ({result['model_source']}), "
+        f"{format_count(result['trainable_params'])} trainable",
         f"{result['gpus']} GPUs, {stage}{' + optimizer offload' if result['offload_optimizer'] else ''}, "
         f"batch {result['per_device_batch_size']} x {result['gradient_accumulation_steps']} x {result['gpus']} = "
         f"{result['global_batch_size']}, max_length {result['max_length']}, "

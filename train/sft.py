@@ -29,10 +29,12 @@ so it is exactly what a user rebuilds from the adapter.
 
 QLoRA (``load_in_4bit: true``): only ``adapter/`` is saved, no ``model/``: merging into a 4-bit
 base (``merge_and_unload``) would round the merged weights to 4 bits again, a lossy model that
-is not the one trained. Merge the adapter into the 16/32-bit base afterwards instead
-(peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` on the unquantized base;
-``ratune export RUN --merge-lora`` does this for runs it supports); :func:`train` returns the
-adapter folder. The save check reloads the adapter on a fresh 4-bit base (GPU only).
+is not the one trained. The run manifest records the base (``model_path``) and
+``config.load_in_4bit``; ``ratune eval run RUN`` evaluates the adapter merged into the
+UNQUANTIZED base, and ``ratune export RUN --merge-lora`` writes that merge as a model folder
+(:func:`ratune.eval.run.resolve_checkpoint`, :func:`ratune.train.model.load_adapter_merged`);
+:func:`train` returns the adapter folder. The save check reloads the adapter on a fresh 4-bit
+base (GPU only). QLoRA under ZeRO-3 is refused by the config (:class:`TrainConfig`).
 
 Distributed runs (``accelerate launch``): the process count the trainer actually sees, its
 distributed type and the DeepSpeed ZeRO stage are recorded in the manifest (``distributed``).
@@ -178,6 +180,38 @@ def device_facts(device) -> dict:
     return facts
 
 
+#: ZeRO stages DeepSpeed has.
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def read_deepspeed_config(path: str | os.PathLike) -> dict:
+    """A DeepSpeed JSON as a dict whose ``zero_optimization`` is a dict with an integer ``stage``
+    (0 when the JSON has none), checked where the training config names it.
+
+    Raises:
+        RatuneError: one line naming the file: missing, a folder, not UTF-8 or not JSON, not an
+            object, ``zero_optimization`` not an object, or a stage that is not one of ZERO_STAGES.
+    """
+    from ratune.errors import InputError
+    from ratune.io import read_json_object
+
+    path = Path(path)
+    if not path.is_file():
+        raise RatuneError(f"deepspeed: {path}: cannot read the DeepSpeed config "
+                          f"({'a folder' if path.is_dir() else 'no such file'}; see configs/deepspeed/)")
+    ds = read_json_object(path)
+    zero = ds.get("zero_optimization")
+    if zero is None:
+        zero = {}
+    if not isinstance(zero, dict):
+        raise InputError(str(path), None, "zero_optimization", f"expected an object, got {type(zero).__name__}")
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise InputError(str(path), None, "zero_optimization.stage",
+                         f"expected one of {', '.join(map(str, ZERO_STAGES))} (an integer), got {stage!r}")
+    return {**ds, "zero_optimization": {**zero, "stage": int(stage)}}
+
+
 def deepspeed_settings(path: str | None) -> dict | None:
     """Read a DeepSpeed JSON and check what the save-time checks rely on.
 
@@ -185,18 +219,14 @@ def deepspeed_settings(path: str | None) -> dict | None:
         ``{"path", "zero_stage"}`` (stage 0 when the JSON has no ``zero_optimization``), or None
         when ``path`` is None.
     Raises:
-        RatuneError: the file is missing or not JSON, or it is ZeRO-3 without
+        RatuneError: see :func:`read_deepspeed_config`; or it is ZeRO-3 without
             ``stage3_gather_16bit_weights_on_model_save: true`` (its saves would hold only each
             rank's empty partitions).
     """
     if path is None:
         return None
-    try:
-        ds = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise RatuneError(f"{path}: cannot read the DeepSpeed config ({exc})") from None
-    zero = ds.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0))
+    zero = read_deepspeed_config(path)["zero_optimization"]
+    stage = zero["stage"]
     if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
         raise RatuneError(f"{path}: ZeRO-3 needs \"stage3_gather_16bit_weights_on_model_save\": true in "
                           "zero_optimization, or the saved model holds empty partitions")
@@ -305,26 +335,58 @@ def check_data_chat_template(config: TrainConfig) -> None:
                       f"{built if built is not None else 'null'} or rebuild the data with {rebuild}")
 
 
+def check_training_data(config: TrainConfig) -> None:
+    """Refuse training data that cannot serve this config, before any folder is made or model loaded.
+
+    Raises:
+        RatuneError: one line naming the data folder: missing or incomplete (no .complete
+            marker), the config's ``train_retriever`` not built there (naming the modes that
+            are), a mode without a train split, or another chat template
+            (:func:`check_data_chat_template`).
+    """
+    from ratune.io import read_json_object
+    from ratune.manifest import is_complete
+
+    data_dir = Path(config.data_dir)
+    if not data_dir.is_dir():
+        raise RatuneError(f"data_dir: {data_dir}: no such folder; build it with `ratune data build --out {data_dir}`")
+    if not is_complete(data_dir):
+        raise RatuneError(f"{data_dir}: not a complete `ratune data build` output (no .complete marker)")
+    manifest = data_dir / "manifest.json"
+    listed = read_json_object(manifest).get("modes") if manifest.is_file() else None
+    mode = config.train_retriever
+    split_file = data_dir / mode / "dataset_dict.json"
+    if not split_file.is_file() or (isinstance(listed, list) and mode not in listed):
+        built = listed if isinstance(listed, list) else sorted(
+            p.name for p in data_dir.iterdir() if (p / "dataset_dict.json").is_file())
+        raise RatuneError(f"train_retriever: {mode}: {data_dir} has no such mode (built: "
+                          f"{', '.join(built) if built else 'no mode'}); rebuild the data with --modes ... {mode}, "
+                          "or train on a built mode")
+    splits = read_json_object(split_file).get("splits")
+    if not isinstance(splits, list) or "train" not in splits:
+        raise RatuneError(f"{data_dir / mode}: no train split (splits: {splits}); the hub's APIBench copy has no "
+                          "training file, so there is nothing to train on")
+    check_data_chat_template(config)
+
+
 def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     """Tokenize the built training split for ``config.train_retriever``.
 
     Returns:
         ``({"input_ids": [...], "labels": [...]}, stats)``.
     Raises:
-        RatuneError: data folder missing or incomplete, built with another chat template
-            (:func:`check_data_chat_template`), a row longer than max_length, or a row with no
-            trainable token.
+        RatuneError: see :func:`check_training_data`; an empty train split, a row longer than
+            max_length, or a row with no trainable token.
     """
     from datasets import load_from_disk
 
-    from ratune.manifest import is_complete
     from ratune.train.labels import NoTrainableTokens, tokenize_row
 
     data_dir = Path(config.data_dir)
-    if not is_complete(data_dir):
-        raise RatuneError(f"{data_dir}: not a complete `ratune data build` output (no .complete marker)")
-    check_data_chat_template(config)
+    check_training_data(config)
     split = load_from_disk(str(data_dir / config.train_retriever))["train"]
+    if len(split) == 0:
+        raise RatuneError(f"{data_dir}/{config.train_retriever}: the train split has no rows; nothing to train on")
     if config.max_examples is not None and config.max_examples < len(split):
         split = split.shuffle(seed=config.seed).select(range(config.max_examples))
     input_ids, labels, real, trainable = [], [], 0, 0
@@ -431,6 +493,10 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)
+    if resume_from is None and _is_main_process():
+        from ratune.manifest import claim_folder
+
+        claim_folder(out, "train")  # from here on a ratune train output (ratune.manifest.output_stage)
     return out
 
 
@@ -448,7 +514,8 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
 
 
 def train(config: TrainConfig, *, resume_from: str | None = None, config_path: str | None = None) -> Path:
-    """Train one model and save its run folder (see the module docstring).
+    """Train one model and save its run folder (see the module docstring), holding the run folder's
+    lock (:func:`ratune.locks.output_lock`, on rank 0 only) throughout.
 
     Args:
         config: the validated config.
@@ -461,7 +528,16 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         RatuneError: bad launcher or process count, DeepSpeed configured but not running, a
             save that does not reload (see :mod:`ratune.train.checks`), and the errors of the
             helpers (batch arithmetic, output folder, resume path, data).
+        LockHeld: another process is writing ``output_dir``.
     """
+    from ratune.locks import output_lock
+
+    with output_lock(config.output_dir, command="train", enabled=_is_main_process()):
+        return _train(config, resume_from=resume_from, config_path=config_path)
+
+
+def _train(config: TrainConfig, *, resume_from: str | None, config_path: str | None) -> Path:
+    """The body of :func:`train`, run while rank 0 holds the run folder's lock."""
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
     from ratune.train.model import check_attention
@@ -476,7 +552,8 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     from ratune.io import write_json, write_text
     from ratune.manifest import base_manifest, mark_complete
     from ratune.train import checks
-    from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
+    from ratune.train.model import (load_model, load_tokenizer, require_model_files, resolve_model_path,
+                                    set_torch_threads)
 
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
@@ -484,11 +561,9 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     ds_settings = deepspeed_settings(config.deepspeed)
     nproc = _num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
-    check_data_chat_template(config)  # before any folder is made or model loaded
-    out = _prepare_output_dir(config, resume_from)
-    resume = _resolve_resume(out, resume_from)
-    set_seed(config.seed)
-
+    # before any folder is made or model loaded: the data's chat template, the tokenizer, the data
+    # (complete, the mode built, a train split) and the model folder (safetensors weights)
+    check_data_chat_template(config)
     model_path = resolve_model_path(config.model)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
                                chat_template=config.chat_template)
@@ -496,6 +571,12 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
 
     require_chat_template(tokenizer, source=str(model_path), hint="set chat_template: in the training config "
                           "(and give the data build the same --chat-template)")
+    check_training_data(config)
+    require_model_files(model_path)  # safetensors weights (pickles are never loaded)
+    out = _prepare_output_dir(config, resume_from)
+    resume = _resolve_resume(out, resume_from)
+    set_seed(config.seed)
+
     columns, stats = load_training_rows(config, tokenizer)
     from ratune.train.tokens import check_packing_attention, shares_for_rows
 
@@ -673,31 +754,50 @@ def throughput(log_history: list[dict], metrics: dict) -> dict:
 
 
 def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
-    """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes), then rename.
+    """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes), then swap it in.
 
+    ``tmp`` is a new ratune-owned sibling (:func:`ratune.io.temp_folder`); rank 0 draws its random
+    part, creates it and broadcasts the part, so every rank names the same folder. Rank 0 first
+    removes temporary siblings of ``final`` that a killed run left (it holds the run's lock).
     Drops the Trainer's pickled ``training_args.bin`` (model folders hold safetensors and JSON only).
     """
-    tmp = final.with_name(final.name + ".tmp")
+    import secrets
+
+    import torch
+    from accelerate.utils import broadcast
+
+    from ratune.io import stale_temp_folders, swap_folder, temp_folder
+
+    draw = 0
     if main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in stale_temp_folders(final):
+            shutil.rmtree(stale, ignore_errors=True)
+        while True:
+            draw = secrets.randbits(32)
+            try:
+                temp_folder(final, token=f"{draw:08x}")
+                break
+            except FileExistsError:
+                continue
+    draw = int(broadcast(torch.tensor([draw], dtype=torch.int64, device=trainer.accelerator.device)).item())
+    tmp = temp_folder(final, token=f"{draw:08x}", create=False)
     write(tmp)
     if main_process:
         (tmp / "training_args.bin").unlink(missing_ok=True)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        swap_folder(tmp, final)
     trainer.accelerator.wait_for_everyone()
     return final
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ratune.train`` / ``accelerate launch -m ratune.train``."""
-    import argparse
-
+    from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
     from ratune.config import load_config
 
-    parser = argparse.ArgumentParser(prog="ratune.train", description="Train one RAT model from a YAML config.")
-    parser.add_argument("--config", required=True, help="training config (YAML)")
-    parser.add_argument("--resume-from", default=None, help="'latest' or a checkpoint folder; never implicit")
+    parser = RatuneArgumentParser(prog="ratune.train", description="Train one RAT model from a YAML config.")
+    parser.add_argument("--config", required=True, type=input_file, help="training config (YAML)")
+    parser.add_argument("--resume-from", default=None, type=latest_or_dir,
+                        help="'latest' or a checkpoint folder; never implicit")
     args = parser.parse_args(argv)
     config = load_config(TrainConfig, args.config)
     path = train(config, resume_from=args.resume_from, config_path=args.config)

@@ -1,0 +1,388 @@
+"""Issue 21 item 1: ratune never deletes or overwrites what it did not create, a failed rebuild keeps
+the previous build, temporary folders are unique and ratune's, and two processes never write one
+output at once (docs/reliability.md#what-ratune-deletes-or-overwrites).
+
+- data build --overwrite refuses a folder holding a user's file (message names the folder and says
+  it is not a ratune output); a rebuild that fails on a bad input line, or is interrupted after a
+  mode was written, leaves the previous build byte-identical and no temporary sibling.
+- retrieval train --overwrite, retrieval index, eval run and the demo's cleanup of an unfinished
+  training arm refuse folders ratune did not make, leaving the user's files as they were.
+- export leaves a user's OUT.tmp untouched, accepts ``..`` in --out (resolved: the model lands in
+  the folder the path names), refuses an output inside the checkpoint in one line.
+- the training save's temporary folder is unique and ratune's (a user's model.tmp survives; a stale
+  ratune temporary folder of that save is removed).
+- a second process on a locked output (a real holder process, started with sys.executable) is
+  refused by data build, retrieval index, eval run, export and train in one line naming the lock
+  file and the holder's pid; a lock left by a dead process on this host is taken over with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratune.errors import RatuneError
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _ratune_temps(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".ratune-"))
+
+
+def _one_error_line(err: str) -> str:
+    """The one ``ratune: error:`` line of a refusal (progress bars of the steps before it aside)."""
+    lines = [line for line in err.splitlines() if line.startswith("ratune: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_apibench(tmp_path_factory, apibench):
+    """The TorchHub files of APIBench (API database, train and eval examples), copied."""
+    from ratune.data.apibench import api_database_path, examples_path
+
+    root = tmp_path_factory.mktemp("apibench")
+    for src in (api_database_path(apibench, "torchhub"), examples_path(apibench, "torchhub", "train"),
+                examples_path(apibench, "torchhub", "eval")):
+        dst = root / src.relative_to(apibench)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+    return root
+
+
+def _build_argv(apibench_dir, out, tokenizer_dir, *extra):
+    return ["data", "build", "--apibench", str(apibench_dir), "--hub", "torchhub", "--out", str(out),
+            "--tokenizer", str(tokenizer_dir), "--max-length", "512", "--max-document-tokens", "64",
+            "--modes", "none", "oracle", *extra]
+
+
+# ----------------------------------------------------------------------------- who made a folder
+
+
+def test_output_stage_reads_the_marker_and_recognises_older_outputs(tmp_path):
+    from ratune.manifest import claim_folder, output_stage, require_owned
+
+    def folder(name: str, files: dict[str, str]) -> Path:
+        path = tmp_path / name
+        for rel, text in files.items():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_text(text)
+        return path
+
+    marked = folder("marked", {"x.txt": ""})
+    claim_folder(marked, "train")
+    made_before = {  # folders written before the marker existed, by what each stage always wrote
+        "data build": folder("data", {"manifest.json": '{"command": "data build"}'}),
+        "train": folder("run", {"manifest.json": '{"command": "train"}', "trainer/x": ""}),
+        "eval run": folder("eval", {"0_shot/identity.json": "{}"}),
+        "retrieval train": folder("ret", {"ratune_retriever.json": "{}"}),
+        "retrieval index": folder("idx", {"ratune_bm25_index.json": "{}"}),
+        "demo": folder("demo", {"table2.json": "{}"}),
+    }
+    assert output_stage(marked) == "train"
+    assert {stage: output_stage(path) for stage, path in made_before.items()} == {s: s for s in made_before}
+    for user in (folder("u1", {"notes.txt": ""}), folder("u2", {"manifest.json": "[1, 2]"}),
+                 folder("u3", {"manifest.json": "{torn"}), folder("u4", {".ratune-output": "not json"})):
+        assert output_stage(user) is None
+        with pytest.raises(RatuneError, match=rf"{user}: not a ratune train output .*does not delete folders"):
+            require_owned(user, "train", action="delete")
+    with pytest.raises(RatuneError, match="not a ratune train output \\(it is a ratune data build output\\)"):
+        require_owned(made_before["data build"], "train")
+    require_owned(tmp_path / "missing", "train")
+    (tmp_path / "empty").mkdir()
+    require_owned(tmp_path / "empty", "train")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RatuneError, match="exists and is not a folder"):
+        require_owned(tmp_path / "file", "train")
+
+
+# ------------------------------------------------------------------------------------ data build
+
+
+def test_data_build_overwrite_never_deletes_a_user_folder(tmp_path, small_apibench, smol_tokenizer_dir, capsys):
+    from ratune.cli import main
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("my own notes\n")
+    for extra in ((), ("--overwrite",)):
+        assert main(_build_argv(small_apibench, user, smol_tokenizer_dir, *extra)) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert f"{user}: not a ratune data build output" in line
+    assert _snapshot(user) == {"notes.txt": b"my own notes\n"}
+    assert _ratune_temps(tmp_path) == []
+
+
+def test_failed_or_interrupted_rebuild_keeps_the_previous_build(tmp_path, small_apibench, smol_tokenizer_dir,
+                                                                capsys, monkeypatch):
+    from ratune.cli import main
+    from ratune.data.apibench import examples_path
+
+    apibench = tmp_path / "apibench"
+    shutil.copytree(small_apibench, apibench)
+    out = tmp_path / "data"
+    assert main(_build_argv(apibench, out, smol_tokenizer_dir, "--json")) == 0
+    capsys.readouterr()
+    before = _snapshot(out)
+    assert {"manifest.json", ".complete", ".ratune-output", "none/dataset_dict.json",
+            "oracle/dataset_dict.json"} <= set(before)
+    assert json.loads(before[".ratune-output"]) == {"stage": "data build"}
+
+    # a bad input line: the rebuild fails, the previous build stays as it was
+    train_file = examples_path(apibench, "torchhub", "train")
+    data = train_file.read_bytes()
+    train_file.write_bytes(data + (b"" if data.endswith(b"\n") else b"\n") + b'{"code": "torn\n')
+    bad_line = len(train_file.read_bytes().splitlines())
+    assert main(_build_argv(apibench, out, smol_tokenizer_dir, "--overwrite")) == 2
+    assert f"{train_file}:{bad_line}:" in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(out) == before
+    assert _ratune_temps(tmp_path) == []
+
+    # interrupted after the first mode was written into the new build: the same
+    shutil.copyfile(small_apibench / train_file.relative_to(apibench), train_file)
+    import ratune.data.build as build
+
+    real, calls = build.build_rows, []
+
+    def interrupt_second_mode(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        if kwargs["mode"] == "oracle":
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "build_rows", interrupt_second_mode)
+    assert main(_build_argv(apibench, out, smol_tokenizer_dir, "--overwrite")) == 130
+    assert calls == ["none", "none", "oracle"]  # train and eval of none were built, then Ctrl-C
+    assert _snapshot(out) == before
+    assert _ratune_temps(tmp_path) == []
+
+    # the rerun the interrupt message asks for works and swaps the new build in
+    monkeypatch.setattr(build, "build_rows", real)
+    assert main(_build_argv(apibench, out, smol_tokenizer_dir, "--overwrite", "--json")) == 0
+    after = _snapshot(out)
+    assert set(after) == set(before) and after["none/dataset_dict.json"] == before["none/dataset_dict.json"]
+    assert _ratune_temps(tmp_path) == []
+
+
+# ------------------------------------------------------------ other commands that replace or write
+
+
+def test_retrieval_train_overwrite_and_index_refuse_a_user_folder(tmp_path, apibench, capsys):
+    from ratune.cli import main
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "arrays.npz").write_bytes(b"not ours")
+    assert main(["retrieval", "train", "--apibench", str(apibench), "--hub", "torchhub", "--out", str(user),
+                 "--overwrite"]) == 2
+    assert f"{user}: not a ratune retrieval train output" in _one_error_line(capsys.readouterr().err)
+    assert main(["retrieval", "index", "--apibench", str(apibench), "--hub", "torchhub", "--out", str(user)]) == 2
+    assert f"{user}: not a ratune retrieval index output" in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(user) == {"arrays.npz": b"not ours"}
+
+    # a ratune index is rebuilt in place of the old one (swapped in; no temporary folder left)
+    index = tmp_path / "index"
+    assert main(["retrieval", "index", "--apibench", str(apibench), "--hub", "torchhub", "--out", str(index)]) == 0
+    first = _snapshot(index)
+    assert main(["retrieval", "index", "--apibench", str(apibench), "--hub", "torchhub", "--out", str(index)]) == 0
+    assert _snapshot(index) == first and json.loads(first[".ratune-output"]) == {"stage": "retrieval index"}
+    assert _ratune_temps(tmp_path) == []
+
+
+def test_eval_run_refuses_to_write_into_a_user_folder(tmp_path, apibench, tiny_model_dir, capsys):
+    from ratune.cli import main
+
+    user = tmp_path / "responses"
+    (user / "0_shot").mkdir(parents=True)
+    theirs = b'{"question_id": 1, "text": "their own answer"}\n'
+    (user / "0_shot" / "responses.jsonl").write_bytes(theirs)
+    assert main(["eval", "run", "--checkpoint", str(tiny_model_dir), "--hub", "torchhub", "--apibench",
+                 str(apibench), "--out", str(user), "--settings", "0_shot", "--n-questions", "2"]) == 2
+    assert f"{user}: not a ratune eval run output" in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(user) == {"0_shot/responses.jsonl": theirs}
+
+
+def test_demo_never_deletes_an_unfinished_arm_it_did_not_make(tmp_path, tiny_model_dir, capsys):
+    from ratune.cli import main
+    from ratune.manifest import claim_folder
+
+    out = tmp_path / "demo"
+    config = tmp_path / "demo.yaml"
+    config.write_text(json.dumps({"model": str(tiny_model_dir), "out_dir": str(out), "arms": ["none"],
+                                  "torch_threads": 1, "data": {"max_length": 512, "max_document_tokens": 64}}))
+    (out / "train_none").mkdir(parents=True)
+    claim_folder(out, "demo")  # a demo folder ratune made; the arm folder in it is the user's
+    (out / "train_none" / "keep.txt").write_text("a user's file\n")
+    assert main(["demo", "--config", str(config)]) == 2
+    assert f"{out / 'train_none'}: not a ratune train output" in _one_error_line(capsys.readouterr().err)
+    assert (out / "train_none" / "keep.txt").read_text() == "a user's file\n"
+    assert (out / "data" / ".complete").exists()  # the data step ran before the refusal
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+@pytest.fixture()
+def checkpoint(tmp_path, tiny_model_dir):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_model_dir, folder)
+    return folder
+
+
+def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint):
+    from ratune.train.export import export_checkpoint
+
+    users = tmp_path / "exported.tmp"
+    users.mkdir()
+    (users / "thesis.tex").write_text("months of work\n")
+    out = export_checkpoint(checkpoint, tmp_path / "exported")
+    assert out == (tmp_path / "exported").resolve() and (out / "model.safetensors").exists()
+    assert _snapshot(users) == {"thesis.tex": b"months of work\n"}
+    assert _ratune_temps(tmp_path) == []
+
+
+def test_export_resolves_dotdot_and_refuses_an_output_inside_the_checkpoint(tmp_path, checkpoint, capsys):
+    from ratune.cli import main
+
+    place = tmp_path / "place"
+    place.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["export", str(checkpoint), "--out", str(place / "missing" / "..")]) == 0
+    assert json.loads(capsys.readouterr().out)["out"] == str(place.resolve())
+    assert (place / "model.safetensors").exists() and (place / "config.json").exists()
+    assert not (place / "missing").exists() and sorted(p.name for p in tmp_path.iterdir()) == before
+
+    inside = checkpoint / "export"
+    for out in (inside, checkpoint / "sub" / ".." / "export2", checkpoint):
+        assert main(["export", str(checkpoint), "--out", str(out)]) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert "inside the checkpoint" in line or "exists and is not empty" in line
+    from ratune.train.export import export_checkpoint
+
+    with pytest.raises(RatuneError, match="the export folder is inside the checkpoint"):
+        export_checkpoint(checkpoint, inside)
+    assert not inside.exists() and not (checkpoint / "export2").exists() and not (checkpoint / "sub").exists()
+    assert _ratune_temps(checkpoint) == [] and _ratune_temps(tmp_path) == []
+
+
+# ------------------------------------------------------------------------- the training save folder
+
+
+def test_training_save_uses_a_unique_ratune_temporary_folder(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from ratune.train.sft import _save_folder
+
+    run = tmp_path / "run"
+    (run / "model.tmp").mkdir(parents=True)
+    (run / "model.tmp" / "mine.txt").write_text("a user's folder\n")
+    stale = run / ".ratune-tmp.deadbeef.model"  # left by a killed save of this run
+    stale.mkdir()
+    (run / "model").mkdir()
+    (run / "model" / "old.safetensors").write_text("previous save")
+    seen = []
+
+    def write(tmp: Path):
+        seen.append(tmp)
+        (tmp / "model.safetensors").write_text("new save")
+        (tmp / "training_args.bin").write_bytes(b"pickle")
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("cpu"), wait_for_everyone=lambda: None))
+    assert _save_folder(run / "model", write, True, trainer) == run / "model"
+    assert seen[0].parent == run and seen[0].name.startswith(".ratune-tmp.") and seen[0].name.endswith(".model")
+    assert _snapshot(run / "model") == {"model.safetensors": b"new save"}
+    assert _snapshot(run / "model.tmp") == {"mine.txt": b"a user's folder\n"}
+    assert sorted(p.name for p in run.iterdir()) == ["model", "model.tmp"]
+
+
+# ------------------------------------------------------------------------------------------ locks
+
+_HOLD = """import sys
+from ratune.locks import output_lock
+with output_lock(sys.argv[1], command="holder"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture()
+def held(tmp_path):
+    """A second process holding the lock of tmp_path/'target' until the test ends."""
+    from ratune.locks import lock_path
+
+    target = tmp_path / "target"
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(target)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        holder = json.loads(lock_path(target).read_text())
+        assert holder["pid"] == proc.pid and holder["host"] == socket.gethostname()
+        yield target, proc.pid, lock_path(target)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert not lock_path(target).exists()  # the holder removed its lock file on release
+
+
+def test_second_process_on_a_locked_output_is_refused(held, tmp_path, apibench, small_apibench, smol_tokenizer_dir,
+                                                      tiny_model_dir, capsys):
+    from ratune.cli import main
+
+    target, pid, lock = held
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({"model": str(tiny_model_dir), "data_dir": str(tmp_path / "nodata"),
+                                  "train_retriever": "none", "output_dir": str(target), "max_steps": 1,
+                                  "global_batch_size": 1, "per_device_batch_size": 1}))
+    commands = {
+        "data build": _build_argv(small_apibench, target, smol_tokenizer_dir),
+        "retrieval index": ["retrieval", "index", "--apibench", str(apibench), "--hub", "torchhub", "--out",
+                            str(target)],
+        "eval run": ["eval", "run", "--checkpoint", str(tiny_model_dir), "--hub", "torchhub", "--apibench",
+                     str(apibench), "--out", str(target), "--settings", "0_shot", "--n-questions", "1"],
+        "export": ["export", str(tiny_model_dir), "--out", str(target)],
+        "train": ["train", "--config", str(config)],
+    }
+    for name, argv in commands.items():
+        assert main(argv) == 2, name
+        line = _one_error_line(capsys.readouterr().err)
+        assert f"is being written by pid {pid} on {socket.gethostname()} (holder)" in line, (name, line)
+        assert f"lock file {lock}" in line, (name, line)
+        assert not target.exists(), name
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [".target.ratune.lock"]
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, apibench, capsys):
+    from ratune.cli import main
+    from ratune.locks import LockHeld, lock_path, output_lock
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(dead.stdout)
+    index = tmp_path / "index"
+    lock = lock_path(index)
+    lock.write_text(json.dumps({"pid": dead_pid, "host": socket.gethostname(), "command": "killed"}))
+    assert main(["retrieval", "index", "--apibench", str(apibench), "--hub", "torchhub", "--out", str(index)]) == 0
+    err = capsys.readouterr().err
+    assert f"ratune: note: took over the stale lock {lock} of pid {dead_pid} (no longer running)" in err
+    assert (index / "ratune_bm25_index.json").exists() and not lock.exists()
+
+    # while held, the file names this process; a lock naming another host is not taken over
+    with output_lock(index, command="test") as path:
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    lock.write_text(json.dumps({"pid": dead_pid, "host": "another-host", "command": "remote"}))
+    with pytest.raises(LockHeld, match=f"pid {dead_pid} on another-host .*delete the lock file"):
+        with output_lock(index):
+            pass
+    assert lock.exists()
