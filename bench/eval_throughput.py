@@ -20,9 +20,11 @@ first EOS; the padding (= EOS for SmolLM2) that fills a finished sequence while 
 batch runs on is not counted. Throughput = generated tokens / wall seconds of the whole run
 (prefill included). ``answers_identical`` counts prompts whose batch-1 and batched answers agree.
 
-If ``vllm`` is importable and a CUDA GPU is present, vLLM generates the same prompt ids with
-``temperature=0`` and ``max_tokens=--max-new-tokens`` and is reported too; otherwise it is
-reported as skipped with the reason.
+Where the vLLM backend runs (a supported ``vllm`` and a CUDA GPU), vLLM generates the same prompt
+ids through ``ratune eval run --backend vllm``'s own path (eval/vllm_backend.py: eval's CUDA dtype,
+bfloat16; greedy; stop at the HF backend's stop ids; at most ``--max-new-tokens`` within the
+model's positions) and is reported too; otherwise it is reported as skipped with the backend's
+reason. The HF rows load the model in float32 whatever the device (this bench's own setting).
 
 With ``--json`` prints one object::
 
@@ -43,7 +45,6 @@ batched runs add ``"prefill"``, their mode, and ``batched_other_prefill`` its ow
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -133,26 +134,51 @@ def decode_breakdown(model, tokenizer, prompts: Sequence[list[int]], full: dict,
             "decode_tokens_per_s": round(decode_tokens / decode_s, 2) if decode_s > 0 else None}
 
 
-def measure_vllm(model_path, prompts: Sequence[list[int]], *, max_new_tokens: int) -> dict:
-    """vLLM greedy on the same prompt ids, or ``{"skipped": reason}`` without vllm or a GPU."""
-    if importlib.util.find_spec("vllm") is None:
-        return {"skipped": "vllm is not installed"}
-    import torch
+class CountingLLM:
+    """Wraps a ``vllm.LLM``: forwards ``generate`` and counts the generated tokens of each output
+    with :func:`count_generated` (as :class:`CountingModel` counts HF's)."""
 
-    if not torch.cuda.is_available():
-        return {"skipped": "no CUDA GPU"}
-    from vllm import LLM, SamplingParams
+    def __init__(self, llm, eos_id: int | None):
+        self.llm, self.eos_id, self.generated = llm, eos_id, 0
 
-    llm = LLM(model=str(model_path), dtype="float32", seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    inputs = [{"prompt_token_ids": list(p)} for p in prompts]
-    llm.generate(inputs[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        """``llm.generate``; adds the outputs' generated tokens to ``generated``."""
+        outputs = self.llm.generate(prompts, sampling_params, **kwargs)
+        self.generated += sum(count_generated(o.outputs[0].token_ids, self.eos_id) for o in outputs)
+        return outputs
+
+
+def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int) -> dict:
+    """vLLM on the same prompt ids, the way ``ratune eval run --backend vllm`` runs it
+    (eval/vllm_backend.py): :func:`ratune.eval.vllm_backend.load_llm` (eval's CUDA dtype default,
+    bfloat16; ``max_model_len`` = the model's positions, :func:`ratune.eval.run.checkpoint_max_positions`)
+    and :func:`ratune.eval.vllm_backend.vllm_generate_all` (greedy, stop at exactly
+    :func:`ratune.eval.generate.stop_token_ids`, the length policy of
+    :func:`ratune.eval.generate.generation_limits`), after a 4-token warm-up on the first prompt.
+
+    Returns:
+        ``RUN``, or ``{"skipped": reason}`` where the backend refuses to run
+        (:func:`ratune.eval.vllm_backend.require_vllm`: vllm missing or outside the supported
+        releases, no CUDA GPU; the reason is its message).
+    """
+    from ratune.errors import RatuneError
+    from ratune.eval.run import checkpoint_max_positions, resolve_checkpoint
+    from ratune.eval.vllm_backend import load_llm, require_vllm, vllm_generate_all
+
+    try:
+        require_vllm()
+    except RatuneError as exc:
+        return {"skipped": str(exc)}
+    source = resolve_checkpoint(model_path)
+    positions = checkpoint_max_positions(source)
+    llm = CountingLLM(load_llm(source.folder, max_positions=positions), tokenizer.eos_token_id)
+    vllm_generate_all(llm, tokenizer, prompts[:1], max_new_tokens=4, max_positions=positions)  # warm-up
+    llm.generated = 0
     start = time.perf_counter()
-    outputs = llm.generate(inputs, params, use_tqdm=False)
+    vllm_generate_all(llm, tokenizer, prompts, max_new_tokens=max_new_tokens, max_positions=positions)
     seconds = time.perf_counter() - start
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"seconds": round(seconds, 3), "generated_tokens": generated,
-            "tokens_per_s": round(generated / seconds, 2) if seconds else None}
+    return {"seconds": round(seconds, 3), "generated_tokens": llm.generated,
+            "tokens_per_s": round(llm.generated / seconds, 2) if seconds else None}
 
 
 def eval_prompts(tokenizer, apibench_dir, n: int) -> list[list[int]]:
@@ -213,7 +239,7 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
                                  (batched_other, batch_size, other)):
             run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size, prefill=mode))
     del model
-    vllm = measure_vllm(model_path, prompts, max_new_tokens=max_new_tokens)
+    vllm = measure_vllm(model_path, tokenizer, prompts, max_new_tokens=max_new_tokens)
     ratio = batched["tokens_per_s"] / batch1["tokens_per_s"] if batch1["tokens_per_s"] else None
     vllm_ratio = (vllm["tokens_per_s"] / batched["tokens_per_s"]
                   if "tokens_per_s" in vllm and batched["tokens_per_s"] else None)

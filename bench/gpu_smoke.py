@@ -16,7 +16,8 @@ and the others still run (:data:`STAGES`):
 
 - ``models``: random-init models in the shapes of bench/gpu_train.py (``llama1b``: the
   Llama-3.2-1B shape; ``llama7b``: LLaMA-7B) saved in bf16 beside a byte-level LLaMA-style
-  tokenizer (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, one token per byte, BOS added, no pad token), and a
+  tokenizer (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, one token per byte, BOS added, no pad token;
+  train/tiny.py ``build_llama_tokenizer``), and a
   ``ratune data build``-shaped data folder: rows of exactly ``row_tokens`` (512) tokens in the
   paper's gorilla_v0 format. The 7B folder is skipped when the disk lacks room for it.
 - ``train_1b_ratune``: ``python -m ratune.train`` on the 1B shape, one GPU: float32 weights with
@@ -175,27 +176,6 @@ def _write_json(path: Path, obj) -> None:
 # ---------------------------------------------------------------------------- stage: models
 
 
-def build_byte_tokenizer(folder: Path) -> None:
-    """Write a LLaMA-style byte-level tokenizer folder: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, the 256
-    byte tokens ``<0x00>``..``<0xFF>`` (3..258), no merges, so every UTF-8 byte is one token; BOS
-    added, no pad token, no chat template (ratune gives it gorilla_v0)."""
-    from tokenizers import Tokenizer, decoders, processors
-    from tokenizers.models import BPE
-    from transformers import LlamaTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    tok = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", 1)])
-    llama = LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    llama.save_pretrained(folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True, add_eos_token=False)
-    config_path.write_text(json.dumps(config, indent=2))
-
-
 def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int) -> dict:
     """A complete ``ratune data build``-shaped folder (mode ``none``, gorilla_v0) whose rows are
     each exactly ``row_tokens`` tokens as ratune tokenizes them (prompt, answer, EOS)."""
@@ -228,14 +208,17 @@ def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int)
 
 
 def stage_models(plan: dict, work: Path, device: str) -> dict:
-    """Tokenizer, data, and the two random-init model folders (bf16)."""
+    """Tokenizer (byte-level: train/tiny.py ``build_llama_tokenizer`` without pieces), data, and the
+    two random-init model folders (bf16)."""
     import torch
+
+    from ratune.train.tiny import build_llama_tokenizer
 
     gt = _bench_module("gpu_train")
     tokenizer_dir = work / "tokenizer"
     shutil.rmtree(work, ignore_errors=True)
     tokenizer_dir.mkdir(parents=True)
-    build_byte_tokenizer(tokenizer_dir)
+    build_llama_tokenizer(tokenizer_dir)
     result = {"data": build_data(work / "data", tokenizer_dir, rows=plan["rows"], row_tokens=plan["row_tokens"]),
               "models": {}}
     for key in ("small", "big"):

@@ -1,7 +1,7 @@
 """The training-set builder: APIBench examples -> single-turn chats, per train-time retrieval mode.
 
-For every example and mode (none, oracle, or a retriever's top_k: bm25, bm25_paper, dense,
-dense_ft) the builder retrieves the documents,
+For every example and mode (none, oracle, or a retriever's top_k; the modes are
+ratune/registry.py TRAIN_MODES) the builder retrieves the documents,
 renders the user turn with :func:`ratune.data.prompt.render_user_turn` (the evaluator calls the
 same function) and the answer with :func:`ratune.data.prompt.format_answer`, and checks the
 token length of the whole row against ``max_length``.
@@ -32,16 +32,13 @@ from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, 
                                 require_chat_template, shorten_document, template_name)
 from ratune.config import Count, MaxLength, check_fields
 from ratune.errors import RatuneError
+from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES, unknown_name
 
-#: Train-time retrieval modes (Gorilla trains with none or oracle; the retrieved ones are ours):
-#: any retriever of :mod:`ratune.retrieval.retrievers` that covers training questions, including
-#: ``dense_ft``, the finetuned bi-encoder (needs ``BuildSettings.dense_model``). The paper's own
-#: retrieved documents (gpt_index, paper_bm25) exist for eval questions only.
-TRAIN_MODES = ("none", "oracle", "bm25", "bm25_paper", "dense", "dense_ft")
-#: Modes built when none are named (no model folder needed).
-DEFAULT_MODES = ("none", "oracle", "bm25", "dense")
-#: Modes whose documents come from a retriever's top_k (``force_gold`` applies to these).
-RETRIEVED_MODES = ("bm25", "bm25_paper", "dense", "dense_ft")
+# The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
+# ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
+# dense_ft, the finetuned bi-encoder (needs BuildSettings.dense_model). The paper's own retrieved
+# documents (gpt_index, released_bm25) exist for eval questions only. force_gold applies to
+# RETRIEVED_MODES, whose documents are a ranking's top_k.
 
 #: A document cut below this many tokens is useless; the row is dropped instead.
 MIN_DOCUMENT_TOKENS = 32
@@ -71,7 +68,7 @@ class BuildSettings:
     top_k: Count = 1
     force_gold: bool = False
     dense_model: str | None = None
-    bm25_backend: str = "rank_bm25"
+    bm25_backend: str = DEFAULT_BM25_BACKEND
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
@@ -149,13 +146,13 @@ def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings
 
 def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibench_dir, top_k: int,
                       retriever_cache: dict, dense_model: str | None = None,
-                      bm25_backend: str = "rank_bm25") -> list[list[dict]]:
+                      bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
     """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k)."""
     from ratune.retrieval.retrievers import Query, make_retriever
 
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
-                                               dense_model=dense_model if mode == "dense_ft" else None)
+                                               dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
     queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
     return retriever_cache[mode].retrieve(queries, top_k=1 if mode == "oracle" else top_k)
 
@@ -229,14 +226,15 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
                           "in the training config)")
     for mode in modes:
         if mode not in TRAIN_MODES:
-            raise RatuneError(f"unknown train-time retrieval mode {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
+            raise RatuneError(unknown_name("train-time retrieval mode", mode, TRAIN_MODES))
     mixture_modes = [m.mode for m in mixtures]
     if len(set(mixture_modes)) != len(mixture_modes):
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
-    if "dense_ft" in modes or any(m.top1_retriever == "dense_ft" for m in mixtures):
+    needs_model = [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
+    if needs_model:
         from ratune.retrieval.retrievers import require_finetuned_retriever
 
-        require_finetuned_retriever(settings.dense_model, hub, "the dense_ft mode")
+        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} mode")
     final = Path(out_dir)
     require_owned(final, "data build", action="overwrite")  # a user's folder: refused, --overwrite or not
     if final.is_dir() and any(final.iterdir()) and not overwrite:

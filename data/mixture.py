@@ -40,6 +40,7 @@ from typing import Sequence
 
 from ratune.config import Count, Seed, check_fields
 from ratune.errors import RatuneError
+from ratune.registry import RETRIEVED_MODES, unknown_name
 
 #: The components a mixture draws from, in the order draws use (new ones are appended, so a
 #: mixture that does not use them draws exactly as before).
@@ -48,8 +49,8 @@ MIXTURE_COMPONENTS = ("none", "oracle", "top1", "distractors", "irrelevant")
 #: Prefix of a mixture's train-time mode (its folder in the data build and its train_retriever).
 MIXTURE_PREFIX = "mix-"
 
-#: Retrievers that may supply the ``top1`` component.
-TOP1_RETRIEVERS = ("bm25", "bm25_paper", "dense", "dense_ft")
+#: Retrievers that may supply the ``top1`` component: the ranking ones (ratune/registry.py).
+TOP1_RETRIEVERS = RETRIEVED_MODES
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
@@ -87,8 +88,8 @@ class Mixture:
         if abs(total - 1.0) > 1e-6:
             raise RatuneError(f"mixture {self.name}: probabilities sum to {total:g}, not 1")
         if self.top1_retriever not in TOP1_RETRIEVERS:
-            raise RatuneError(f"mixture {self.name}: top1 retriever {self.top1_retriever!r} is not one of "
-                              f"{', '.join(TOP1_RETRIEVERS)}")
+            raise RatuneError(f"mixture {self.name}: "
+                              + unknown_name("top1 retriever", self.top1_retriever, TOP1_RETRIEVERS))
         check_fields(self, f"mixture {self.name}")  # distractors >= 1, seed in numpy's range
 
     @property

@@ -32,11 +32,8 @@ import io
 from pathlib import Path
 from typing import Sequence
 
-from ratune.eval.run import TABLE_SETTINGS
 from ratune.eval.stats import wilson_interval
-
-#: Row order of train-time retrieval modes.
-TRAIN_ORDER = ("none", "oracle", "bm25", "dense")
+from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
 #: The reported fractions, with the count field each is computed from.
 RATES = (("accuracy", "correct_n"), ("hallucination", "hallucination_n"), ("error", "error_n"))
@@ -198,7 +195,8 @@ def _complete(cell: dict) -> dict:
 
 
 def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
-    rows = [r for r in TRAIN_ORDER if any(c["train_retriever"] == r for c in cells)]
+    """Rows and columns in registry order (ratune/registry.py), then any other name (mixtures) sorted."""
+    rows = [r for r in TRAIN_MODES if any(c["train_retriever"] == r for c in cells)]
     rows += sorted({c["train_retriever"] for c in cells} - set(rows))
     cols = [s for s in TABLE_SETTINGS if any(c["test_retriever"] == s for c in cells)]
     cols += sorted({c["test_retriever"] for c in cells} - set(cols))

@@ -46,20 +46,13 @@ from typing import Sequence
 
 from ratune.config import Count, Threads, check_fields
 from ratune.errors import RatuneError
+from ratune.locks import locked_output
+from ratune.registry import (CONSTRAINTS_PREFIX, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS, TEST_SETTINGS,
+                             setting_retriever, unknown_name)
 
-#: Test-time settings, in Table 2 column order (Gorilla, Table 2; ``dense`` is ours).
-SETTINGS = ("0_shot", "bm25", "dense", "gpt_index", "oracle")
-#: Test settings with a trained retriever, columns like Table 2's but never run by default:
-#: ``dense_ft`` (our finetuned bi-encoder, :mod:`ratune.retrieval.finetune`; needs
-#: ``EvalSettings.dense_model``).
-TRAINED_SETTINGS = ("dense_ft",)
-#: Every retrieval setting, in column order.
-TABLE_SETTINGS = SETTINGS + TRAINED_SETTINGS
-#: Experiment settings (issue 9), never Table 2 columns: ``swap`` (another API's document of the
-#: same domain, :mod:`ratune.eval.swap`), ``irrelevant`` (a document of another domain,
-#: :mod:`ratune.eval.abstain`) and ``constraints_{setting}`` (the constrained TorchHub questions
-#: under a Table 2 setting, :mod:`ratune.eval.constraints`).
-EXPERIMENT_SETTINGS = ("swap", "irrelevant", *(f"constraints_{s}" for s in TABLE_SETTINGS))
+# The test-time settings (Table 2 columns, in column order), the experiment settings and the
+# retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
+# --settings the eval runs DEFAULT_SETTINGS (the paper's columns but released_bm25, plus dense).
 #: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
 BACKENDS = ("hf", "vllm")
 #: Where the model generates: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``.
@@ -76,7 +69,7 @@ class EvalSettings:
     """How a checkpoint is evaluated.
 
     Attributes:
-        settings: test-time settings to run (subset of SETTINGS).
+        settings: test-time settings to run (names of ratune/registry.py EVAL_SETTINGS).
         n_questions: evaluate the first N eval questions (None = all); the same in every cell.
         batch_size: prompts per generate call.
         max_new_tokens: generation limit.
@@ -102,7 +95,7 @@ class EvalSettings:
             metrics (``generation.device``, ``generation.dtype``).
     """
 
-    settings: Sequence[str] = SETTINGS
+    settings: Sequence[str] = DEFAULT_SETTINGS
     n_questions: Count | None = None
     batch_size: Count = 8
     max_new_tokens: Count = 256
@@ -112,7 +105,7 @@ class EvalSettings:
     backend: str = "hf"
     trust_remote_code: bool = False
     dense_model: str | None = None
-    bm25_backend: str = "rank_bm25"
+    bm25_backend: str = DEFAULT_BM25_BACKEND
     chat_template: str | None = None
     device: str = "auto"
     dtype: str = "auto"
@@ -376,11 +369,19 @@ def checkpoint_max_positions(source: Checkpoint, *, trust_remote_code: bool = Fa
     return max_positions_of(config)
 
 
+def _needs_model(setting: str) -> bool:
+    """Whether a setting's retriever needs the finetuned retriever folder (``dense_model``)."""
+    try:
+        return RETRIEVERS[setting_retriever(setting)].needs_model
+    except KeyError:  # swap, irrelevant: their own retrievers over the API database
+        return False
+
+
 def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, settings: EvalSettings):
     """``(examples, retriever, extra)`` of one setting: the questions it asks, the retriever that
     gives their documents, and what its extra metrics need (``swapped`` / ``constraints``)."""
     from ratune.data.apibench import api_database_path, load_api_database
-    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+    from ratune.retrieval.retrievers import Query, make_retriever
 
     def cached(name: str):
         key = (hub, name)
@@ -397,11 +398,11 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
             else:
                 settings.retriever_cache[key] = make_retriever(
                     name, hub=hub, apibench_dir=apibench_dir, bm25_backend=settings.bm25_backend,
-                    dense_model=settings.dense_model if name == "dense_ft" else None)
+                    dense_model=settings.dense_model if RETRIEVERS[name].needs_model else None)
         return settings.retriever_cache[key]
 
     if setting in TEST_SETTINGS:
-        return examples, cached(TEST_SETTINGS[setting]), {}
+        return examples, cached(setting_retriever(setting)), {}
     if setting == "swap":
         retriever = cached("swap")
         swapped = {}
@@ -415,14 +416,15 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
     from ratune.eval.constraints import constrained_examples
 
     made = constrained_examples(examples, load_api_database(api_database_path(apibench_dir, hub)))
-    base = setting[len("constraints_"):]
-    return [e for e, _ in made], cached(TEST_SETTINGS[base]), {"constraints": {e.line: c for e, c in made}}
+    return [e for e, _ in made], cached(setting_retriever(setting)), {"constraints": {e.line: c for e, c in made}}
 
 
+@locked_output("out_dir", command="eval run", owned_by="eval run")
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
     """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
-    (:func:`ratune.locks.output_lock`) throughout.
+    (:func:`ratune.locks.locked_output`) throughout; ``out_dir`` is checked with
+    :func:`ratune.manifest.require_owned` before the lock (a quick refusal) and again once it is held.
 
     Returns:
         ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
@@ -431,19 +433,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             is not a ratune eval output (:func:`ratune.manifest.require_owned`).
         LockHeld: another process is writing ``out_dir``.
     """
-    from ratune.locks import output_lock
-    from ratune.manifest import require_owned
-
-    require_owned(out_dir, "eval run", action="write into")  # before the lock: a quick refusal
-    with output_lock(out_dir, command="eval run"):
-        require_owned(out_dir, "eval run", action="write into")
-        return _evaluate_checkpoint(checkpoint, hub=hub, apibench_dir=apibench_dir, out_dir=out_dir,
-                                    settings=settings, model_name=model_name, progress=progress)
-
-
-def _evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
-                         settings: EvalSettings, model_name: str | None, progress: bool) -> dict:
-    """The body of :func:`evaluate_checkpoint`, run under ``out_dir``'s lock."""
     from tqdm.auto import tqdm
 
     from ratune.data.apibench import load_examples
@@ -456,16 +445,16 @@ def _evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_di
     from ratune.retrieval.retrievers import Query
     from ratune.train.model import load_model, load_tokenizer, set_torch_threads
 
-    known = TABLE_SETTINGS + EXPERIMENT_SETTINGS
     for s in settings.settings:
-        if s not in known:
-            raise RatuneError(f"unknown test setting {s!r}: expected one of {', '.join(known)}")
-        if s.startswith("constraints_") and hub != "torchhub":
+        if s not in EVAL_SETTINGS:
+            raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
+        if s.startswith(CONSTRAINTS_PREFIX) and hub != "torchhub":
             raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
-    if any(s.endswith("dense_ft") for s in settings.settings):
+    needs_model = [s for s in settings.settings if _needs_model(s)]
+    if needs_model:
         from ratune.retrieval.retrievers import require_finetuned_retriever
 
-        require_finetuned_retriever(settings.dense_model, hub, "the dense_ft test setting")
+        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
     if settings.backend not in BACKENDS:
         raise RatuneError(f"unknown generation backend {settings.backend!r}: expected one of {', '.join(BACKENDS)}")
     if settings.backend == "vllm":
@@ -530,7 +519,7 @@ def _evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_di
                               "question); not writing an empty cell: evaluate more questions or drop the setting")
         identity = {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
                     "questions": [e.line for e in examples], "generation": generation}
-        if setting.endswith("dense_ft"):  # which finetuned retriever gave the documents
+        if _needs_model(setting):  # which finetuned retriever gave the documents
             identity["retriever_model"] = str(Path(settings.dense_model).resolve())
         if source.base is not None:  # an adapter: the base it is merged into
             identity["adapter_base"] = source.base
@@ -623,7 +612,7 @@ def _evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_di
 
             metrics["document_swap"] = {**follow_rates(scorer, responses, extra["swapped"]),
                                         "left_out": len(all_examples) - len(examples)}
-        elif setting.startswith("constraints_"):
+        elif setting.startswith(CONSTRAINTS_PREFIX):
             from ratune.eval.constraints import constraint_metrics
 
             metrics["constraints"] = {**constraint_metrics(scorer, responses, extra["constraints"]),

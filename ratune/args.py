@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 #: Candidate numbers; a bounded type's ``bad_examples`` are the ones it refuses.
 _NUMBER_PROBES = ("0", "-1", "-3", "1.5", "inf", "nan", "-inf", "x", str(2**32), "1e309")
@@ -81,6 +81,25 @@ def setting(schema: type, field: str) -> Callable[[str], Any]:
     from ratune.config import field_annotation
 
     return bounded(field_annotation(schema, field), name=f"{schema.__name__}.{field}")
+
+
+def registered(kind: str, names: Sequence[str], *extra: str) -> dict:
+    """argparse keywords (``type``, ``metavar``) of a flag that takes one of a registry's names
+    (ratune/registry.py) or one of ``extra`` (such as ``all``): help shows the names like
+    ``choices`` would, and a renamed spelling is refused with its new name
+    (:func:`ratune.registry.unknown_name`)."""
+    from ratune.registry import RENAMED, unknown_name
+
+    known = (*extra, *names)
+
+    def convert(text: str) -> str:
+        if text not in known:
+            raise argparse.ArgumentTypeError(unknown_name(kind, text, known))
+        return text
+
+    renamed = tuple(old for old, new in RENAMED.items() if new in known)
+    typed = _typed(convert, kind, good=known[0], bad=("no_such_name", *renamed))
+    return {"type": typed, "metavar": "{" + ",".join(known) + "}"}
 
 
 def checked(parse: Callable[[str], Any], name: str, *, good: str, bad: tuple) -> Callable[[str], str]:

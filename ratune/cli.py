@@ -47,12 +47,15 @@ def run_guarded(fn: Callable[[], int]) -> int:
     Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
     in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
     that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
-    Ctrl-C returns 130, a closed stdout (``| head``) 0.
+    Ctrl-C returns 130, a closed stdout (``| head``) 0. The third-party messages of
+    :mod:`ratune.noise` are silenced first.
     """
     import os
 
     from ratune.errors import RatuneError
+    from ratune.noise import quiet_known_noise
 
+    quiet_known_noise()  # third-party lines that are noise here, named in ratune/noise.py
     debug = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
     try:
         return fn() or 0
@@ -158,19 +161,21 @@ def _retrieval_eval(args) -> int:
     from ratune.io import write_json, write_text
     from ratune.manifest import package_versions
     from ratune.retrieval.metrics import retrieval_chart
-    from ratune.retrieval.retrievers import BM25_VARIANTS, RETRIEVERS
+    from ratune.registry import BM25_RETRIEVERS, RETRIEVERS
 
     apibench = resolve_apibench_dir(args.apibench)
     hubs = list(HUBS) if args.hub == "all" else [args.hub]
-    names = [r for r in RETRIEVERS if r != "none"] if args.retriever == "all" else [args.retriever]
-    if args.dense_model and "dense_ft" not in names:
-        names.append("dense_ft")
-    if "dense_ft" in names and not args.dense_model:
-        raise RatuneError("--retriever dense_ft needs --dense-model DIR (a `ratune retrieval train` output)")
-    if "dense_ft" in names and len(hubs) > 1:
+    finetuned = [r.name for r in RETRIEVERS.values() if r.needs_model]
+    names = [r.name for r in RETRIEVERS.values() if r.name != "none" and not r.needs_model] \
+        if args.retriever == "all" else [args.retriever]
+    if args.dense_model:
+        names += [n for n in finetuned if n not in names]
+    if any(n in finetuned for n in names) and not args.dense_model:
+        raise RatuneError(f"--retriever {args.retriever} needs --dense-model DIR (a `ratune retrieval train` output)")
+    if any(n in finetuned for n in names) and len(hubs) > 1:
         raise RatuneError("a finetuned retriever (--dense-model) serves the one hub it was trained for: give --hub")
-    if args.bm25_index and not any(n in BM25_VARIANTS for n in names):
-        raise RatuneError(f"--bm25-index is for the BM25 retrievers ({', '.join(BM25_VARIANTS)}), "
+    if args.bm25_index and not any(n in BM25_RETRIEVERS for n in names):
+        raise RatuneError(f"--bm25-index is for the BM25 retrievers ({', '.join(BM25_RETRIEVERS)}), "
                           f"not {', '.join(names)}")
     if args.bm25_index and len(hubs) > 1:
         raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
@@ -207,25 +212,28 @@ def _retrieval_report(args, apibench, hub: str, names: list[str], index_variant:
     """One hub's retrieval results, paper-BM25 agreement, markdown and input hashes."""
     from ratune.data.apibench import api_database_path, examples_path, input_hashes, load_examples, questions_path
     from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
-    from ratune.retrieval.retrievers import BM25_VARIANTS, make_retriever
+    from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
+    from ratune.retrieval.retrievers import make_retriever
 
     examples = load_examples(apibench, hub, "eval")
     retrievers = {}
     for n in names:
         # a named BM25 retriever takes the index (refused if built for another variant); with
         # --retriever all, the index serves the variant it was built for
-        index = args.bm25_index if n in BM25_VARIANTS and (
+        index = args.bm25_index if n in BM25_RETRIEVERS and (
             args.retriever != "all" or index_variant == n) else None
         retrievers[n] = make_retriever(n, hub=hub, apibench_dir=apibench, bm25_backend=args.bm25_backend,
-                                       bm25_index=index, **({"dense_model": args.dense_model} if n == "dense_ft" else {}))
+                                       bm25_index=index,
+                                       **({"dense_model": args.dense_model} if RETRIEVERS[n].needs_model else {}))
     results = [evaluate_retriever(r, examples) for r in retrievers.values()]
-    agreement = [top1_agreement(retrievers[n], retrievers["paper_bm25"], examples)
-                 for n in ("bm25", "bm25_paper") if n in retrievers and "paper_bm25" in retrievers]
+    agreement = [top1_agreement(retrievers[n], retrievers[RELEASED_BM25], examples)
+                 for n in BM25_RETRIEVERS if n in retrievers and RELEASED_BM25 in retrievers]
     markdown = retrieval_markdown(results, hub=hub) + "".join(
         f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
         f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
     files = [api_database_path(apibench, hub), examples_path(apibench, hub, "eval")]
-    files += [p for p in (questions_path(apibench, hub, s) for s in ("bm25", "gpt_index")) if p.exists()]
+    files += [p for p in (questions_path(apibench, hub, r.source) for r in RETRIEVERS.values()
+                          if r.kind == "precomputed") if p.exists()]
     return results, agreement, markdown, input_hashes(files)
 
 
@@ -302,7 +310,7 @@ def _report(args) -> int:
                           "`ratune compare`)")
     if not (args.eval and args.hub and args.model and args.out):
         raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --hub, --model and --out")
-    from ratune.eval.run import EXPERIMENT_SETTINGS
+    from ratune.registry import EXPERIMENT_SETTINGS
 
     cells, experiments = [], []  # experiment settings (swap, irrelevant, constraints_*) go beside Table 2
     false_abstention = {}  # abstaining under oracle, where the document answers (as in sweep reports)
@@ -347,19 +355,24 @@ def _demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
     from ratune.data.apibench import HUBS
-    from ratune.data.build import DEFAULT_MODES, TRAIN_MODES
-    from ratune.data.mixture import TOP1_RETRIEVERS
     from ratune.data.prompt import CHAT_TEMPLATE_NAMES
-    from ratune.eval.run import DEVICES, DTYPES, EXPERIMENT_SETTINGS, SETTINGS, TABLE_SETTINGS
+    from ratune.data.validate import LEAKAGE_POLICIES
+    from ratune.eval.run import BACKENDS, DEVICES, DTYPES
     from ratune.eval.scoring import add_score_arguments
     from ratune.args import (RatuneArgumentParser, bounded, checked, input_dir, input_file, key_equals_dir,
-                             latest_or_dir, model_ref, output_dir, setting)
+                             latest_or_dir, model_ref, output_dir, registered, setting)
     from ratune.config import Count, FiniteFloat
     from ratune.data.build import BuildSettings
     from ratune.data.mixture import Mixture
     from ratune.eval.run import EvalSettings
-    from ratune.retrieval.retrievers import BM25_BACKENDS, BM25_VARIANTS, RETRIEVERS
+    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES,
+                                 DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES)
     from ratune.sweep_pairs import parse_selector
+    from ratune.train.model import DEMO_MODEL_ALIAS
+
+    mode = registered("train-time retrieval mode", TRAIN_MODES)
+    backend = registered("BM25 backend", BM25_BACKENDS)
+    finetuned = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
     mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
     selector = checked(parse_selector, "selector", good="train_retriever=oracle", bad=("oracle", ","))
@@ -373,14 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
     b.add_argument("--hub", required=True, choices=HUBS)
     b.add_argument("--out", required=True, type=output_dir, help="output folder")
-    b.add_argument("--tokenizer", default="smollm2-135m-instruct", type=model_ref,
+    b.add_argument("--tokenizer", default=DEMO_MODEL_ALIAS, type=model_ref,
                    help="model folder whose tokenizer measures lengths")
     b.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
                    help="chat template for a tokenizer without one (base LLaMA; gorilla_v0 is the paper's format); "
                         "replaces a tokenizer's own; recorded in the manifest, training needs the same "
                         "chat_template (docs/prompts.md)")
-    b.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=TRAIN_MODES,
-                   help=f"train-time retrieval modes (default {' '.join(DEFAULT_MODES)}; dense_ft needs --dense-model; "
+    b.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), **mode,
+                   help=f"train-time retrieval modes (default {' '.join(DEFAULT_MODES)}; {finetuned} needs --dense-model; "
                         "`--modes` alone: none, with --mixture)")
     b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...", type=mixture_spec,
                    help="also build the mode mix-NAME, each example's document drawn from the mixture, e.g. "
@@ -389,11 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the mixture draws (default 0)")
     b.add_argument("--distractors", type=setting(Mixture, "distractors"), default=3,
                    help="other APIs' documents beside the gold one in the distractors component (default 3)")
-    b.add_argument("--top1-retriever", choices=TOP1_RETRIEVERS, default="bm25",
+    b.add_argument("--top1-retriever", **registered("top1 retriever", RETRIEVED_MODES), default="bm25",
                    help="retriever of the top1 component (default bm25)")
     b.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
-                   help="finetuned retriever folder (`ratune retrieval train`) for the dense_ft mode / top1 retriever")
-    b.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help=f"finetuned retriever folder (`ratune retrieval train`) for the {finetuned} mode / top1 retriever")
+    b.add_argument("--bm25-backend", **backend, default=DEFAULT_BM25_BACKEND,
                    help="BM25 implementation (same rankings; bm25s is faster)")
     b.add_argument("--max-length", type=setting(BuildSettings, "max_length"), default=2048,
                    help="tokens per row (paper: 2048)")
@@ -402,11 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--top-k", type=setting(BuildSettings, "top_k"), default=1,
                    help="documents per prompt for bm25/dense modes")
     b.add_argument("--force-gold", action="store_true",
-                   help="retrieved modes (bm25, bm25_paper, dense, dense_ft), train split: the gold document replaces the lowest-ranked one when "
+                   help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the lowest-ranked one when "
                         "the retriever missed it (counted as forced_gold)")
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    b.add_argument("--leakage", choices=("error", "drop", "allow"), default="error",
+    b.add_argument("--leakage", choices=LEAKAGE_POLICIES, default="error",
                    help="eval instructions found in the training data: fail (default), drop those training rows, "
                         "or keep them; always reported in the manifest")
     b.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -420,9 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     u = data.add_parser("utility", help="document utility: answer loss without minus with the document")
     u.add_argument("--data", required=True, type=input_dir,
                    help="a `ratune data build` folder with mode none and the document modes")
-    u.add_argument("--modes", nargs="+", default=["oracle"], choices=TRAIN_MODES,
+    u.add_argument("--modes", nargs="+", default=["oracle"], **mode,
                    help="document modes to measure (default oracle)")
-    u.add_argument("--model", default="smollm2-135m-instruct", type=model_ref, help="model folder (or the demo alias)")
+    u.add_argument("--model", default=DEMO_MODEL_ALIAS, type=model_ref, help="model folder (or the demo alias)")
     u.add_argument("--out", required=True, type=output_dir,
                    help="output folder (utility.jsonl, utility.json, utility.png)")
     u.add_argument("--split", default="train", choices=("train", "eval"))
@@ -436,11 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--apibench", type=input_dir)
     r.add_argument("--hub", required=True, choices=(*HUBS, "all"),
                    help="a hub, or all: the report for the three hubs (retrieval.md, retrieval.png)")
-    r.add_argument("--retriever", default="all",
-                   choices=("all", *(x for x in RETRIEVERS if x != "none"), "dense_ft"))
+    r.add_argument("--retriever", default="all", **registered("retriever", [n for n in RETRIEVERS if n != "none"], "all"))
     r.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
-                   help="a finetuned retriever folder (`ratune retrieval train`); adds dense_ft to the report")
-    r.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help=f"a finetuned retriever folder (`ratune retrieval train`); adds {finetuned} to the report")
+    r.add_argument("--bm25-backend", **backend, default=DEFAULT_BM25_BACKEND,
                    help="BM25 implementation (same rankings; bm25s is much faster on large catalogs)")
     r.add_argument("--bm25-index", default=None, metavar="DIR", type=input_dir,
                    help="a saved index (`ratune retrieval index`) for the BM25 retriever it was built for; "
@@ -451,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     ri = retrieval.add_parser("index", help="build and save a BM25 index (bm25s) for a hub's API database")
     ri.add_argument("--apibench", type=input_dir)
     ri.add_argument("--hub", required=True, choices=HUBS)
-    ri.add_argument("--retriever", choices=tuple(BM25_VARIANTS), default="bm25", help="BM25 variant")
+    ri.add_argument("--retriever", **registered("BM25 variant", BM25_RETRIEVERS), default="bm25", help="BM25 variant")
     ri.add_argument("--out", required=True, type=output_dir, help="index folder (arrays.npz + ratune_bm25_index.json)")
     ri.set_defaults(func=_retrieval_index)
     from ratune.retrieval.finetune import add_train_arguments, run_train
@@ -471,12 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--hub", required=True, choices=HUBS)
     e.add_argument("--apibench", type=input_dir)
     e.add_argument("--out", required=True, type=output_dir)
-    e.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=TABLE_SETTINGS + EXPERIMENT_SETTINGS,
-                   help="Table 2 settings (default all five), dense_ft (needs --dense-model) and/or experiments: "
-                        "swap, irrelevant, constraints_SETTING (docs/experiments.md)")
+    e.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), **registered("test setting", EVAL_SETTINGS),
+                   help=f"retrieval settings (default {' '.join(DEFAULT_SETTINGS)}; {finetuned} needs --dense-model) "
+                        "and/or experiments: swap, irrelevant, constraints_SETTING (docs/experiments.md)")
     e.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
-                   help="finetuned retriever folder (`ratune retrieval train`) of the dense_ft settings")
-    e.add_argument("--bm25-backend", choices=BM25_BACKENDS, default="rank_bm25",
+                   help=f"finetuned retriever folder (`ratune retrieval train`) of the {finetuned} settings")
+    e.add_argument("--bm25-backend", **backend, default=DEFAULT_BM25_BACKEND,
                    help="BM25 implementation (same rankings; bm25s is faster)")
     e.add_argument("--n-questions", type=setting(EvalSettings, "n_questions"), default=None,
                    help="the first N eval questions (default all)")
@@ -485,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--stop-after-api-call", action="store_true")
     e.add_argument("--max-document-tokens", type=setting(EvalSettings, "max_document_tokens"), default=None)
     e.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None)
-    e.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+    e.add_argument("--backend", choices=BACKENDS, default="hf",
                    help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only")
     e.add_argument("--device", choices=DEVICES, default="auto",
                    help="where to generate (default auto: cuda when torch sees a GPU, else cpu)")

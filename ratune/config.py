@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ratune.errors import RatuneError
+from ratune.registry import check_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -56,6 +57,16 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 #: A TCP port.
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+
+def one_of(kind: str, names: tuple[str, ...]) -> Any:
+    """A ``str`` field type that must be one of a registry's ``names`` (ratune/registry.py),
+    refused with :func:`ratune.registry.unknown_name`'s message, which names the new spelling of
+    a renamed name; the JSON schema lists the names as an enum."""
+    return Annotated[str, AfterValidator(functools.partial(check_name, kind, known=names)),
+                     Field(json_schema_extra={"enum": list(names)})]
+
 
 #: The pydantic model config of every config schema: unknown keys are errors, floats are finite.
 SCHEMA_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)

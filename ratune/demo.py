@@ -15,7 +15,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, load_yaml, one_of, validate
+from ratune.data.apibench import HUBS
+from ratune.eval.run import DEVICES, DTYPES
+from ratune.registry import DEFAULT_SETTINGS, EVAL_SETTINGS, TRAIN_MODES
+from ratune.train.model import DEMO_MODEL_ALIAS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -28,26 +32,26 @@ class DemoData(BaseModel):
 
 class DemoEval(BaseModel):
     model_config = SCHEMA_CONFIG
-    settings: list[str] = ["0_shot", "bm25", "dense", "oracle"]
+    settings: list[one_of("test setting", EVAL_SETTINGS)] = list(DEFAULT_SETTINGS)  # configs/demo.yaml names its own
     n_questions: Count | None = 50
     batch_size: Count = 8
     max_new_tokens: Count = 80
     stop_after_api_call: bool = True
-    device: Literal["auto", "cpu", "cuda"] = "auto"   # auto: cuda when torch sees a GPU, else cpu
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    device: Literal[DEVICES] = "auto"   # auto: cuda when torch sees a GPU, else cpu
+    dtype: Literal[DTYPES] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
 
 
 class DemoConfig(BaseModel):
     """configs/demo.yaml."""
 
     model_config = SCHEMA_CONFIG
-    hub: str = "torchhub"
+    hub: Literal[HUBS] = "torchhub"
     out_dir: str = "runs/demo"
-    model: str = "smollm2-135m-instruct"
+    model: str = DEMO_MODEL_ALIAS
     apibench: str | None = None
     torch_threads: Threads | None = 2
     data: DemoData = DemoData()
-    arms: list[str] = Field(default_factory=lambda: ["none", "oracle"])
+    arms: list[one_of("train-time retrieval mode", TRAIN_MODES)] = Field(default_factory=lambda: ["none", "oracle"])
     train: dict = Field(default_factory=dict)
     eval: DemoEval = DemoEval()
 
@@ -92,7 +96,7 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     from ratune.locks import output_lock
     from ratune.manifest import is_complete, require_owned
     from ratune.train.config import TrainConfig
-    from ratune.train.model import ensure_demo_model, load_tokenizer, resolve_model_path, set_torch_threads
+    from ratune.train.model import load_tokenizer, resolve_model_path, set_torch_threads
     from ratune.train.sft import train
 
     apibench = resolve_apibench_dir(cfg.apibench)
@@ -100,7 +104,7 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     times: dict[str, float] = {}
 
     t0 = time.time()
-    model_path = resolve_model_path(cfg.model) if cfg.model != "smollm2-135m-instruct" else ensure_demo_model()
+    model_path = resolve_model_path(cfg.model)  # the demo alias: converted once (train/model.py)
     times["convert model"] = time.time() - t0
 
     t0 = time.time()

@@ -8,6 +8,10 @@ its holder dies, however it dies; a lock file left by a dead holder on this host
 over, and the takeover is noted on stderr with the pid it names. A lock file naming another host is
 refused (its pid cannot be checked from here): delete it by hand once that process is gone. The
 file is removed on release.
+
+A command that writes one output for the whole of a function's call is decorated with
+:func:`locked_output`, which takes the lock of the output one of its arguments names (train/sft.py
+``train``, eval/run.py ``evaluate_checkpoint``, train/export.py ``export_checkpoint``).
 """
 
 from __future__ import annotations
@@ -15,15 +19,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
+import inspect
 import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ratune.errors import RatuneError
+from ratune.manifest import require_owned
+
+#: A function :func:`locked_output` decorates.
+F = TypeVar("F", bound=Callable)
 
 
 class LockHeld(RatuneError):
@@ -133,3 +143,67 @@ def output_lock(target: str | os.PathLike, *, command: str | None = None, enable
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # while still holding it: a waiting opener then retries (see _acquire)
         os.close(fd)
+
+
+def locked_output(arg: str, *, command: str, enabled: Callable[[], bool] | None = None, resolve: bool = False,
+                  owned_by: str | None = None, check: Callable[..., None] | None = None) -> Callable[[F], F]:
+    """Decorate a function that writes one output so that every call holds that output's lock
+    (:func:`output_lock`) from start to end; the function is written once, with its own signature.
+
+    A call runs, in this order: ``check``, the ownership check, taking the lock, the ownership
+    check again, the function. The first two write nothing (not even the lock file or its parent
+    folder), so a refusal there leaves no trace.
+
+    Args:
+        arg: the parameter that names the output (``"out_dir"``), or a parameter and an attribute
+            of its value (``"config.output_dir"``); read from each call's arguments, defaults applied.
+        command: recorded in the lock file and shown to a refused process.
+        enabled: called at each call; False runs the function without the lock (a distributed run
+            locks on rank 0 only). None: always locked.
+        resolve: lock ``Path(output).resolve()`` (the path messages name) instead of the output as given.
+        owned_by: a stage name: the output must be new, empty or a ratune output of that stage
+            (:func:`ratune.manifest.require_owned`, action "write into"), checked before the lock
+            (a quick refusal) and again once it is held (another writer may have made it meanwhile).
+        check: called with the call's arguments as keywords (defaults applied) before anything else:
+            argument checks that must refuse before anything is written.
+    Returns:
+        The decorator. The decorated function keeps its name, docstring and signature
+        (:func:`functools.wraps`); a call that does not bind to the signature raises the
+        function's own TypeError, before any check or lock.
+    Raises:
+        TypeError: at decoration, when ``arg`` names no parameter of the function.
+        At a call: what ``check`` and :func:`ratune.manifest.require_owned` raise; LockHeld
+        (another live process holds the lock); RatuneError (the lock file cannot be created);
+        what the function raises.
+    """
+    name, *attributes = arg.split(".")
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+        if name not in signature.parameters:
+            raise TypeError(f"locked_output({arg!r}): {function.__qualname__} has no parameter {name!r}")
+
+        @functools.wraps(function)
+        def locked(*args, **kwargs):
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return function(*args, **kwargs)  # raises the call's own TypeError
+            bound.apply_defaults()
+            if check is not None:
+                check(**bound.arguments)
+            target = bound.arguments[name]
+            for attribute in attributes:
+                target = getattr(target, attribute)
+            if resolve:
+                target = Path(target).resolve()
+            if owned_by is not None:
+                require_owned(target, owned_by, action="write into")
+            with output_lock(target, command=command, enabled=True if enabled is None else enabled()):
+                if owned_by is not None:
+                    require_owned(target, owned_by, action="write into")
+                return function(*args, **kwargs)
+
+        return locked  # type: ignore[return-value]
+
+    return decorate

@@ -61,8 +61,12 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Port, Seed, Threads, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Port, Seed, Threads, load_yaml, one_of, validate
+from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
+from ratune.eval.run import BACKENDS, DEVICES, DTYPES
+from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS, EXPERIMENT_SETTINGS,
+                             RETRIEVED_MODES, TABLE_SETTINGS)
 from ratune.sweep_pairs import ComparePair
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
@@ -81,37 +85,34 @@ class SweepData(BaseModel):
     max_document_tokens: Count | None = None
     top_k: Count = 1
     tokenizer: str | None = None
-    leakage: Literal["error", "drop", "allow"] = "error"
+    leakage: Literal[LEAKAGE_POLICIES] = "error"
     mixtures: list[str] = Field(default_factory=list,
                                 description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
                                             "trains on one with train_retriever: mix-NAME")
     mixture_seed: Seed = 0
     distractors: Count = 3
-    top1_retriever: Literal["bm25", "bm25_paper", "dense", "dense_ft"] = "bm25"
+    top1_retriever: one_of("top1 retriever", RETRIEVED_MODES) = "bm25"
     dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
                                                       "(and top1_retriever dense_ft)")
-    bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
+    bm25_backend: one_of("BM25 backend", BM25_BACKENDS) = DEFAULT_BM25_BACKEND
 
 
 class SweepEval(BaseModel):
     """Arguments of ``ratune eval run`` for every cell."""
 
     model_config = SCHEMA_CONFIG
-    settings: list[Literal["0_shot", "bm25", "dense", "gpt_index", "oracle", "swap", "irrelevant",
-                           "constraints_0_shot", "constraints_bm25", "constraints_dense", "constraints_gpt_index",
-                           "constraints_oracle", "dense_ft", "constraints_dense_ft"]
-                  ] = ["0_shot", "bm25", "dense", "gpt_index", "oracle"]
+    settings: list[one_of("test setting", EVAL_SETTINGS)] = list(DEFAULT_SETTINGS)
     n_questions: Count | None = None
     batch_size: Count = 8
     max_new_tokens: Count = 256
     stop_after_api_call: bool = False
     max_document_tokens: Count | None = None
     threads: Threads | None = None
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal[BACKENDS] = "hf"
     dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
-    bm25_backend: Literal["rank_bm25", "bm25s"] = "rank_bm25"
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    bm25_backend: one_of("BM25 backend", BM25_BACKENDS) = DEFAULT_BM25_BACKEND
+    device: Literal[DEVICES] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
+    dtype: Literal[DTYPES] = Field(
         "auto", description="auto: bfloat16 on cuda, float32 on cpu")
 
 
@@ -364,7 +365,7 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
         cmd += ["--chat-template", entry["chat_template"]]
     if d.dense_model:
         cmd += ["--dense-model", d.dense_model]
-    if d.bm25_backend != "rank_bm25":
+    if d.bm25_backend != DEFAULT_BM25_BACKEND:
         cmd += ["--bm25-backend", d.bm25_backend]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
@@ -372,8 +373,12 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
 
 
 def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args: list[str] | None = None) -> list[str]:
-    """``accelerate launch [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml``."""
-    cmd = ["accelerate", "launch"]
+    """``accelerate launch -q [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml``.
+
+    ``-q``: a failed single process ends with ratune's one-line error, without accelerate's
+    ``CalledProcessError`` traceback after it (accelerate 1.15 simple and DeepSpeed launchers).
+    """
+    cmd = ["accelerate", "launch", "-q"]
     if sweep.config.accelerate_config:
         cmd += ["--config_file", sweep.config.accelerate_config]
     cmd += list(launch_args or []) + ["-m", "ratune.train", "--config", str(cell.dir / "train.yaml")]
@@ -400,7 +405,7 @@ def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
         cmd += ["--backend", e.backend]
     if e.dense_model:
         cmd += ["--dense-model", e.dense_model]
-    if e.bm25_backend != "rank_bm25":
+    if e.bm25_backend != DEFAULT_BM25_BACKEND:
         cmd += ["--bm25-backend", e.bm25_backend]
     if e.device != "auto":
         cmd += ["--device", e.device]
@@ -526,7 +531,9 @@ def run_command(cmd: list[str], log_path: Path) -> None:
     """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
 
     Raises:
-        RatuneError: non-zero exit, with the last lines of the log.
+        RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
+            any (a launcher's report of the failed process comes after them in the log), else the
+            last 20 lines of its log.
     """
     sibling = Path(sys.executable).parent / cmd[0]  # the same environment's ratune / accelerate first
     exe = str(sibling) if sibling.exists() else (shutil.which(cmd[0]) or cmd[0])
@@ -534,13 +541,18 @@ def run_command(cmd: list[str], log_path: Path) -> None:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"$ {_fmt(cmd)}\n")
         log.flush()
+        start = log.tell()
         try:
             rc = subprocess.run([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT).returncode
         except OSError as exc:
             raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
     if rc != 0:
-        tail = "".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-20:])
-        raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{tail}")
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            lines = log.read().decode("utf-8", errors="replace").splitlines(True)
+        errors = list(dict.fromkeys(line.strip() for line in lines if line.startswith("ratune: error:")))
+        shown = "\n".join(errors) + "\n" if errors else "".join(lines[-20:])
+        raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{shown}")
 
 
 def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
@@ -807,7 +819,6 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     """
     from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, read_metrics,
                                     write_table2)
-    from ratune.eval.run import EXPERIMENT_SETTINGS, TABLE_SETTINGS
     from ratune.io import write_json, write_text
     from ratune.manifest import is_complete
 

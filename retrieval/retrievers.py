@@ -6,14 +6,14 @@ database) best first. The corpus is the hub's API database with duplicate APIs r
 :func:`~ratune.data.apibench.api_identity`; the first occurrence in file order is kept), so a
 top-k list never repeats an API.
 
-Names (the test-time settings of Gorilla, section 4.1, plus ours):
-``none`` (0-shot), ``oracle`` (the gold document), ``bm25`` and ``bm25_paper`` (rank-bm25;
-see BM25_VARIANTS), ``dense``
-(sentence-transformers, all-MiniLM-L6-v2 offline), ``gpt_index`` and ``paper_bm25`` (the paper's
-own retrieved documents, read from the released question files and mapped back to database
-records, so our serializer renders them), and ``dense_ft`` (a bi-encoder finetuned on one hub's
-training split by :mod:`ratune.retrieval.finetune`; needs the model folder, and refuses a folder
-trained for another hub).
+The names and what each is live in one registry, :mod:`ratune.registry` (RETRIEVERS); this
+module implements each kind: ``none`` (0-shot), ``oracle`` (the gold document), the BM25
+variants ``bm25`` and ``bm25_replica`` (rank-bm25 or bm25s; see BM25_VARIANTS), ``dense``
+(sentence-transformers, all-MiniLM-L6-v2 offline) and ``dense_ft`` (a bi-encoder finetuned on one
+hub's training split by :mod:`ratune.retrieval.finetune`; needs the model folder, and refuses a
+folder trained for another hub), and the precomputed ``gpt_index`` and ``released_bm25`` (the
+paper's own retrieved documents, read from the released question files and mapped back to
+database records, so our serializer renders them).
 """
 
 from __future__ import annotations
@@ -29,21 +29,11 @@ from ratune.data.apibench import api_database_path, api_identity, load_api_datab
 from ratune.data.prompt import serialize_document
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json
-
-#: Retriever names accepted by :func:`make_retriever`.
-RETRIEVERS = ("none", "oracle", "bm25", "bm25_paper", "dense", "gpt_index", "paper_bm25")
-
-#: Retrievers that need a trained model folder (``dense_model``), so not part of RETRIEVERS' "all".
-TRAINED_RETRIEVERS = ("dense_ft",)
+from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, RETRIEVERS, unknown_name
 
 #: File that marks a sentence-transformers folder as a ratune finetuned retriever and records
 #: its hub, base model, training data and settings (written by :mod:`ratune.retrieval.finetune`).
 RETRIEVER_METADATA_FILE = "ratune_retriever.json"
-
-#: Test-time settings of the eval stage and the retriever each one uses (paper, Table 2 columns).
-TEST_SETTINGS = {"0_shot": "none", "bm25": "bm25", "dense": "dense", "gpt_index": "gpt_index",
-                 "oracle": "oracle", "dense_ft": "dense_ft"}
-
 
 @dataclass(frozen=True)
 class Query:
@@ -117,23 +107,20 @@ def bm25_tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-#: BM25 variants: (name, text indexed per document, tokenizer, deduplicate the corpus).
-#: ``bm25`` is ours; ``bm25_paper`` is the closest variant we found to the paper's released BM25
+#: BM25 variants (the retrievers of kind ``bm25`` in ratune/registry.py): the text indexed per
+#: document, the tokenizer, and whether the corpus is deduplicated.
+#: ``bm25`` is ours; ``bm25_replica`` is the closest variant we found to the paper's released BM25
 #: documents (Python ``str(dict)`` of each document, whitespace tokens, every database line kept,
 #: as LangChain's BM25Retriever does by default): its top-1 agrees with the paper's on 167/186
 #: TorchHub, 738/904 HuggingFace and 553/685 TensorFlow Hub questions, against 97, 329 and 127
 #: for ``bm25``.
 BM25_VARIANTS = {
     "bm25": {"text": "json", "tokenizer": "lowercase \\w+", "dedup": True},
-    "bm25_paper": {"text": "python_repr", "tokenizer": "whitespace", "dedup": False},
+    "bm25_replica": {"text": "python_repr", "tokenizer": "whitespace", "dedup": False},
 }
-
-
-#: BM25 backends: ``rank_bm25`` (the reference, one query at a time in Python) and ``bm25s``
-#: (sparse precomputed scores, queries scored in batches; tens of times faster on large catalogs).
-#: Both give the same Okapi scores, so the same rankings (tests/test_bm25_backends.py compares the
-#: top-10 lists on every APIBench eval question); the backend is recorded in the metadata.
-BM25_BACKENDS = ("rank_bm25", "bm25s")
+# BM25 backends (ratune/registry.py BM25_BACKENDS): both give the same Okapi scores, so the same
+# rankings (tests/test_bm25_backends.py compares the top-10 lists on every APIBench eval
+# question); bm25s is tens of times faster on large catalogs. The backend is recorded in the metadata.
 
 #: Okapi BM25 parameters (rank-bm25's BM25Okapi defaults, which the paper's LangChain retriever
 #: uses): term-frequency saturation k1, length normalisation b, and the idf floor epsilon (an idf
@@ -311,10 +298,10 @@ class BM25Retriever(Retriever):
         RatuneError: unknown variant or backend.
     """
 
-    def __init__(self, corpus: Sequence[dict], *, hub: str, variant: str = "bm25", backend: str = "rank_bm25",
+    def __init__(self, corpus: Sequence[dict], *, hub: str, variant: str = "bm25", backend: str = DEFAULT_BM25_BACKEND,
                  _index=None):
         if variant not in BM25_VARIANTS:
-            raise RatuneError(f"unknown BM25 variant {variant!r}: expected one of {', '.join(BM25_VARIANTS)}")
+            raise RatuneError(unknown_name("BM25 variant", variant, tuple(BM25_VARIANTS)))
         if backend not in BM25_BACKENDS:
             raise RatuneError(f"unknown BM25 backend {backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
         self.name, self.hub, self.variant, self.backend = variant, hub, BM25_VARIANTS[variant], backend
@@ -391,7 +378,9 @@ class BM25Retriever(Retriever):
         path = Path(index_dir) / BM25_INDEX_METADATA
         meta = saved_index_metadata(index_dir)
         if variant not in BM25_VARIANTS:
-            raise RatuneError(f"unknown BM25 variant {variant!r}: expected one of {', '.join(BM25_VARIANTS)}")
+            raise RatuneError(unknown_name("BM25 variant", variant, tuple(BM25_VARIANTS)))
+        if meta.get("variant") in RENAMED:  # an index saved under a variant's old name: the same index
+            meta = {**meta, "variant": RENAMED[meta["variant"]]}
         texts = _bm25_texts(_bm25_corpus(corpus, variant), variant)
         expected = {"hub": hub, "variant": variant, **BM25_VARIANTS[variant], "k1": BM25_K1, "b": BM25_B,
                     "epsilon": BM25_EPSILON, "corpus_sha256": _texts_sha256(texts)}
@@ -573,7 +562,8 @@ def _paper_doc_keys(text: str) -> tuple[str | None, str | None]:
 
 
 class PrecomputedRetriever(Retriever):
-    """The paper's retrieved documents (top-1), from questions_{hub}_{gpt_index,bm25}.jsonl.
+    """The paper's retrieved documents (top-1), from questions_{hub}_{source}.jsonl, where
+    ``source`` is the registry's (ratune/registry.py: ``gpt_index`` and ``released_bm25``).
 
     Each document is mapped back to the API-database record with the same api_call identity
     (quotes normalised when needed), else to the first record with the same api_name when exactly
@@ -584,9 +574,8 @@ class PrecomputedRetriever(Retriever):
     queries get no document).
     """
 
-    def __init__(self, corpus: Sequence[dict], *, hub: str, apibench_dir, setting: str):
-        self.name = "gpt_index" if setting == "gpt_index" else "paper_bm25"
-        self.hub, self.setting = hub, setting
+    def __init__(self, corpus: Sequence[dict], *, hub: str, apibench_dir, name: str):
+        self.name, self.hub, self.setting = name, hub, RETRIEVERS[name].source
         by_id = {api_identity(d): d for d in reversed(list(corpus))}  # first occurrence wins
         by_loose = {k.replace('"', "'"): d for k, d in by_id.items()}
         names: dict[str, set] = {}
@@ -597,7 +586,7 @@ class PrecomputedRetriever(Retriever):
         self.by_question: dict[int, dict | None] = {}
         self.unmapped: list[int] = []
         self.mapped_by_name: list[int] = []
-        path = questions_path(apibench_dir, hub, setting)
+        path = questions_path(apibench_dir, hub, self.setting)
         for number, row in iter_jsonl(path):
             qid = row.get("question_id")
             key, name = _paper_doc_keys(str(row.get("text", "")))
@@ -624,8 +613,9 @@ class PrecomputedRetriever(Retriever):
 
 
 def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None,
-                   bm25_backend: str = "rank_bm25", bm25_index: str | Path | None = None) -> Retriever:
-    """Build a retriever by name (one of RETRIEVERS or TRAINED_RETRIEVERS) over the hub's API database.
+                   bm25_backend: str = DEFAULT_BM25_BACKEND, bm25_index: str | Path | None = None) -> Retriever:
+    """Build a retriever by name (a key of ratune/registry.py RETRIEVERS) over the hub's API
+    database, by the kind its registry entry names.
 
     Args:
         dense_model: the sentence-transformers folder for ``dense`` (default all-MiniLM-L6-v2) and
@@ -635,32 +625,33 @@ def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path
             instead of indexing (implies the bm25s backend).
 
     Raises:
-        RatuneError: for an unknown name or backend; ``dense_ft`` without ``dense_model`` or with a
-            folder that is not a finetuned retriever; a finetuned folder or saved BM25 index made
-            for another hub (or, for the index, another variant or corpus).
+        RatuneError: for an unknown name (a renamed one names its new spelling) or backend;
+            ``dense_ft`` without ``dense_model`` or with a folder that is not a finetuned
+            retriever; a finetuned folder or saved BM25 index made for another hub (or, for the
+            index, another variant or corpus).
     """
     if bm25_backend not in BM25_BACKENDS:
-        raise RatuneError(f"unknown BM25 backend {bm25_backend!r}: expected one of {', '.join(BM25_BACKENDS)}")
-    if name not in RETRIEVERS + TRAINED_RETRIEVERS:
-        raise RatuneError(f"unknown retriever {name!r}: expected one of {', '.join(RETRIEVERS + TRAINED_RETRIEVERS)}")
-    if name == "dense_ft":
+        raise RatuneError(unknown_name("BM25 backend", bm25_backend, BM25_BACKENDS))
+    if name not in RETRIEVERS:
+        raise RatuneError(unknown_name("retriever", name, tuple(RETRIEVERS)))
+    spec = RETRIEVERS[name]
+    if spec.needs_model:
         if dense_model is None:
-            raise RatuneError("the dense_ft retriever needs the finetuned model folder (dense_model); "
+            raise RatuneError(f"the {name} retriever needs the finetuned model folder (dense_model); "
                               f"make one with `ratune retrieval train --hub {hub} --out DIR`")
         if read_retriever_metadata(dense_model) is None:
             raise RatuneError(f"{dense_model}: not a ratune finetuned retriever (no {RETRIEVER_METADATA_FILE}); "
                               f"use the dense retriever for a plain sentence-transformers folder")
         check_retriever_hub(dense_model, hub)  # fail before reading the corpus
-    if name == "none":
+    if spec.kind == "none":
         return NoRetriever()
-    if name == "oracle":
+    if spec.kind == "oracle":
         return OracleRetriever()
     corpus = load_api_database(api_database_path(apibench_dir, hub))
-    if name in BM25_VARIANTS:
+    if spec.kind == "bm25":
         if bm25_index is not None:
             return BM25Retriever.load(bm25_index, corpus, hub=hub, variant=name)
         return BM25Retriever(corpus, hub=hub, variant=name, backend=bm25_backend)
-    if name in ("dense", "dense_ft"):
+    if spec.kind == "dense":
         return DenseRetriever(corpus, hub=hub, model=dense_model)
-    return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir,
-                                setting="gpt_index" if name == "gpt_index" else "bm25")
+    return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir, name=name)

@@ -30,7 +30,6 @@ own CUDA_VISIBLE_DEVICES, so hiding the devices never takes them away from the `
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -41,6 +40,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from ratune.data.apibench import resolve_apibench_dir  # noqa: E402
 from ratune.data.prompt import GORILLA_V0_SYSTEM  # noqa: E402
+from ratune.train.tiny import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
 
 #: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
 CUDA_AVAILABLE = False
@@ -219,40 +219,14 @@ PIECES = [
 # (e.g. 268's "m"+"o" inside 264's "model=", 259's "▁"+"A" inside 261's "▁API").
 MERGE_ORDER = [2, 11, 0, 4, 10, 5, 6, 7, 8, 1, 3, 12, 13, 9]
 
-BOS, EOS, NL = 1, 2, 13
+BOS, EOS, NL = SPECIAL_TOKENS["<s>"], SPECIAL_TOKENS["</s>"], BYTE_OFFSET + ord("\n")  # 1, 2, 13
 
 
 def build_llama1_tokenizer(folder) -> None:
     """Write a LLaMA-1-shaped tokenizer folder (tokenizer.json + tokenizer_config.json, class
-    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template)."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from transformers import LlamaTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
-    for piece in PIECES:
-        vocab[piece] = len(vocab)
-    merges = []
-    for index in MERGE_ORDER:
-        piece = PIECES[index]
-        for k in range(1, len(piece)):
-            for part in (piece[:k], piece[k]):
-                vocab.setdefault(part, len(vocab))
-            vocab.setdefault(piece[:k + 1], len(vocab))
-            if (piece[:k], piece[k]) not in merges:
-                merges.append((piece[:k], piece[k]))
-    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", 1)])
-    llama = LlamaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    llama.save_pretrained(folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True, add_eos_token=False)
-    config_path.write_text(json.dumps(config, indent=2))
+    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template): train/tiny.py
+    ``build_llama_tokenizer`` with :data:`PIECES` in :data:`MERGE_ORDER` and LLaMA's Metaspace."""
+    build_llama_tokenizer(folder, pieces=PIECES, merge_order=MERGE_ORDER, metaspace=True)
 
 
 @pytest.fixture(scope="session")

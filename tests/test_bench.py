@@ -124,7 +124,12 @@ def test_hf_measurement_counts_only_generated_tokens(et, tiny_model_dir):
 
 
 def test_counting_model_ignores_padding_of_finished_rows(et):
+    import inspect
+
     import torch
+    from transformers import GenerationMixin
+
+    calls = []
 
     class Fake:
         device = torch.device("cpu")
@@ -132,13 +137,21 @@ def test_counting_model_ignores_padding_of_finished_rows(et):
         def eval(self):
             return self
 
-        def generate(self, input_ids, attention_mask=None, **kwargs):
+        def generate(self, *args, **kwargs):
+            # bound to transformers' own generate: a positional argument it lacks fails here. Its
+            # signature ends in **kwargs (model inputs such as input_ids), so keywords all bind.
+            calls.append(inspect.signature(GenerationMixin.generate).bind(self, *args, **kwargs).arguments)
             new = torch.tensor([[7, 8, 9], [7, 2, 2]])  # row 2 finished at EOS (2), then padded with 2
-            return torch.cat([input_ids, new], dim=1)
+            return torch.cat([kwargs["input_ids"], new], dim=1)
 
     counting = et.CountingModel(Fake(), eos_id=2)
-    counting.generate(torch.tensor([[0, 1], [0, 1]]))
+    counting.generate(torch.tensor([[0, 1], [0, 1]]), max_new_tokens=3)
     assert counting.generated == 3 + 2
+    # CountingModel passes the batch by keyword, with the caller's generation settings
+    (call,) = calls
+    assert set(call) == {"self", "kwargs"}  # nothing went to a named parameter of generate
+    assert set(call["kwargs"]) == {"input_ids", "attention_mask", "max_new_tokens"}
+    assert call["kwargs"]["attention_mask"] is None and call["kwargs"]["max_new_tokens"] == 3
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_okapi_scores_by_hand(index_class):
 
 
 @pytest.mark.parametrize("hub", HUBS)
-@pytest.mark.parametrize("variant", ["bm25", "bm25_paper"])
+@pytest.mark.parametrize("variant", ["bm25", "bm25_replica"])
 def test_backends_rank_every_eval_question_the_same(apibench, hub, variant):
     corpus = load_api_database(api_database_path(apibench, hub))
     queries = [Query(text=e.instruction) for e in load_examples(apibench, hub, "eval")]
@@ -147,8 +147,8 @@ def test_saved_index_reloads_with_the_same_rankings(apibench, torchhub_corpus, s
 def test_saved_index_refuses_another_hub_variant_or_corpus(apibench, torchhub_corpus, saved_index, tmp_path):
     with pytest.raises(RatuneError, match="built for hub 'torchhub', not 'huggingface'"):
         make_retriever("bm25", hub="huggingface", apibench_dir=apibench, bm25_index=saved_index)
-    with pytest.raises(RatuneError, match="built for variant 'bm25', not 'bm25_paper'"):
-        make_retriever("bm25_paper", hub="torchhub", apibench_dir=apibench, bm25_index=saved_index)
+    with pytest.raises(RatuneError, match="built for variant 'bm25', not 'bm25_replica'"):
+        make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench, bm25_index=saved_index)
     edited = [dict(d) for d in torchhub_corpus]
     edited[0]["description"] = edited[0]["description"] + " (edited)"
     with pytest.raises(RatuneError, match="built for corpus_sha256"):
@@ -203,7 +203,7 @@ def test_data_build_trains_with_the_finetuned_retriever(apibench, smol_tokenizer
     settings = BuildSettings(max_length=768, max_document_tokens=64, top_k=2, dense_model=str(dense_ft_folder),
                              bm25_backend="bm25s", force_gold=True)
     manifest = build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=tmp_path / "data", tokenizer=smol_tokenizer,
-                             tokenizer_name="smol", modes=["dense", "dense_ft", "bm25_paper"], settings=settings,
+                             tokenizer_name="smol", modes=["dense", "dense_ft", "bm25_replica"], settings=settings,
                              progress=False)
     ft = load_from_disk(str(tmp_path / "data" / "dense_ft"))
     dense = load_from_disk(str(tmp_path / "data" / "dense"))
@@ -213,9 +213,9 @@ def test_data_build_trains_with_the_finetuned_retriever(apibench, smol_tokenizer
     train = ft["train"]
     assert all(g in calls for g, calls in zip(train["gold_api_call"], train["document_api_calls"]))
     assert manifest["counts"]["train"]["dense_ft"]["forced_gold"] == manifest["counts"]["train"]["dense"]["forced_gold"] > 0
-    assert manifest["counts"]["train"]["bm25_paper"]["forced_gold"] > 0
+    assert manifest["counts"]["train"]["bm25_replica"]["forced_gold"] > 0
     assert manifest["settings"]["dense_model"] == str(dense_ft_folder.resolve())
-    assert manifest["retrievers"]["bm25_paper"]["backend"] == "bm25s (okapi idf)"
+    assert manifest["retrievers"]["bm25_replica"]["backend"] == "bm25s (okapi idf)"
 
 
 def test_dense_ft_mode_needs_a_finetuned_folder_of_the_hub(apibench, smol_tokenizer, dense_ft_folder, tmp_path):
@@ -239,9 +239,9 @@ def test_train_config_accepts_every_train_mode():
     from ratune.train.config import TrainConfig
 
     base = {"model": "m", "hub": "torchhub", "data_dir": "d", "output_dir": "o"}
-    for mode in ("dense_ft", "bm25_paper", "mix-rat_mix"):
+    for mode in ("dense_ft", "bm25_replica", "mix-rat_mix"):
         assert TrainConfig(**base, train_retriever=mode).train_retriever == mode
-    with pytest.raises(ValidationError, match="expected one of none, oracle, bm25, bm25_paper, dense, dense_ft"):
+    with pytest.raises(ValidationError, match="expected one of none, oracle, bm25, bm25_replica, dense, dense_ft"):
         TrainConfig(**base, train_retriever="gpt_index")
 
 
@@ -279,7 +279,7 @@ def test_cli_refuses_dense_ft_without_its_folder(apibench, smol_tokenizer_dir, t
     assert "the dense_ft mode needs the finetuned retriever folder (--dense-model DIR" in capsys.readouterr().err
     assert main(["eval", "run", "--checkpoint", str(tiny_model_dir), "--hub", "torchhub", "--out",
                  str(tmp_path / "e"), "--settings", "constraints_dense_ft"]) == 2
-    assert "the dense_ft test setting needs the finetuned retriever folder" in capsys.readouterr().err
+    assert "the constraints_dense_ft test setting needs the finetuned retriever folder" in capsys.readouterr().err
     assert not (tmp_path / "e").exists()  # refused before any cell was written
 
 

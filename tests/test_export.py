@@ -5,6 +5,7 @@ greedy answer by greedy answer with the checkpoint; model card metadata; the hub
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -63,6 +64,17 @@ def _table2(path: Path) -> Path:
     return path / "table2.json"
 
 
+def _listing(folder: Path) -> set[str]:
+    """The names directly inside ``folder``, hidden ones included (temporary siblings start with '.')."""
+    return {p.name for p in folder.iterdir()}
+
+
+def _bound(real, *args, **kwargs):
+    """Bind a fake's call to the real third-party function's signature: a keyword (or argument
+    count) the real API does not accept raises TypeError here, as it would there."""
+    return inspect.signature(real).bind(*args, **kwargs).arguments
+
+
 def _all_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
@@ -73,9 +85,13 @@ def test_export_reloads_same_answers_and_card(run, tmp_path, smol_tokenizer):
 
     from ratune.train.export import export_checkpoint
 
-    out = export_checkpoint(run / "run", tmp_path / "exported", table2=_table2(tmp_path / "report"),
-                            base_model=BASE_ID)
-    assert out == tmp_path / "exported" and not (tmp_path / "exported.tmp").exists()
+    table2 = _table2(tmp_path / "report")
+    before = _listing(tmp_path)
+    out = export_checkpoint(run / "run", tmp_path / "exported", table2=table2, base_model=BASE_ID)
+    assert out == tmp_path / "exported"
+    # only the export itself is new beside it: no temporary sibling (train/export.py writes into
+    # ratune.io.temp_folder's unique ".ratune-tmp.XXXXXXXX.exported") and no lock file is left
+    assert before == {"report"} and _listing(tmp_path) == {"report", "exported"}
     files = set(_all_bytes(out))
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "README.md",
             "ratune_export.json"} <= files
@@ -136,23 +152,40 @@ def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch)
     from ratune.train.export import export_checkpoint
 
     sent = {}
+    # the real methods (huggingface_hub's validate_hf_hub_args wrapper keeps their signatures)
+    real_create, real_upload = HfApi.create_repo, HfApi.upload_folder
 
-    def fake_create_repo(self, repo_id, **kw):
-        sent["create"] = {"repo_id": repo_id, "token": self.token, **kw}
-        return f"https://huggingface.co/{repo_id}"
+    def fake_create_repo(self, *args, **kw):
+        call = _bound(real_create, self, *args, **kw)  # TypeError on a keyword create_repo lacks
+        call.pop("self")
+        sent["create"] = {"call": call, "api_token": self.token}
+        return f"https://huggingface.co/{call['repo_id']}"
 
-    def fake_upload_folder(self, *, repo_id, folder_path, **kw):
-        sent["upload"] = {"repo_id": repo_id, "folder": Path(folder_path), "token": self.token,
-                          "files": sorted(str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*"))}
+    def fake_upload_folder(self, *args, **kw):
+        call = _bound(real_upload, self, *args, **kw)  # upload_folder's arguments are keyword-only
+        call.pop("self")
+        folder = Path(call["folder_path"])
+        sent["upload"] = {"call": call, "api_token": self.token,
+                          "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))}
 
     monkeypatch.setattr(HfApi, "create_repo", fake_create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", fake_upload_folder)
+    # the fakes refuse what the real API refuses
+    with pytest.raises(TypeError, match="privat"):
+        HfApi(token="x").create_repo("a/b", privat=True)
+    with pytest.raises(TypeError):
+        HfApi(token="x").upload_folder("a/b", folder_path=str(tmp_path))  # repo_id is keyword-only
+    assert sent == {}
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     out = export_checkpoint(run / "run", tmp_path / "pushed", push_to_hub="someone/ratune-tiny-oracle",
                             private=True, base_model=BASE_ID)
-    assert sent["create"]["repo_id"] == "someone/ratune-tiny-oracle" and sent["create"]["private"] is True
-    assert sent["create"]["token"] == FAKE_TOKEN and sent["upload"]["token"] == FAKE_TOKEN
-    assert sent["upload"]["repo_id"] == "someone/ratune-tiny-oracle" and sent["upload"]["folder"] == out
+    # exactly the arguments train/export.py push_folder passes (defaults left out by bind)
+    assert sent["create"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "private": True, "exist_ok": True,
+                                      "repo_type": "model"}
+    assert sent["upload"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "folder_path": str(out),
+                                      "repo_type": "model", "commit_message": "Upload model exported by ratune"}
+    # the token reaches the hub through HfApi(token=...) only
+    assert sent["create"]["api_token"] == FAKE_TOKEN and sent["upload"]["api_token"] == FAKE_TOKEN
     assert {"README.md", "model.safetensors", "config.json", "generation_config.json",
             "tokenizer.json"} <= set(sent["upload"]["files"])
     for name, content in _all_bytes(out).items():
@@ -183,9 +216,11 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     parser = add_export_arguments(argparse.ArgumentParser())
     args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "x"), "--push-to-hub", "someone/m",
                               "--private"])
+    before = _listing(tmp_path)
     assert run_guarded(lambda: cli_export(args)) == 2
     assert "no Hugging Face token" in capsys.readouterr().err
-    assert not (tmp_path / "x").exists() and not (tmp_path / "x.tmp").exists()
+    # nothing was written beside --out: no x, no temporary sibling of any name, no lock file
+    assert _listing(tmp_path) == before and "x" not in before
 
     args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "y"), "--private"])
     assert run_guarded(lambda: cli_export(args)) == 2
@@ -203,9 +238,11 @@ def test_vocabulary_added_without_resize_is_refused(tiny_model_dir, tmp_path, sm
     tok.add_special_tokens({"pad_token": "<|new_pad|>"})
     tok.save_pretrained(folder)
     n = len(smol_tokenizer)
+    before = _listing(tmp_path)
     with pytest.raises(RatuneError, match=rf"has {n} embedding rows but the tokenizer has {n + 1} tokens"):
         export_checkpoint(folder, tmp_path / "out")
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+    # refused before anything was saved: no out, no temporary sibling of any name, the lock released
+    assert _listing(tmp_path) == before == {"grown"}
 
     # padding rows are fine only when the base model had them (not resized during training)
     class Fake:

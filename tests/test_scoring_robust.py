@@ -11,7 +11,7 @@ import pytest
 
 from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import InputError, RatuneError
-from ratune.eval.scoring import (OUTCOMES, Scorer, add_score_arguments, check_hub_matches,
+from ratune.eval.scoring import (Scorer, add_score_arguments, check_hub_matches,
                                  cli_score, hub_evidence, load_responses)
 
 APIBENCH = resolve_apibench_dir(None)
@@ -34,12 +34,50 @@ HOSTILE = {
     "markers_only": "api_call api_provider api_call api_provider",
 }
 
+ERROR = ("error", "error")  # (gorilla, strict)
+HALLUCINATION = ("hallucination", "hallucination")
+
+# The verdicts, worked out from the rules (official_semantics.md sections 2-6 for gorilla,
+# docs/scoring.md "The strict metric" for strict) for question 1 of each hub. A hallucination needs
+# every database entry to miss: for gorilla that holds when no kept database argument (a repo, a
+# model id, a TF Hub URL, a task string; never empty: no database call has an empty literal)
+# occurs anywhere in the cut string, since every searched node's text is part of it; for strict
+# when no hub loader call with a known argument is in it. Each case: (expected api_call cut per
+# hub, {hub: (gorilla, strict)}).
+_TH_NONE = {"torchhub": None}  # TorchHub without `api_call`: nothing is cut, nothing parsed
+HOSTILE_EXPECTED = {
+    # no marker: TorchHub is error unparsed (§2.2); HF/TF parse "", the empty root holds no argument nor loader
+    "empty": ({**_TH_NONE, "huggingface": "", "tensorflowhub": ""},
+              {"torchhub": ERROR, "huggingface": HALLUCINATION, "tensorflowhub": HALLUCINATION}),
+    # the same as empty: whitespace holds no argument and no loader name
+    "whitespace": ({**_TH_NONE, "huggingface": "   \n\t ", "tensorflowhub": "   \n\t "},
+                   {"torchhub": ERROR, "huggingface": HALLUCINATION, "tensorflowhub": HALLUCINATION}),
+    # cut from ':' + 2 to the last ')': only parentheses, so no api_name key and no argument: hallucination
+    "nested_parens": ("(" * 10_000 + ")" * 10_000, dict.fromkeys(HUBS, HALLUCINATION)),
+    # no ')' drops the last '(' (§2.5); no repo, URL or model id in it, and a repo-less torch.hub.load names nothing
+    "unclosed_parens": ("torch.hub.load" + "(" * 9_999, dict.fromkeys(HUBS, HALLUCINATION)),
+    # no database api_name is `f`, the fall-through node is the innermost "()", and `f` is no loader
+    "nested_calls": ("f(" * 5_000 + ")" * 5_000, dict.fromkeys(HUBS, HALLUCINATION)),
+    # SEG is ">>>: [[[...": cut from index 3 + 2, no ')' drops the last '[': brackets only, hallucination
+    "nested_lists": ("[" * 9_999, dict.fromkeys(HUBS, HALLUCINATION)),
+    # no repo, URL or model id in the cut; strict TF reads hub.load(handle "\x00"), no database API's handle
+    "binary_junk": ("\x00\x01\x02\x7f\ufffd\ud800\udfff hub.load(\x00)", dict.fromkeys(HUBS, HALLUCINATION)),
+    # the marker is there, so TorchHub parses too; SEG is "" and ""[2:-1] is "": hallucination (§2)
+    "only_marker": ("", dict.fromkeys(HUBS, HALLUCINATION)),
+    # SEG is " " (first api_call to api_provider), no ':' and no ')': " "[2:-1] is "": hallucination
+    "markers_only": ("", dict.fromkeys(HUBS, HALLUCINATION)),
+}
+
 
 @pytest.mark.parametrize("hub", HUBS)
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_texts_give_an_outcome(hub, name):
+    cut, verdicts = HOSTILE_EXPECTED[name]
+    want_cut = cut[hub] if isinstance(cut, dict) else cut
     result = scorer(hub).score_text(HOSTILE[name], 1)
-    assert result.gorilla in OUTCOMES and result.strict in OUTCOMES
+    assert result.api_call == want_cut
+    assert (result.gorilla, result.strict) == verdicts[hub]
+    assert result.matched_index is None  # no database entry matched: nothing was scored by domain
 
 
 def test_one_megabyte_response():
@@ -47,7 +85,13 @@ def test_one_megabyte_response():
             + "x = f(a, [1, 2], {'k': 'v'})  # filler\n" * 28_000)
     assert len(text) > 1_000_000
     result = scorer("torchhub").score_text(text, 1)
-    assert result.gorilla in OUTCOMES and result.strict == "correct"
+    # No api_provider: the cut runs to the last ')' of the filler (semantics §2, TF-08). The
+    # torch.hub.load call is the searched node of every TorchHub entry; database line 1
+    # (facebookresearch/pytorchvideo, slow_r50, "Video Classification") is the first whose arguments
+    # it holds, and q1 is a "Video Classification" question: gorilla correct. Strict: the first
+    # loader call names q1's own gold (repo, model): correct.
+    assert result.api_call.startswith("torch.hub.load(") and result.api_call.endswith("{'k': 'v'})")
+    assert (result.gorilla, result.strict, result.matched_index) == ("correct", "correct", 0)
 
 
 @pytest.mark.parametrize("hub", HUBS)

@@ -11,7 +11,6 @@ from functools import lru_cache
 import pytest
 
 from ratune.data.apibench import resolve_apibench_dir
-from ratune.eval import scoring
 from ratune.eval.scoring import (TORCHHUB_VARIANT_ENTRY_POINTS, Scorer, load_responses,
                                  normalize_call)
 
@@ -137,47 +136,45 @@ def test_torchhub_variant_table_and_database_keys():
     assert sc.named_documents(text) == [53]
 
 
-def _last_positional_string_rule(positional, keywords, src):
-    # The rule before issue 21, kept here only to count what the change does.
-    rest = list(positional)
-    repo = keywords.get(b"repo_or_dir")
-    if repo is None:
-        if not rest:
-            return None
-        repo = rest.pop(0)
-    model = keywords.get(b"model")
-    if model is None and rest:
-        strings = [node for node in rest if node.type == "string"]
-        model = strings[-1] if strings else rest[0]
-    return (scoring._th_repo(scoring._value(repo, src)),
-            scoring._value(model, src) if model is not None else None)
+# Released TorchHub responses that pass torch.hub.load three positional arguments, the calls the
+# issue-21 change of argument order could affect, with their verdicts worked out by hand
+# (docs/scoring.md "Changed in issue 21"). Each FT/oracle text reads
+#   {'domain': ..., 'api_call': \"model = torch.hub.load(...)\", 'api_provider': ...}
+# so the cut is \"model = torch.hub.load(...) (semantics §2, quoted formats) and the strict
+# normalisation undoes the escaped quote. Gorilla: the call is the searched node of every TorchHub
+# entry; database line 88 (0-based 87: MEAL-V2 mealv2_resnest50, "Classification") is the first
+# whose kept arguments 'szq0214/MEAL-V2' and 'mealv2_resnest50' are substrings of a MEAL-V2 call
+# (mealv2_resnest50 lies inside mealv2_resnest50_cutmix; no earlier line's repository occurs), and
+# line 82 (0-based 81, repo-only 'huggingface/pytorch-transformers', "Classification") the only one
+# whose repository occurs in the BERT call. All four questions are "Classification".
+RELEASED_THREE_POSITIONAL = [
+    # q92, gold mealv2_mobilenetv3_small_075: MEAL-V2 has no entry point 'mealv2', so the call names
+    # no database API: hallucination. The old last-positional-string rule read the known variant
+    # mealv2_resnest50_cutmix (an error): the one released verdict issue 21 changed (FT/oracle
+    # strict 144/18/24 -> 144/19/23, pinned in test_strict_counts_released_torchhub).
+    ("oracle", 92, "model = torch.hub.load('szq0214/MEAL-V2', 'mealv2', 'mealv2_resnest50_cutmix', pretrained=True)",
+     87, "correct", "hallucination"),
+    # q77, gold mealv2_resnest50_cutmix: meal_v2's variant (TORCHHUB_VARIANT_ENTRY_POINTS) is the gold
+    ("oracle", 77, "model = torch.hub.load('szq0214/MEAL-V2', 'meal_v2', 'mealv2_resnest50_cutmix', pretrained=True)",
+     87, "correct", "correct"),
+    # q16, gold mealv2_resnest50_380x380: the variant cutmix is another database API (line 89): error
+    ("oracle", 16, "model = torch.hub.load('szq0214/MEAL-V2', 'meal_v2', 'mealv2_resnest50_cutmix', pretrained=True)",
+     87, "correct", "error"),
+    # q142, gold the repo-only line 82: any call on huggingface/pytorch-transformers names it, whichever
+    # positional argument is read as the model: correct under the old rule and the new one
+    ("oracle", 142, "model = torch.hub.load('huggingface/pytorch-transformers', 'model', 'bert-base-cased')",
+     81, "correct", "correct"),
+]
 
 
-def test_argument_order_changes_one_released_verdict(monkeypatch):
-    # docs/scoring.md: on the 8 released TorchHub files (1,488 responses) the change from the
-    # last positional string to torch.hub's argument order changes exactly one strict verdict,
-    # FT/oracle q92 ('szq0214/MEAL-V2', 'mealv2', 'mealv2_resnest50_cutmix'; gold
-    # mealv2_mobilenetv3_small_075): error (a wrong but known variant) -> hallucination (no
-    # entry point 'mealv2'). The gorilla verdicts do not depend on this rule at all.
-    sc = Scorer.from_apibench("torchhub", APIBENCH)
-    files = [(m, s) for m in ("FT", "RT") for s in ("0_shot", "bm25", "gpt_index", "oracle")]
-
-    def outcomes():
-        out = {}
-        for mode, setting in files:
-            path = APIBENCH / "responses" / f"response_torchhub_Gorilla_{mode}_{setting}.jsonl"
-            for p in sc.score(load_responses(path, sc.n_questions))["per_question"]:
-                out[(mode, setting, p["question_id"])] = (p["gorilla"], p["strict"])
-        return out
-
-    new = outcomes()
-    monkeypatch.setattr(scoring, "_th_repo_model", _last_positional_string_rule)
-    old_rule = Scorer.from_apibench("torchhub", APIBENCH)
-    # the database and the gold calls read the same under both rules
-    assert (old_rule._db_keys, old_rule._gold) == (sc._db_keys, sc._gold)
-    old = outcomes()
-    changed = {k: (old[k], new[k]) for k in new if old[k] != new[k]}
-    assert changed == {("FT", "oracle", 92): (("correct", "error"), ("correct", "hallucination"))}
+@pytest.mark.parametrize("setting,qid,call,index,gorilla,want", RELEASED_THREE_POSITIONAL)
+def test_argument_order_changes_one_released_verdict(setting, qid, call, index, gorilla, want):
+    responses = {r["question_id"]: r for r in load_responses(
+        APIBENCH / "responses" / f"response_torchhub_Gorilla_FT_{setting}.jsonl")}
+    result = scorer("torchhub").score_text(responses[qid]["text"], qid)
+    assert result.api_call == '\\"' + call  # the cut keeps the escaped opening quote
+    assert normalize_call(result.api_call) == call
+    assert (result.matched_index, result.gorilla, result.strict) == (index, gorilla, want)
 
 
 # HuggingFace. q1: AutoModel.from_pretrained('princeton-nlp/unsup-simcse-roberta-base').
@@ -259,20 +256,28 @@ def test_escaped_quotes_are_undone():
 
 
 def test_strict_counts_released_torchhub():
-    # REGRESSION values: this code's own strict output on the released TorchHub files, as listed
-    # in docs/scoring.md; not hand-worked and not official (strict is ours, no oracle exists).
-    # Only RT/0_shot is hand-checkable: none of its 186 texts contains api_call, so all are errors.
+    # Not hand-worked and not official (strict is ours, no oracle exists): the values below, except
+    # RT/0_shot, are regression values, as listed in docs/scoring.md.
     # FT/oracle was (144, 18, 24) under the old last-positional-string rule; issue 21 moved q92
-    # from error to hallucination (test_argument_order_changes_one_released_verdict).
-    want = {("FT", "0_shot"): (18, 14, 154), ("FT", "bm25"): (13, 8, 165),
-            ("FT", "gpt_index"): (17, 5, 164), ("FT", "oracle"): (144, 19, 23),
-            ("RT", "0_shot"): (0, 0, 186), ("RT", "bm25"): (14, 2, 170),
-            ("RT", "gpt_index"): (17, 0, 169), ("RT", "oracle"): (182, 0, 4)}
+    # from error to hallucination (test_argument_order_changes_one_released_verdict pins q92).
+    want = {("FT", "0_shot"): (18, 14, 154),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("FT", "bm25"): (13, 8, 165),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("FT", "gpt_index"): (17, 5, 164),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("FT", "oracle"): (144, 19, 23),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("RT", "0_shot"): (0, 0, 186),  # by hand: no text contains api_call (checked below): all errors
+            ("RT", "bm25"): (14, 2, 170),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("RT", "gpt_index"): (17, 0, 169),  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("RT", "oracle"): (182, 0, 4)}  # regression value: eval/scoring.py Scorer.score (issue 21)
     sc = scorer("torchhub")
     for (mode, setting), expected in want.items():
         path = APIBENCH / "responses" / f"response_torchhub_Gorilla_{mode}_{setting}.jsonl"
-        block = sc.score(load_responses(path, sc.n_questions))["strict"]
+        responses = load_responses(path, sc.n_questions)
+        assert len(responses) == sum(expected) == 186  # independent: every file answers all 186 questions
+        block = sc.score(responses)["strict"]
         assert (block["correct_n"], block["hallucination_n"], block["error_n"]) == expected
+    # the hand-checkable file: no marker anywhere (semantics §7), so TorchHub scores every text error
+    rt0 = load_responses(APIBENCH / "responses" / "response_torchhub_Gorilla_RT_0_shot.jsonl")
+    assert not any("api_call" in (r["text"] or "") for r in rt0)
 
 
 def test_strict_never_exceeds_exact_gold_naming():

@@ -114,7 +114,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path, capsys, monkeypatch)
     out = capsys.readouterr().out
     cells = sw.expand(sw.load_sweep(tmp_path / "sweep.yaml"))
     for c in cells:
-        assert (f"accelerate launch --config_file configs/accelerate/cpu_2proc.yaml -m ratune.train "
+        assert (f"accelerate launch -q --config_file configs/accelerate/cpu_2proc.yaml -m ratune.train "
                 f"--config {c.dir / 'train.yaml'}") in out
         assert (f"ratune eval run --checkpoint {c.dir / 'train'} --hub torchhub --out {c.dir / 'eval'} "
                 "--settings 0_shot oracle") in out
@@ -136,7 +136,7 @@ def test_slurm_scripts(tmp_path, capsys):
             assert line in train
         assert 'MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in train
         launch = next(line for line in train.splitlines() if line.startswith("srun "))
-        for part in ("accelerate launch --config_file configs/accelerate/cpu_2proc.yaml",
+        for part in ("accelerate launch -q --config_file configs/accelerate/cpu_2proc.yaml",
                      "--num_machines $SLURM_NNODES", "--machine_rank $SLURM_NODEID", "--main_process_ip $MAIN_IP", "--num_processes 8",
                      f"-m ratune.train --config {c.dir / 'train.yaml'}"):
             assert part in launch
@@ -321,6 +321,28 @@ def test_run_command_logs_and_raises(tmp_path):
     with pytest.raises(RatuneError, match="exited with status 3"):
         sw.run_command([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], log)
 
+
+
+def test_failed_step_names_ratunes_error_not_the_launchers_traceback(tmp_path):
+    """A failing step whose launcher prints 30 lines of traceback after ratune's error: the
+    sweep's message carries ratune's line (once, as two processes print it) and not the
+    traceback; an earlier run's error in the same log is not repeated."""
+    log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()
+    log.write_text("$ earlier\nratune: error: an earlier run's error\n")
+    script = ("import sys\n"
+              "print('ratune: error: runs/x/train.yaml: line 3: learning_rate: expected a positive number')\n"
+              "print('ratune: error: runs/x/train.yaml: line 3: learning_rate: expected a positive number')\n"
+              "for i in range(30): print(f'  File \"launch.py\", line {i}, in simple_launcher')\n"
+              "print('subprocess.CalledProcessError: Command returned non-zero exit status 2.')\n"
+              "sys.exit(1)\n")
+    (tmp_path / "launch.py").write_text(script)
+    with pytest.raises(RatuneError) as info:
+        sw.run_command([sys.executable, str(tmp_path / "launch.py")], log)
+    message = str(info.value)
+    assert message.endswith("exited with status 1; log " + str(log) + ":\n"
+                            "ratune: error: runs/x/train.yaml: line 3: learning_rate: expected a positive number\n")
+    assert "CalledProcessError" not in message and "earlier" not in message
 
 def test_settings_added_later_at_their_default_are_not_changes(tmp_path):
     """A cell.json written before a setting existed: the setting at its default is no change;

@@ -95,37 +95,64 @@ def test_tiny_sweep_interrupted_resumed_reported_exported(tmp_path, apibench, ti
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.count("[skip]") == 2
 
-    # 3. the report: the 2 x 2 matrix, chosen-pair comparisons, the best cell
+    # 3. every cell's metrics, whatever the tiny random model answered: one metrics.json per cell
+    # and setting, n = 3, each metric's counts summing to n, and the counts those of its own
+    # responses scored again
+    from ratune.eval.scoring import Scorer
+
+    scorer = Scorer.from_apibench("torchhub", apibench)
+    cells = {json.loads((cell / "cell.json").read_text())["config"]["train_retriever"]: cell
+             for cell in sweep_dir.glob("cells/*")}
+    assert set(cells) == {"none", "oracle"} and first_eval in cells.values()
+    metrics = {}
+    for train_retriever, cell in cells.items():
+        for setting in ("0_shot", "oracle"):
+            m = json.loads((cell / "eval" / setting / "metrics.json").read_text())
+            assert m["n"] == 3 and sorted(p["question_id"] for p in m["per_question"]) == [1, 2, 3]
+            rows = [json.loads(line) for line in (cell / "eval" / setting / "responses.jsonl").open()]
+            again = scorer.score([{"question_id": r["question_id"], "text": r["text"]} for r in rows])
+            for metric in ("gorilla", "strict"):
+                counts = tuple(m[metric][f"{o}_n"] for o in ("correct", "hallucination", "error"))
+                assert sum(counts) == 3, (cell.name, setting, metric)
+                assert counts == tuple(again[metric][f"{o}_n"] for o in ("correct", "hallucination", "error"))
+            assert m["accuracy"] == pytest.approx(m["gorilla"]["correct_n"] / 3)
+            metrics[(train_retriever, setting)] = m
+
+    # 4. the report: exactly the 2 x 2 cells run, each with its cell's counts; the chosen-pair
+    # comparisons; a best cell named exactly when some cell scored above 0
     proc = subprocess.run([*_ratune(), "report", str(sweep_dir)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     table = json.loads((sweep_dir / "report" / "torchhub" / "table2.json").read_text())
-    assert {(c["train_retriever"], c["test_retriever"]) for c in table["cells"]} == \
-        {(t, s) for t in ("none", "oracle") for s in ("0_shot", "oracle")}
-    assert all(c["n"] == 3 for c in table["cells"])
+    keys = [(c["train_retriever"], c["test_retriever"]) for c in table["cells"]]
+    assert len(keys) == 4 and set(keys) == set(metrics)
+    for c in table["cells"]:
+        m = metrics[(c["train_retriever"], c["test_retriever"])]
+        assert c["n"] == 3
+        assert (c["correct_n"], c["hallucination_n"], c["error_n"]) == tuple(
+            m["gorilla"][f"{o}_n"] for o in ("correct", "hallucination", "error"))
+        assert c["strict"]["correct_n"] == m["strict"]["correct_n"]
     comparisons = json.loads((sweep_dir / "report" / "comparisons.json").read_text())["comparisons"]
     assert sorted(c["context"]["test_retriever"] for c in comparisons) == ["0_shot", "oracle"]
     assert all(c["status"] == "ok" and c["metrics"]["gorilla"]["n"] == 3 for c in comparisons)
     summary = json.loads((sweep_dir / "report" / "sweep.json").read_text())
-    top = max(c["accuracy"] for c in table["cells"])
-    if top > 0:  # the tiny random model may score nothing: then there is no best cell to name
-        best = summary["best"]["torchhub"]
-        assert best["accuracy"] == top
-        assert ("export it with:" in proc.stdout) != bool(best["tied_with"])
-        name, export_cmd = best["cell"], best["export"].split()
-    else:
-        assert summary["best"] == {} and "no best cell in torchhub: every one of its 4 cells" in proc.stdout
-        name = first_eval.name
-        export_cmd = ["ratune", "export", str(first_eval / "train"), "--out", f"exports/{name}",
-                      "--eval", str(first_eval / "eval")]
+    top = max(m["accuracy"] for m in metrics.values())
+    assert set(summary["best"]) <= {"torchhub"} and (summary["best"] != {}) == (top > 0)
+    assert ("no best cell in torchhub: every one of its 4 cells" in proc.stdout) == (top == 0)
+    assert all(b["accuracy"] == top and b["cell"] in {c.name for c in cells.values()}
+               and b["export"].split()[:2] == ["ratune", "export"] for b in summary["best"].values())
 
-    # 4. export the best cell (or, with none, the first) with its command; the folder reloads
-    assert export_cmd[:2] == ["ratune", "export"]
-    proc = subprocess.run([*_ratune(), *export_cmd[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # 5. export the first cell (the one interrupted and resumed) with its eval folder; the folder
+    # reloads and its card carries that cell's measured row
+    name = first_eval.name
+    export_cmd = ["export", str(first_eval / "train"), "--out", f"exports/{name}", "--eval", str(first_eval / "eval")]
+    proc = subprocess.run([*_ratune(), *export_cmd], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     exported = tmp_path / "exports" / name
-    train_retriever = json.loads((sweep_dir / "cells" / name / "cell.json").read_text())["config"]["train_retriever"]
+    train_retriever = json.loads((first_eval / "cell.json").read_text())["config"]["train_retriever"]
     model = AutoModelForCausalLM.from_pretrained(exported)
     assert model.config.vocab_size == json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     card = (exported / "README.md").read_text()
     assert "train-time retrieval" in card.lower() and train_retriever in card
+    for setting in ("0_shot", "oracle"):
+        assert f"| {setting} | {100 * metrics[(train_retriever, setting)]['accuracy']:.1f} [" in card

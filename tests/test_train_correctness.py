@@ -128,6 +128,53 @@ def test_gradient_accumulation_is_loss_equivalent(tmp_path, tiny_model_dir, capt
             torch.testing.assert_close(run["weights"][name], w, atol=1e-5, rtol=0, msg=f"{key} {name}")
 
 
+#: Losses logged at steps 1-3 of the fixed-seed run of
+#: test_first_step_loss_is_the_mean_cross_entropy_of_its_labels (tiny Llama of conftest.py, the 8
+#: rows of _make_data, batch 8 in one micro-batch, lr 1e-3 constant, seed 0, CPU float32). Step 1
+#: alone is also checked against the hand computation in that test; steps 2-3 have no oracle.
+# regression value: log_history.json of ratune.train.sft.train (transformers 5.24.0, trl 1.16.0, torch 2.13.0 CPU)
+FIRST_LOSSES = [14.77365493774414, 14.259591102600098, 13.790637969970703]
+
+
+def test_first_step_loss_is_the_mean_cross_entropy_of_its_labels(tmp_path, tiny_model_dir):
+    """Step 1's logged loss is the mean token cross-entropy over the label positions of the batch
+    ratune builds, computed here from the untrained model's logits with F.cross_entropy (shifted by
+    one, ignore_index -100); the losses of steps 1-3 of the fixed-seed run are pinned."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from ratune.train.model import load_tokenizer
+    from ratune.train.sft import load_training_rows, train
+
+    data = _make_data(tmp_path / "data")
+    # one micro-batch of 8 holds all 8 rows, so step 1 sees every row whatever the shuffled order
+    cfg = _config(tiny_model_dir, data, tmp_path / "run", global_batch_size=8, per_device_batch_size=8,
+                  max_steps=3, max_examples=8)
+
+    # the rows exactly as train() builds them: prompt labels -100, the answer and EOS as labels
+    columns, stats = load_training_rows(cfg, load_tokenizer(tiny_model_dir, chat_template=cfg.chat_template))
+    assert stats["examples"] == len(columns["input_ids"]) == 8
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    total, positions = torch.zeros((), dtype=torch.float64), 0
+    with torch.no_grad():
+        for ids, labels in zip(columns["input_ids"], columns["labels"]):
+            assert labels[0] == -100 and labels[-1] != -100  # starts in the prompt, ends on EOS
+            logits = model(input_ids=torch.tensor([ids])).logits[0]  # one row: no padding involved
+            target = torch.tensor(labels[1:])  # token t+1 is predicted from position t
+            total += F.cross_entropy(logits[:-1].float(), target, ignore_index=-100, reduction="sum").double()
+            positions += int((target != -100).sum())
+    assert positions == stats["loss_tokens"]  # every label position counts once (none falls on token 0)
+    by_hand = (total / positions).item()
+
+    train(cfg)
+    log = json.loads((tmp_path / "run" / "log_history.json").read_text())
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert [e["step"] for e in log if "loss" in e] == [1, 2, 3]
+    assert losses[0] == pytest.approx(by_hand, rel=1e-5)
+    assert losses == pytest.approx(FIRST_LOSSES, rel=1e-4)
+
+
 #: Loaded by the training subprocess through PYTHONPATH: after each checkpoint save it writes a
 #: marker and sleeps, so the test kills it at a known point (after checkpoint-2, before step 3)
 #: instead of racing a run that finishes in a second.
@@ -239,6 +286,9 @@ def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir):
                                        "deepspeed": False, "zero_stage": None, "partitioned_load": False}
     checks = manifest["save_checks"]
     assert [c["folder"] for c in checks] == ["trainer/checkpoint-1", "trainer/checkpoint-2", "adapter", "model"]
+    # by hand, not regression values: LoRA "all-linear" adapts q, k, v, o, gate, up and down of each of
+    # the 2 layers, an A and a B matrix each: 7 x 2 x 2 = 28 adapter tensors; the merged tiny Llama has
+    # the embedding, 9 tensors per layer (7 projections, 2 norms) and the final norm, lm_head tied: 20
     assert [c["tensors"] for c in checks[:3]] == [28, 28, 28]
     assert [c["weights_compared"] for c in checks] == [28, 28, 28, 20]
     # adapter saves reproduce the logits exactly; the merged model/ within the float32 tolerance

@@ -230,6 +230,23 @@ def test_the_vllm_extra_pins_the_tested_range():
     assert project["optional-dependencies"]["vllm"] == [f"vllm{SUPPORTED_VLLM}"]
 
 
+def test_the_stand_ins_have_no_catch_all():
+    """vllm is not installed here, so the stand-ins' explicit signatures are the check: neither
+    takes *args or **kwargs, and a name vllm 0.30.0 does not have is a TypeError."""
+    import inspect
+
+    for fn in (FakeLLM.__init__, FakeLLM.generate, FakeSamplingParams.__init__):
+        kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
+        assert not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, fn.__qualname__
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        FakeSamplingParams(max_new_tokens=5)  # HF's name; vLLM's is max_tokens
+    with pytest.raises(TypeError, match="torch_dtype"):
+        FakeLLM("folder", torch_dtype="bfloat16")  # transformers' name; vLLM's is dtype
+    with pytest.raises(TypeError, match="sampling"):
+        FakeLLM.generate(object(), [], sampling=None)
+    assert FakeSamplingParams(max_tokens=5).max_tokens == 5
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_the_stand_ins_take_only_what_the_installed_vllm_takes():
     """Where vllm is installed: every parameter of the stand-ins exists in the real classes."""
@@ -256,7 +273,7 @@ def test_eval_run_with_vllm_passes_dtype_positions_and_limits(monkeypatch, apibe
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
 
     _fake_vllm(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a stand-in GPU")  # torch's signature
     FakeLLM.answer = smol_tokenizer(FULL, add_special_tokens=False)["input_ids"] + [smol_tokenizer.eos_token_id]
     metrics = evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench, out_dir=tmp_path / "eval",
                                   settings=EvalSettings(settings=["0_shot"], n_questions=3, backend="vllm",

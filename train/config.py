@@ -13,8 +13,10 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, Threads
+from ratune.data.apibench import HUBS
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import RatuneError
+from ratune.registry import RENAMED, TRAIN_MODES, unknown_name
 
 
 class LoraSettings(BaseModel):
@@ -34,9 +36,9 @@ class TrainConfig(BaseModel):
     Attributes (the paper's values in brackets where it gives them):
         model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
         data_dir: output folder of ``ratune data build``.
-        train_retriever: which built mode to train on (one of data/build.py TRAIN_MODES: none,
-            oracle, bm25, bm25_paper, dense, dense_ft; or a mixture ``mix-NAME`` built with
-            ``ratune data build --mixture``; data/mixture.py).
+        train_retriever: which built mode to train on (one of ratune/registry.py TRAIN_MODES:
+            none, oracle, bm25, bm25_replica, dense, dense_ft), or a mixture ``mix-NAME`` built
+            with ``ratune data build --mixture`` (data/mixture.py).
         output_dir: the run folder; refused when it exists unless resuming.
         max_length: tokens per row [2048]; rows are never truncated here (the builder already
             applied the over-length policy; a longer row is an error).
@@ -94,7 +96,7 @@ class TrainConfig(BaseModel):
     data_dir: str
     train_retriever: str
     output_dir: str
-    hub: Literal["torchhub", "huggingface", "tensorflowhub"] = "torchhub"
+    hub: Literal[HUBS] = "torchhub"
     max_length: MaxLength = 2048
     global_batch_size: Count = 64
     per_device_batch_size: Count = 1
@@ -131,8 +133,8 @@ class TrainConfig(BaseModel):
     def _train_mode(cls, value: str) -> str:
         import re
 
-        from ratune.data.build import TRAIN_MODES
-
+        if value in RENAMED:
+            raise ValueError(unknown_name("train-time retrieval mode", value, TRAIN_MODES))
         if value not in TRAIN_MODES and not re.fullmatch(r"mix-[a-z0-9][a-z0-9_]*", value):
             raise ValueError(f"expected one of {', '.join(TRAIN_MODES)} or mix-NAME (a mixture built with "
                              f"`ratune data build --mixture NAME:...`), got {value!r}")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.errors import RatuneError
+from ratune.locks import locked_output
 
 #: Hub id of the base model behind each ratune model alias (train/model.py).
 BASE_MODEL_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -345,12 +346,30 @@ def _hub_token(push_to_hub: str | None, private: bool) -> str | None:
     return token
 
 
+def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private, **_) -> None:
+    """What :func:`export_checkpoint` checks before it takes ``out_dir``'s lock, so that a refusal
+    writes nothing (no lock file either): the push's repo id and hub token (:func:`_hub_token`)
+    and the export folder (:func:`_check_out`).
+
+    Raises:
+        RatuneError: see :func:`_hub_token` and :func:`_check_out`.
+    """
+    _hub_token(push_to_hub, private)
+    _check_out(Path(checkpoint), Path(out_dir).resolve())
+
+
+@locked_output("out_dir", command="export", resolve=True, check=_check_export_arguments)
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False,
                       push_to_hub: str | None = None, private: bool = False,
                       eval_dirs: Sequence[str | os.PathLike] | None = None,
                       table2: str | os.PathLike | None = None, base_model: str | None = None,
                       license: str = DEFAULT_LICENSE) -> Path:
     """Export a checkpoint as a Hugging Face model folder (see the module docstring).
+
+    The arguments, the hub token and ``out_dir`` are checked first (:func:`_check_export_arguments`,
+    writing nothing); then ``out_dir``'s lock is taken (resolved; :func:`ratune.locks.locked_output`)
+    before any model is loaded, so a second export of the same folder is refused at once, and held
+    to the end.
 
     Args:
         checkpoint: a ``ratune train`` run folder (preferred: its manifest gives the recipe, the
@@ -392,18 +411,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
     checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
-    token = _hub_token(push_to_hub, private)  # before any work
-    _check_out(checkpoint, out)
-    from ratune.locks import output_lock
-
-    with output_lock(out, command="export"):  # before any model is loaded: a second export is refused at once
-        return _export(checkpoint, out, token, merge_lora=merge_lora, push_to_hub=push_to_hub, private=private,
-                       eval_dirs=eval_dirs, table2=table2, base_model=base_model, license=license)
-
-
-def _export(checkpoint: Path, out: Path, token: str | None, *, merge_lora: bool, push_to_hub: str | None,
-            private: bool, eval_dirs, table2, base_model: str | None, license: str) -> Path:
-    """The body of :func:`export_checkpoint`, run under ``out``'s lock (arguments checked)."""
+    token = _hub_token(push_to_hub, private)  # checked before the lock (_check_export_arguments); read here
     folder, manifest = _source(checkpoint)
     cfg = (manifest or {}).get("config", {})
     base_id = _resolve_base_model_id(manifest, base_model)

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from ratune.errors import RatuneError
+from ratune.io import swap_folder, temp_folder
 
 #: Alias accepted wherever a model path is expected: the converted offline demo model.
 DEMO_MODEL_ALIAS = "smollm2-135m-instruct"
@@ -50,7 +51,14 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
 
     The conversion de-quantizes the Q4_1 GGUF to float32, clears the "quantized" state that
     transformers attaches to GGUF loads, and writes model, tokenizer and generation config
-    atomically (to a temporary folder, then renamed).
+    atomically: into a new, uniquely named, ratune-owned sibling of the target
+    (:func:`ratune.io.temp_folder`, ``.ratune-tmp.XXXXXXXX.smollm2-135m-instruct``), then renamed
+    into place in one rename (a target folder without ``.complete``, which ratune never leaves, is
+    replaced with :func:`ratune.io.swap_folder`); nothing else beside the target is touched. Two
+    processes converting at once each write their own temporary folder; the one whose rename finds
+    the target already converted (a lost race) keeps that folder and removes only its own
+    temporary one. A conversion that is killed leaves its temporary folder (no lock tells another
+    process whether its writer is still alive).
 
     Returns:
         The folder, loadable with ``from_pretrained``.
@@ -59,7 +67,7 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
     """
     cache = Path(cache_dir) if cache_dir else DEFAULT_CACHE
     target = cache / "models" / DEMO_MODEL_ALIAS
-    if (target / "model.safetensors").exists() and (target / ".complete").exists():
+    if _demo_converted(target):
         return target
     import sys
 
@@ -76,14 +84,28 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / ".complete").write_text("converted from " + gguf.name + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    tmp = temp_folder(target)  # unique and ratune's: a concurrent conversion, or a user's folder, is never touched
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / ".complete").write_text("converted from " + gguf.name + "\n")
+        try:
+            os.rename(tmp, target)  # atomic; refused while target exists and is not empty
+        except OSError:
+            if _demo_converted(target):
+                pass  # a lost race: another process converted first; its folder is kept
+            elif target.is_dir():
+                swap_folder(tmp, target)  # an unfinished folder (no .complete) is replaced
+            else:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # ours only; gone already when it was renamed into place
     return target
+
+
+def _demo_converted(target: Path) -> bool:
+    """Whether ``target`` holds a finished conversion of the demo model (weights and ``.complete``)."""
+    return (target / "model.safetensors").exists() and (target / ".complete").exists()
 
 
 #: Weight files ratune loads (safetensors only; an adapter folder holds the adapter's).
@@ -288,15 +310,55 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
         raise _load_failed("model", model_path, exc) from None
 
 
+def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.PathLike | None = None):
+    """ratune's one LoRA merge: the adapter in ``adapter_dir`` put on ``base_model`` with peft's
+    ``PeftModel.from_pretrained`` and merged with ``merge_and_unload()``, then checked finite.
+
+    Training's ``model/`` of a LoRA run (train/sft.py, the saved ``adapter/`` on a fresh base) and
+    :func:`load_adapter_merged` (eval of an adapter-only run, ``ratune export --merge-lora``) both
+    merge here, so their weights are bit for bit the same. The plain merge, not peft's
+    ``safe_merge=True``, which rounds the float32 delta to a 16-bit base's dtype before adding it
+    (two roundings: 1 ulp off in 1.4 % of the merged bf16 weights of the LoRA run in
+    tests/test_gpu_rehearsal.py).
+
+    Args:
+        base_model: the loaded, unquantized base (a causal LM in 16 or 32 bits, on any device);
+            its weights are merged into in place.
+        adapter_dir: the peft adapter folder (adapter_config.json, adapter_model.safetensors).
+        base: what ``base_model`` was loaded from (a folder or a hub id), for messages; default
+            its ``name_or_path``.
+    Returns:
+        A plain causal LM (no peft wrapper) with the merged weights, in the base's dtype.
+    Raises:
+        RatuneError: the base is quantized (``hf_quantizer`` set, or its config carries a
+            ``quantization_config``: a merge into quantized weights is rounded again); the adapter
+            does not load on it (another base's shapes, missing files) or its merge gives NaNs or
+            infinities. Each names the adapter folder and the base.
+    """
+    import torch
+    from peft import PeftModel
+
+    base = getattr(base_model, "name_or_path", None) if base is None else base
+    quantized = getattr(base_model, "hf_quantizer", None) is not None
+    if quantized or getattr(base_model.config, "quantization_config", None):
+        raise RatuneError(f"{base}: the base model is a quantized checkpoint; an adapter is merged into 16/32-bit "
+                          "weights (a merge into quantized weights is rounded again): give the unquantized base")
+    try:
+        merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
+        if not all(torch.isfinite(p).all() for p in merged.parameters()):
+            raise ValueError("NaNs or infinities in the merged weights")
+        return merged
+    except (OSError, ValueError, RuntimeError) as exc:  # missing files, shapes of another base, NaNs in the merge
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise RatuneError(f"{adapter_dir}: the LoRA adapter does not load or merge on its base {base} "
+                          f"({type(exc).__name__}: {first})") from None
+
+
 def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, dtype: str = "float32",
                         device: str | None = None, trust_remote_code: bool = False):
     """A LoRA adapter merged into its unquantized base: the base loaded with :func:`load_model`
-    in ``dtype`` (16 or 32 bits, never 4), the adapter put on it with peft's
-    ``PeftModel.from_pretrained`` and merged with ``merge_and_unload()``, then checked finite.
-    The plain merge is the one training's ``model/`` is made with (train/sft.py), so both are bit
-    for bit the same: peft's ``safe_merge=True`` rounds the float32 delta to a 16-bit base's dtype
-    before adding it (two roundings: 1 ulp off in 1.4 % of the merged bf16 weights of the LoRA run in
-    tests/test_gpu_rehearsal.py).
+    in ``dtype`` (16 or 32 bits, never 4), then :func:`merge_adapter` (the merge training's
+    ``model/`` is made with, so both are bit for bit the same).
 
     This is the model ``ratune eval run`` evaluates and ``ratune export --merge-lora`` writes for
     a run that saved only ``adapter/`` (QLoRA): merging into the 4-bit base the adapter was
@@ -309,24 +371,8 @@ def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, 
     Returns:
         A plain causal LM (no peft wrapper) with the merged weights.
     Raises:
-        RatuneError: see :func:`load_model`; a base that loads quantized (its config carries a
-            ``quantization_config``); an adapter that does not load on it (another base's shapes,
-            missing files) or whose merge gives non-finite weights.
+        RatuneError: see :func:`load_model` and :func:`merge_adapter` (a base that loads
+            quantized; an adapter that does not load on it or whose merge is not finite).
     """
-    from peft import PeftModel
-
     model = load_model(base, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
-    if getattr(model, "hf_quantizer", None) is not None or getattr(model.config, "quantization_config", None):
-        raise RatuneError(f"{base}: the base model is a quantized checkpoint; an adapter is merged into 16/32-bit "
-                          "weights (a merge into quantized weights is rounded again): give the unquantized base")
-    try:
-        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-        import torch
-
-        if not all(torch.isfinite(p).all() for p in merged.parameters()):
-            raise ValueError("NaNs or infinities in the merged weights")
-        return merged
-    except (OSError, ValueError, RuntimeError) as exc:  # missing files, shapes of another base, NaNs in the merge
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise RatuneError(f"{adapter}: the LoRA adapter does not load or merge on its base {base} "
-                          f"({type(exc).__name__}: {first})") from None
+    return merge_adapter(model, adapter, base=base)

@@ -63,6 +63,7 @@ from pathlib import Path
 import yaml
 
 from ratune.errors import RatuneError
+from ratune.locks import locked_output
 from ratune.train.config import TrainConfig
 
 
@@ -513,9 +514,10 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     return resume_from
 
 
+@locked_output("config.output_dir", command="train", enabled=_is_main_process)
 def train(config: TrainConfig, *, resume_from: str | None = None, config_path: str | None = None) -> Path:
     """Train one model and save its run folder (see the module docstring), holding the run folder's
-    lock (:func:`ratune.locks.output_lock`, on rank 0 only) throughout.
+    lock (:func:`ratune.locks.locked_output`, on rank 0 only) throughout.
 
     Args:
         config: the validated config.
@@ -530,14 +532,6 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
             helpers (batch arithmetic, output folder, resume path, data).
         LockHeld: another process is writing ``output_dir``.
     """
-    from ratune.locks import output_lock
-
-    with output_lock(config.output_dir, command="train", enabled=_is_main_process()):
-        return _train(config, resume_from=resume_from, config_path=config_path)
-
-
-def _train(config: TrainConfig, *, resume_from: str | None, config_path: str | None) -> Path:
-    """The body of :func:`train`, run while rank 0 holds the run folder's lock."""
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
     from ratune.train.model import check_attention
@@ -552,8 +546,8 @@ def _train(config: TrainConfig, *, resume_from: str | None, config_path: str | N
     from ratune.io import write_json, write_text
     from ratune.manifest import base_manifest, mark_complete
     from ratune.train import checks
-    from ratune.train.model import (load_model, load_tokenizer, require_model_files, resolve_model_path,
-                                    set_torch_threads)
+    from ratune.train.model import (load_model, load_tokenizer, merge_adapter, require_model_files,
+                                    resolve_model_path, set_torch_threads)
 
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
@@ -607,7 +601,7 @@ def _train(config: TrainConfig, *, resume_from: str | None, config_path: str | N
         save_steps=config.save_steps or 500,  # read only with save_strategy "steps"
         save_total_limit=config.save_total_limit,
         bf16=config.bf16,
-        gradient_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing=config.gradient_checkpointing,  # transformers 5.24's name; the old one warns
         deepspeed=config.deepspeed,
         seed=config.seed,
         data_seed=config.seed,
@@ -708,10 +702,8 @@ def _train(config: TrainConfig, *, resume_from: str | None, config_path: str | N
 
         def write_merged(tmp):
             if main_process:  # the saved adapter merged into a fresh base: what a user rebuilds from adapter/
-                from peft import PeftModel
-
                 with checks.plain_loading():  # rank 0 alone: no ZeRO-3 partitioning of the fresh base
-                    merged["model"] = PeftModel.from_pretrained(load_base(), str(out / "adapter")).merge_and_unload()
+                    merged["model"] = merge_adapter(load_base(), out / "adapter", base=model_path)
                 merged["model"].save_pretrained(str(tmp), safe_serialization=True)
                 tokenizer.save_pretrained(str(tmp))
         _save_folder(final, write_merged, main_process, trainer)

@@ -1,0 +1,199 @@
+"""The name registry (ratune/registry.py): every stage derives its names from it, renamed
+spellings are refused with the new name everywhere a name is read, and the released_bm25 test
+setting replays the paper's BM25 documents (issue 19 item 1, issue 18 item 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ratune import registry
+from ratune.errors import RatuneError
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [p for d in ("ratune", "data", "retrieval", "train", "eval") for p in sorted((ROOT / d).glob("*.py"))]
+
+
+def _help(argv: list[str], capsys) -> str:
+    from ratune.cli import main
+
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def test_derived_name_lists():
+    """Worked out from the table in ratune/registry.py by hand."""
+    assert registry.TRAIN_MODES == ("none", "oracle", "bm25", "bm25_replica", "dense", "dense_ft")
+    assert registry.RETRIEVED_MODES == ("bm25", "bm25_replica", "dense", "dense_ft")
+    assert registry.BM25_RETRIEVERS == ("bm25", "bm25_replica")
+    assert registry.TABLE_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "released_bm25", "oracle", "dense_ft")
+    assert registry.DEFAULT_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "oracle")  # as before the registry
+    assert registry.EXPERIMENT_SETTINGS[:3] == ("swap", "irrelevant", "constraints_0_shot")
+    assert len(registry.EVAL_SETTINGS) == 7 + 2 + 7
+    assert registry.setting_retriever("constraints_released_bm25") == "released_bm25"
+    assert registry.setting_retriever("0_shot") == "none"
+    with pytest.raises(KeyError):
+        registry.setting_retriever("swap")
+    # every setting's retriever exists; every renamed spelling maps to a current name
+    assert all(s.retriever in registry.RETRIEVERS for s in registry.TEST_SETTING_SPECS)
+    assert set(registry.RENAMED.values()) <= set(registry.RETRIEVERS)
+
+
+def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys):
+    from ratune.demo import DemoEval
+    from ratune.sweep import SweepData, SweepEval
+    from ratune.train.config import TrainConfig
+
+    eval_help = _help(["eval", "run"], capsys)
+    assert "{" + ",".join(registry.EVAL_SETTINGS) + "}" in eval_help
+    build_help = _help(["data", "build"], capsys)
+    assert "{" + ",".join(registry.TRAIN_MODES) + "}" in build_help
+    assert "{" + ",".join(registry.RETRIEVED_MODES) + "}" in build_help  # --top1-retriever
+    assert "{" + ",".join(("all", *(n for n in registry.RETRIEVERS if n != "none"))) + "}" in \
+        _help(["retrieval", "eval"], capsys)
+    assert SweepEval(settings=list(registry.EVAL_SETTINGS)).settings == list(registry.EVAL_SETTINGS)
+    assert DemoEval(settings=["released_bm25"]).settings == ["released_bm25"]
+    assert SweepEval().settings == list(registry.DEFAULT_SETTINGS)
+    for mode in registry.RETRIEVED_MODES:
+        assert SweepData(top1_retriever=mode).top1_retriever == mode
+    for mode in registry.TRAIN_MODES:
+        assert TrainConfig(model="m", data_dir="d", train_retriever=mode, output_dir="o").train_retriever == mode
+    schema = SweepEval.model_json_schema()
+    assert schema["properties"]["settings"]["items"]["enum"] == list(registry.EVAL_SETTINGS)
+
+
+RENAMED_CASES = [
+    (["data", "build", "--hub", "torchhub", "--out", "OUT", "--modes", "bm25_paper"],
+     "argument --modes: train-time retrieval mode 'bm25_paper' was renamed to 'bm25_replica'"),
+    (["data", "build", "--hub", "torchhub", "--out", "OUT", "--top1-retriever", "bm25_paper"],
+     "argument --top1-retriever: top1 retriever 'bm25_paper' was renamed to 'bm25_replica'"),
+    (["retrieval", "eval", "--hub", "torchhub", "--retriever", "paper_bm25"],
+     "argument --retriever: retriever 'paper_bm25' was renamed to 'released_bm25'"),
+    (["retrieval", "index", "--hub", "torchhub", "--out", "OUT", "--retriever", "bm25_paper"],
+     "argument --retriever: BM25 variant 'bm25_paper' was renamed to 'bm25_replica'"),
+    (["eval", "run", "--checkpoint", ".", "--hub", "torchhub", "--out", "OUT", "--settings", "0_shot", "bm26"],
+     "argument --settings: unknown test setting 'bm26': expected one of 0_shot, bm25, dense, gpt_index, "
+     "released_bm25, oracle, dense_ft, swap, irrelevant"),
+]
+
+
+@pytest.mark.parametrize("argv,message", RENAMED_CASES)
+def test_cli_names_the_new_spelling(argv, message, tmp_path, capsys):
+    from ratune.cli import main
+
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ratune: error: ") and message in err and "Traceback" not in err
+
+
+def test_schemas_and_stages_name_the_new_spelling(apibench, smol_tokenizer, tmp_path):
+    from ratune.config import validate
+    from ratune.data.build import build_dataset
+    from ratune.data.mixture import Mixture
+    from ratune.retrieval.retrievers import make_retriever
+    from ratune.sweep import SweepEval
+    from ratune.train.config import TrainConfig
+
+    with pytest.raises(RatuneError, match=r"sweep\.yaml: eval: settings\.1: Value error, test setting 'paper_bm25' was renamed "
+                                          r"to 'released_bm25' \(ratune/registry\.py\)"):
+        validate(SweepEval, {"settings": ["0_shot", "paper_bm25"]}, "sweep.yaml: eval")
+    with pytest.raises(RatuneError, match=r"train\.yaml: train_retriever: .*'bm25_paper' was renamed to 'bm25_replica'"):
+        validate(TrainConfig, {"model": "m", "data_dir": "d", "train_retriever": "bm25_paper", "output_dir": "o"},
+                 "train.yaml")
+    with pytest.raises(RatuneError, match="retriever 'paper_bm25' was renamed to 'released_bm25'"):
+        make_retriever("paper_bm25", hub="torchhub", apibench_dir=apibench)
+    with pytest.raises(RatuneError, match="mixture m: top1 retriever 'bm25_paper' was renamed to 'bm25_replica'"):
+        Mixture.parse("m:top1=1", top1_retriever="bm25_paper")
+    with pytest.raises(RatuneError, match="train-time retrieval mode 'bm25_paper' was renamed to 'bm25_replica'"):
+        build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=tmp_path / "d", tokenizer=smol_tokenizer,
+                      tokenizer_name="smol", modes=["bm25_paper"])
+    assert not (tmp_path / "d").exists()
+
+
+def test_an_index_saved_under_the_old_variant_name_still_loads(apibench, tmp_path):
+    """A saved bm25s index records its variant; one saved as bm25_paper is the bm25_replica index."""
+    from ratune.data.apibench import api_database_path, load_api_database
+    from ratune.io import read_json, write_json
+    from ratune.retrieval.retrievers import BM25_INDEX_METADATA, BM25Retriever, Query, make_retriever
+
+    corpus = load_api_database(api_database_path(apibench, "torchhub"))
+    saved = BM25Retriever(corpus, hub="torchhub", variant="bm25_replica", backend="bm25s").save(tmp_path / "index")
+    meta = read_json(saved / BM25_INDEX_METADATA)
+    write_json(saved / BM25_INDEX_METADATA, {**meta, "variant": "bm25_paper", "name": "bm25_paper"})
+    loaded = make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench, bm25_index=saved)
+    fresh = make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench)
+    q = [Query("Load a pretrained image classifier from PyTorch Hub")]
+    assert [d["api_call"] for d in loaded.retrieve(q, top_k=5)[0]] == [d["api_call"] for d in fresh.retrieve(q, top_k=5)[0]]
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[\s\\'\"]", "", text)
+
+
+def test_released_bm25_setting_replays_the_papers_bm25_documents(apibench):
+    """Each question's document under released_bm25 is the one in the released
+    questions_torchhub_bm25.jsonl: its api_call appears in that question's released text
+    (quotes, backslashes and spaces ignored), and differs from our bm25's where the two disagree."""
+    from ratune.data.apibench import load_examples, questions_path
+    from ratune.eval.run import EvalSettings, _setting_plan
+    from ratune.io import iter_jsonl
+
+    examples = load_examples(apibench, "torchhub", "eval")
+    released = {row["question_id"]: row["text"] for _, row in iter_jsonl(questions_path(apibench, "torchhub", "bm25"))}
+    settings = EvalSettings(settings=("released_bm25",))
+    asked, retriever, extra = _setting_plan("released_bm25", examples, hub="torchhub", apibench_dir=apibench,
+                                            settings=settings)
+    assert asked == examples and extra == {}
+    assert retriever.metadata() == {"name": "released_bm25", "hub": "torchhub", "mapped_by_name": 0, "unmapped": 0,
+                                    "source": "questions_torchhub_bm25.jsonl"}
+    from ratune.retrieval.retrievers import Query
+
+    docs = retriever.retrieve([Query(e.instruction, e.api, e.line) for e in examples])
+    assert len(docs) == 186 and all(len(d) == 1 for d in docs)
+    for e, (doc,) in zip(examples, docs):
+        assert _squash(doc["api_call"]) in _squash(released[e.line]), e.line
+    # the replayed documents are not our BM25's: they agree on 97 of 186 top-1s (docs/retrieval.md)
+    _, ours, _ = _setting_plan("bm25", examples, hub="torchhub", apibench_dir=apibench, settings=settings)
+    ours_docs = ours.retrieve([Query(e.instruction, e.api, e.line) for e in examples])
+    same = sum(a[0]["api_call"] == b[0]["api_call"] for a, b in zip(docs, ours_docs))
+    assert same == 97
+
+
+def test_eval_run_under_released_bm25_records_its_source(apibench, tiny_model_dir, tmp_path):
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+
+    results = evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench, out_dir=tmp_path / "eval",
+                                  settings=EvalSettings(settings=("released_bm25",), n_questions=2, batch_size=2,
+                                                        max_new_tokens=4, torch_threads=1), progress=False)
+    assert list(results) == ["released_bm25"]
+    metrics = json.loads((tmp_path / "eval" / "released_bm25" / "metrics.json").read_text())
+    assert metrics["setting"] == "released_bm25" and metrics["n"] == 2
+    assert metrics["retriever"]["source"] == "questions_torchhub_bm25.jsonl"
+    lines = (tmp_path / "eval" / "released_bm25" / "responses.jsonl").read_text().splitlines()
+    assert [json.loads(line)["question_id"] for line in lines] == [1, 2]
+
+
+DISTINCT_NAMES = ("0_shot", "gpt_index", "released_bm25", "bm25_replica", "constraints_")
+
+
+def test_distinct_names_are_typed_only_in_the_registry():
+    """The names that mean one thing each appear as string literals only in ratune/registry.py
+    (and the implementation of their kind: the finetuned retriever's own module names dense_ft;
+    the BM25 variant table in retrieval/retrievers.py keys its variants)."""
+    allowed = {("retrieval/retrievers.py", "bm25_replica")}
+    found = []
+    for path in SOURCES:
+        rel = str(path.relative_to(ROOT))
+        if rel == "ratune/registry.py":
+            continue
+        text = path.read_text()
+        for name in DISTINCT_NAMES:
+            for m in re.finditer(r"""["']""" + re.escape(name), text):
+                line = text.count("\n", 0, m.start()) + 1
+                if (rel, name) not in allowed:
+                    found.append(f"{rel}:{line}: {name}")
+    assert found == []
