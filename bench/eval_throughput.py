@@ -162,7 +162,8 @@ def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new
         releases, no CUDA GPU; the reason is its message).
     """
     from ratune.errors import RatuneError
-    from ratune.eval.run import checkpoint_max_positions, resolve_checkpoint
+    from ratune.eval.run import checkpoint_max_positions
+    from ratune.train.layout import resolve_checkpoint
     from ratune.eval.vllm_backend import load_llm, require_vllm, vllm_generate_all
 
     try:

@@ -182,7 +182,7 @@ def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int)
     from datasets import Dataset, DatasetDict
 
     from ratune.manifest import mark_complete
-    from ratune.train.labels import tokenize_row
+    from ratune.data.labels import tokenize_row
     from ratune.train.model import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir, chat_template="gorilla_v0")

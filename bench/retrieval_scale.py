@@ -23,7 +23,8 @@ import sys
 import time
 
 from ratune.data.apibench import HUBS, api_database_path, load_api_database, load_examples, resolve_apibench_dir
-from ratune.retrieval.retrievers import BM25_BACKENDS, BM25Retriever, Query, rank_scores
+from ratune.registry import BM25_BACKENDS
+from ratune.retrieval.retrievers import BM25Retriever, Query, rank_scores
 
 #: Phrases appended to descriptions so copies of one real document differ in more than a suffix.
 PHRASES = ("Optimised for edge devices.", "Trained on a larger corpus.", "Distilled for low latency.",

@@ -26,12 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, input_hashes,
-                                  load_examples)
+from ratune.config import Count, MaxLength, check_fields
+from ratune.data.apibench import (Example, ParseReport, api_database_path, api_identity, check_hub, examples_path,
+                                  input_hashes, load_api_database, load_examples)
+from ratune.data.labels import tokenize_row
+from ratune.data.mixture import apply_utility_filter, draw_documents, realised_shares
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, render_user_turn,
                                 require_chat_template, shorten_document, template_name)
-from ratune.config import Count, MaxLength, check_fields
+from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
+from ratune.io import atomic_write, write_json
+from ratune.manifest import base_manifest, mark_complete, replacing_folder, require_owned
+from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES, unknown_name
 
 # The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
@@ -86,8 +92,6 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
     Returns:
         ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
     """
-    from ratune.train.labels import tokenize_row
-
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -148,8 +152,6 @@ def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibe
                       retriever_cache: dict, dense_model: str | None = None,
                       bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
     """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k)."""
-    from ratune.retrieval.retrievers import Query, make_retriever
-
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
                                                dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
@@ -161,8 +163,6 @@ def force_gold_documents(examples: Sequence[Example], docs_per_example: Sequence
                          ) -> tuple[list[list[dict]], int]:
     """Put each example's gold document in place of its lowest-ranked retrieved one when the
     retrieval missed it (compared by API identity); returns ``(docs, how many were replaced)``."""
-    from ratune.data.apibench import api_identity
-
     out, forced = [], 0
     for ex, docs in zip(examples, docs_per_example):
         docs = list(docs)
@@ -219,8 +219,6 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
             ``overwrite``).
         LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
-    from ratune.manifest import replacing_folder, require_owned
-
     check_hub(hub)
     require_chat_template(tokenizer, source=tokenizer_name, hint="give --chat-template (and the same chat_template "
                           "in the training config)")
@@ -232,8 +230,6 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
     needs_model = [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
     if needs_model:
-        from ratune.retrieval.retrievers import require_finetuned_retriever
-
         require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} mode")
     final = Path(out_dir)
     require_owned(final, "data build", action="overwrite")  # a user's folder: refused, --overwrite or not
@@ -254,10 +250,6 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
 
-    from ratune.data.apibench import ParseReport, load_api_database
-    from ratune.data.validate import validate_splits
-    from ratune.io import write_json
-    from ratune.manifest import base_manifest, mark_complete
 
     mixture_modes = [m.mode for m in mixtures]
     report = ParseReport()
@@ -300,8 +292,6 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
 
     mixture_records = {}
     for mixture in mixtures:
-        from ratune.data.mixture import draw_documents, realised_shares
-
         record, dd = mixture.metadata(), {}
         for split, examples in splits.items():
             top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=hub, apibench_dir=apibench_dir, top_k=1,
@@ -310,8 +300,6 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
             docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
                                          database=database)
             if utility_keep is not None and split == "train":
-                from ratune.data.mixture import apply_utility_filter
-
                 docs, drawn, filtered = apply_utility_filter(mixture, [e.line for e in examples], docs, drawn,
                                                              utility_keep)
                 record["utility_filter"] = {**(utility_meta or {}), **filtered}
@@ -331,7 +319,6 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
             print(f"{mixture.mode}: " + ", ".join(f"{k} {100 * v['share']:.1f} %" for k, v in shares.items()))
 
     if report.rejects:
-        from ratune.io import atomic_write
         import json
 
         with atomic_write(out / "rejects.jsonl") as fh:

@@ -71,7 +71,7 @@ class ChatTemplate:
         jinja: the template text, set as the tokenizer's ``chat_template``.
         answer_prefix: the text between the generation prompt and the answer in a training row
             (gorilla_v0: one space, ``ASSISTANT: {answer}``). A non-empty prefix is tokenized in
-            context, after the prompt text (:func:`ratune.train.labels.tokenize_row`).
+            context, after the prompt text (:func:`ratune.data.labels.tokenize_row`).
         summary: one line for docs and help texts.
     """
 

@@ -6,7 +6,7 @@ For a training example and a model, the *utility* of the document a retrieval mo
     utility = L(answer | instruction) - L(answer | instruction + document)
 
 where ``L`` is the model's mean cross-entropy per answer token (nats; the answer tokens are the
-completion-only loss tokens of :func:`ratune.train.labels.tokenize_row`, EOS included). Positive
+completion-only loss tokens of :func:`ratune.data.labels.tokenize_row`, EOS included). Positive
 utility: the document makes the right answer more likely. Both prompts are the built rows of a
 ``ratune data build`` folder (mode ``none`` and the document mode), paired by example line.
 
@@ -46,7 +46,7 @@ def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_s
     """
     import torch
 
-    from ratune.train.labels import tokenize_row
+    from ratune.data.labels import tokenize_row
 
     rows = [tokenize_row(tokenizer, u, c) for u, c in pairs]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))

@@ -2,8 +2,8 @@
 answer the request should say that no API fits instead of calling one.
 
 The test setting ``irrelevant`` gives each eval question one document of an API from *another
-domain* than its gold API (drawn deterministically: ``random.Random(f"{seed}:{question_id}")``
-over the other domains' API identities in sorted order). An answer *abstains* when its api_call
+domain* than its gold API (drawn deterministically by
+:class:`ratune.retrieval.perturbed.IrrelevantRetriever`). An answer *abstains* when its api_call
 line is :data:`ratune.data.prompt.ABSTAIN_API_CALL` (:func:`ratune.data.prompt.is_abstention`).
 
 - abstention rate: the share of abstaining answers under ``irrelevant`` (higher is better);
@@ -17,41 +17,7 @@ rates are read from the same files. Models learn the abstention from the mixture
 
 from __future__ import annotations
 
-import random
 from typing import Sequence
-
-from ratune.retrieval.retrievers import Query, Retriever
-
-#: Seed of the irrelevant-document draws.
-DEFAULT_IRRELEVANT_SEED = 0
-
-
-class IrrelevantRetriever(Retriever):
-    """Gives each query one document of an API from another domain (see the module docstring)."""
-
-    name = "irrelevant"
-
-    def __init__(self, database: Sequence[dict], seed: int = DEFAULT_IRRELEVANT_SEED):
-        from ratune.data.apibench import api_identity
-
-        self.seed = seed
-        self._pool: dict[str, dict] = {}
-        for doc in database:
-            self._pool.setdefault(api_identity(doc), doc)
-        self._ids = sorted(self._pool)
-
-    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
-        """``[[document of another domain]]`` per query (``[]`` if the hub has one domain only)."""
-        out = []
-        for q in queries:
-            domain = (q.gold or {}).get("domain")
-            others = [i for i in self._ids if self._pool[i].get("domain") != domain]
-            out.append([self._pool[random.Random(f"{self.seed}:{q.question_id}").choice(others)]] if others else [])
-        return out
-
-    def metadata(self) -> dict:
-        return {"name": self.name, "seed": self.seed,
-                "rule": "an API of another domain, random.Random(f'{seed}:{question_id}')"}
 
 
 def abstention(responses: Sequence[dict]) -> dict:

@@ -63,7 +63,7 @@ def finish_answer(text: str, *, stop_after_api_call: bool) -> str:
 def stop_token_ids(tokenizer) -> list[int]:
     """The token ids that end an answer, the same for every backend (HF ``generate`` in
     :func:`generate_batches`, vLLM in :mod:`ratune.eval.vllm_backend`): the tokenizer's EOS alone,
-    the token training appends to every answer (:func:`ratune.train.labels.tokenize_row`).
+    the token training appends to every answer (:func:`ratune.data.labels.tokenize_row`).
 
     Other end-of-sequence ids a model folder's ``generation_config.json`` may list (LLaMA-3
     Instruct lists three) are not stop ids here: HF is given this list explicitly (which

@@ -25,6 +25,9 @@ UNQUANTIZED base its run manifest names, in the eval dtype
 (:func:`ratune.train.model.load_adapter_merged`), so eval measures the model ``ratune export
 --merge-lora`` writes, on any machine (no bitsandbytes or CUDA needed). It is not the 4-bit base
 the adapter was trained on; the train-time save check measured the adapter on that one.
+A run's Trainer checkpoint, ``RUN/trainer/checkpoint-STEP`` (full weights, or a LoRA adapter put
+on the run's base), evaluates with the run's prompt settings and records its step in each cell's
+identity and metrics (``step``, ``train_step``): a learning curve is an eval per checkpoint.
 
 Length: prompt plus answer stay within the model's positions for both backends
 (:func:`ratune.eval.generate.generation_limits`); the questions that got fewer than
@@ -47,6 +50,7 @@ from typing import Sequence
 from ratune.config import Count, Threads, check_fields
 from ratune.errors import RatuneError
 from ratune.locks import locked_output
+from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
 from ratune.registry import (CONSTRAINTS_PREFIX, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS, TEST_SETTINGS,
                              setting_retriever, unknown_name)
 
@@ -163,117 +167,6 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name()
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """What a checkpoint loads as (:func:`resolve_checkpoint`).
-
-    Attributes:
-        folder: the folder holding the weights and the tokenizer: a model folder (config.json),
-            or, for a run that saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``), the
-            run's ``adapter/``.
-        base: None for a model folder; for an adapter, the base model it was trained on (the run
-            manifest's ``model_path``: a local folder, resolved, or a hub id).
-        base_in_4bit: the adapter was trained on the base loaded in 4-bit NF4 (the run config's
-            ``load_in_4bit``). It is loaded on the unquantized base all the same
-            (:func:`ratune.train.model.load_adapter_merged`).
-    """
-
-    folder: Path
-    base: str | None = None
-    base_in_4bit: bool = False
-
-
-def adapter_base(manifest: dict, source: str | os.PathLike, *, hint: str = "") -> str:
-    """The base model of a run's adapter: the run manifest's ``model_path``, resolved when it is a
-    local folder, kept as it is when it is a hub id that is not a local folder.
-
-    Raises:
-        RatuneError: the manifest records no ``model_path``, or it is neither a model folder
-            (config.json) nor spelled like a hub id (a base folder that is gone); ``hint`` ends
-            the message.
-    """
-    from ratune.train.model import is_hub_id
-
-    recorded = manifest.get("model_path")
-    if not isinstance(recorded, str) or not recorded:
-        raise RatuneError(f"{source}: records no model_path (the base model the adapter was trained on){hint}")
-    path = Path(recorded)
-    if (path / "config.json").is_file():
-        return str(path.resolve())
-    if not path.exists() and not path.is_absolute() and is_hub_id(recorded):
-        return recorded  # from_pretrained resolves it (hub cache, or the hub where reachable)
-    raise RatuneError(f"{recorded}: the base model folder recorded in {source} is gone (no config.json); the "
-                      f"adapter loads only on it{hint}")
-
-
-def resolve_checkpoint(checkpoint: str | os.PathLike) -> Checkpoint:
-    """What ``checkpoint`` loads as: a ``ratune train`` run folder's ``model/``, a folder with
-    config.json itself, or a complete run folder with ``adapter/`` and no ``model/`` (what a QLoRA
-    run leaves, ``train/sft.py``): its adapter on the base its ``manifest.json`` names.
-
-    Raises:
-        RatuneError: none of these; an adapter-only run that is not complete (no .complete
-            marker) or whose base is gone (:func:`adapter_base`).
-    """
-    from ratune.io import read_json_object
-    from ratune.manifest import is_complete
-
-    path = Path(checkpoint)
-    if (path / "model" / "config.json").exists():
-        return Checkpoint(path / "model")
-    if (path / "config.json").exists():
-        return Checkpoint(path)
-    if (path / "adapter" / "adapter_config.json").exists():
-        if not is_complete(path) or not (path / "manifest.json").is_file():
-            raise RatuneError(f"{path}: training run is not complete (no .complete marker; adapter/ but no model/): "
-                              "finish or resume it first")
-        manifest = read_json_object(path / "manifest.json")
-        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-        return Checkpoint(path / "adapter", base=adapter_base(manifest, path / "manifest.json"),
-                          base_in_4bit=config.get("load_in_4bit") is True)
-    raise RatuneError(f"{path}: not a checkpoint (no config.json, no model/config.json of a ratune run, and no "
-                      "adapter/adapter_config.json of a QLoRA run)")
-
-
-def model_folder(checkpoint: str | os.PathLike) -> Path:
-    """The folder of a checkpoint's weights and tokenizer: :attr:`Checkpoint.folder` of
-    :func:`resolve_checkpoint` (a run's ``model/``, a model folder, or a QLoRA run's ``adapter/``).
-
-    Raises:
-        RatuneError: see :func:`resolve_checkpoint`.
-    """
-    return resolve_checkpoint(checkpoint).folder
-
-
-def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
-    """The max_document_tokens the checkpoint's training data was built with, if recorded."""
-    from ratune.io import read_json_object
-
-    manifest = Path(checkpoint) / "manifest.json"
-    if manifest.exists():
-        prompt = read_json_object(manifest).get("prompt") or {}  # a torn manifest: InputError naming it
-        return prompt.get("max_document_tokens") if isinstance(prompt, dict) else None
-    return None
-
-
-def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
-    """The chat template name the checkpoint was trained with, from its run manifest (a run
-    folder's ``manifest.json`` or a model folder's ``ratune_manifest.json``): ``prompt.chat_template``,
-    else the training config's ``chat_template``; None when not recorded (the tokenizer's own)."""
-    from ratune.io import read_json_object
-
-    path = Path(checkpoint)
-    for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
-        if manifest.exists():
-            data = read_json_object(manifest)  # a torn manifest: InputError naming it
-            prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
-            if "chat_template" in prompt:
-                return prompt["chat_template"]
-            config = data.get("config") if isinstance(data.get("config"), dict) else {}
-            return config.get("chat_template")
-    return None
-
-
 def _flat(record: dict, prefix: str = "") -> dict:
     """A nested identity as ``{"generation.max_new_tokens": 80, ...}`` (dotted keys name the setting)."""
     out = {}
@@ -387,11 +280,11 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
         key = (hub, name)
         if key not in settings.retriever_cache:
             if name == "swap":
-                from ratune.eval.swap import SwapRetriever
+                from ratune.retrieval.perturbed import SwapRetriever
 
                 settings.retriever_cache[key] = SwapRetriever(load_api_database(api_database_path(apibench_dir, hub)))
             elif name == "irrelevant":
-                from ratune.eval.abstain import IrrelevantRetriever
+                from ratune.retrieval.perturbed import IrrelevantRetriever
 
                 settings.retriever_cache[key] = IrrelevantRetriever(
                     load_api_database(api_database_path(apibench_dir, hub)))
@@ -474,18 +367,19 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     require_model_files(folder)  # weights (safetensors only) and tokenizer, before any cell is written
     if source.base is not None:
         require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
+    described_by = source.run or checkpoint  # the run manifest that holds the prompt settings
     budget = settings.max_document_tokens
     if budget is None:
-        budget = trained_document_budget(checkpoint)
+        budget = trained_document_budget(described_by)
     all_examples = load_examples(apibench_dir, hub, "eval")
     if settings.n_questions is not None:
         all_examples = all_examples[:settings.n_questions]
-    name = model_name or Path(checkpoint).name
+    name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
     out = Path(out_dir)
     scorer = Scorer.from_apibench(hub, apibench_dir)
 
     # the prompts are rendered with the template the model was trained with (run manifest)
-    chat_template = settings.chat_template or trained_chat_template(checkpoint)
+    chat_template = settings.chat_template or trained_chat_template(described_by)
     tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code, chat_template=chat_template)
     from ratune.data.prompt import require_chat_template
 
@@ -523,6 +417,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             identity["retriever_model"] = str(Path(settings.dense_model).resolve())
         if source.base is not None:  # an adapter: the base it is merged into
             identity["adapter_base"] = source.base
+        if source.step is not None:  # a Trainer checkpoint: the point of the learning curve
+            identity["step"] = source.step
         _check_cell_identity(cell, identity)
         if is_complete(cell):
             from ratune.eval.report import read_metrics
@@ -604,6 +500,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             "generation_limit": {"max_positions": positions,
                                  "capped": [e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens]},
         }
+        if source.step is not None:
+            metrics["train_step"] = source.step
         if source.base is not None:
             metrics["adapter"] = {"base": source.base, "base_trained_in_4bit": source.base_in_4bit,
                                   "evaluated_on": f"the unquantized base in {dtype}, adapter merged"}

@@ -3,7 +3,7 @@ given, or the API it memorised?
 
 For each eval question whose gold API shares its domain with at least one other API of the hub,
 the test-time document is *another* API's document of the same domain, drawn deterministically
-(``random.Random(f"{seed}:{question_id}")`` over the other APIs' identities in sorted order).
+by :class:`ratune.retrieval.perturbed.SwapRetriever`.
 Questions whose domain has a single API are left out (counted). The model's answer is then
 classified with the strict metric's API keys (:meth:`ratune.eval.scoring.Scorer.names_api`):
 
@@ -22,55 +22,7 @@ Table 2 column).
 
 from __future__ import annotations
 
-import random
 from typing import Sequence
-
-from ratune.retrieval.retrievers import Query, Retriever
-
-#: Seed of the swap draws (recorded in the retriever metadata and so in every swap cell).
-DEFAULT_SWAP_SEED = 0
-
-
-class SwapRetriever(Retriever):
-    """Gives each query another API's document of its gold API's domain (see the module docstring).
-
-    Args:
-        database: the hub's API documents.
-        seed: seed of the draws.
-    """
-
-    name = "swap"
-
-    def __init__(self, database: Sequence[dict], seed: int = DEFAULT_SWAP_SEED):
-        from ratune.data.apibench import api_identity
-
-        self.seed = seed
-        self._by_domain: dict[str, dict[str, dict]] = {}
-        for doc in database:
-            self._by_domain.setdefault(str(doc.get("domain")), {}).setdefault(api_identity(doc), doc)
-
-    def swapped(self, query: Query) -> dict | None:
-        """The swapped-in document for a query, or None when its domain has no other API."""
-        from ratune.data.apibench import api_identity
-
-        gold = query.gold or {}
-        pool = self._by_domain.get(str(gold.get("domain")), {})
-        others = sorted(k for k in pool if k != api_identity(gold))
-        if not others:
-            return None
-        return pool[random.Random(f"{self.seed}:{query.question_id}").choice(others)]
-
-    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
-        """``[[swapped document]]`` per query, ``[]`` where none exists."""
-        out = []
-        for q in queries:
-            doc = self.swapped(q)
-            out.append([doc] if doc is not None else [])
-        return out
-
-    def metadata(self) -> dict:
-        return {"name": self.name, "seed": self.seed,
-                "rule": "another API of the gold API's domain, random.Random(f'{seed}:{question_id}')"}
 
 
 def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) -> dict:

@@ -37,7 +37,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ratune.errors import RatuneError
-from ratune.registry import check_name
+from ratune.registry import BM25_BACKENDS, EVAL_SETTINGS, RETRIEVED_MODES, TRAIN_MODES, check_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,6 +67,13 @@ def one_of(kind: str, names: tuple[str, ...]) -> Any:
     return Annotated[str, AfterValidator(functools.partial(check_name, kind, known=names)),
                      Field(json_schema_extra={"enum": list(names)})]
 
+
+#: Registry names as schema field types (ratune/registry.py): a renamed spelling is refused with
+#: its new name, the JSON schema lists the names.
+TestSettingName = one_of("test setting", EVAL_SETTINGS)
+TrainModeName = one_of("train-time retrieval mode", TRAIN_MODES)
+Top1RetrieverName = one_of("top1 retriever", RETRIEVED_MODES)
+BM25BackendName = one_of("BM25 backend", BM25_BACKENDS)
 
 #: The pydantic model config of every config schema: unknown keys are errors, floats are finite.
 SCHEMA_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)

@@ -15,10 +15,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, load_yaml, one_of, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, TestSettingName, Threads, TrainModeName, load_yaml, validate
 from ratune.data.apibench import HUBS
 from ratune.eval.run import DEVICES, DTYPES
-from ratune.registry import DEFAULT_SETTINGS, EVAL_SETTINGS, TRAIN_MODES
+from ratune.registry import DEFAULT_SETTINGS
 from ratune.train.model import DEMO_MODEL_ALIAS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -32,7 +32,7 @@ class DemoData(BaseModel):
 
 class DemoEval(BaseModel):
     model_config = SCHEMA_CONFIG
-    settings: list[one_of("test setting", EVAL_SETTINGS)] = list(DEFAULT_SETTINGS)  # configs/demo.yaml names its own
+    settings: list[TestSettingName] = list(DEFAULT_SETTINGS)  # configs/demo.yaml names its own
     n_questions: Count | None = 50
     batch_size: Count = 8
     max_new_tokens: Count = 80
@@ -51,7 +51,7 @@ class DemoConfig(BaseModel):
     apibench: str | None = None
     torch_threads: Threads | None = 2
     data: DemoData = DemoData()
-    arms: list[one_of("train-time retrieval mode", TRAIN_MODES)] = Field(default_factory=lambda: ["none", "oracle"])
+    arms: list[TrainModeName] = Field(default_factory=lambda: ["none", "oracle"])
     train: dict = Field(default_factory=dict)
     eval: DemoEval = DemoEval()
 

@@ -37,25 +37,28 @@ class RetrieverSpec:
         kind: which implementation builds it: ``none``, ``oracle``, ``bm25`` (a BM25 variant of
             retrieval/retrievers.py BM25_VARIANTS, keyed by ``name``), ``dense``
             (sentence-transformers), ``precomputed`` (the paper's released documents, read from
-            ``questions_{hub}_{source}.jsonl``).
+            ``questions_{hub}_{source}.jsonl``) or ``fusion`` (reciprocal-rank fusion of
+            ``components``, retrieval/fusion.py).
         summary: one line for help texts and docs.
         needs_model: needs a finetuned retriever folder (``dense_model``): left out of
             ``ratune retrieval eval --retriever all`` unless that folder is given.
         source: for ``precomputed``, the released question file's setting (``bm25`` or
             ``gpt_index``).
+        components: for ``fusion``, the retrievers whose rankings are fused.
     """
 
     name: str
-    kind: Literal["none", "oracle", "bm25", "dense", "precomputed"]
+    kind: Literal["none", "oracle", "bm25", "dense", "precomputed", "fusion"]
     summary: str
     needs_model: bool = False
     source: str | None = None
+    components: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> bool:
         """Whether it ranks the API database for any query (so it can retrieve for training
         examples and give top-k lists): not none, oracle or the replayed released documents."""
-        return self.kind in ("bm25", "dense")
+        return self.kind in ("bm25", "dense", "fusion")
 
     @property
     def trains(self) -> bool:
@@ -74,6 +77,9 @@ RETRIEVER_SPECS: tuple[RetrieverSpec, ...] = (
     RetrieverSpec("dense", "dense", "sentence-transformers bi-encoder (all-MiniLM-L6-v2 offline)"),
     RetrieverSpec("dense_ft", "dense", "our bi-encoder finetuned on the hub's training split "
                   "(`ratune retrieval train`)", needs_model=True),
+    RetrieverSpec("hybrid", "fusion", "reciprocal-rank fusion of bm25 and dense", components=("bm25", "dense")),
+    RetrieverSpec("hybrid_ft", "fusion", "reciprocal-rank fusion of bm25 and dense_ft", needs_model=True,
+                  components=("bm25", "dense_ft")),
     RetrieverSpec("gpt_index", "precomputed", "the paper's GPT-Index documents (released question files)",
                   source="gpt_index"),
     RetrieverSpec("released_bm25", "precomputed", "the paper's BM25 documents (released question files)",
@@ -110,6 +116,8 @@ TEST_SETTING_SPECS: tuple[TestSetting, ...] = (
     TestSetting("released_bm25", "released_bm25", paper=True),
     TestSetting("oracle", "oracle", default=True, paper=True),
     TestSetting("dense_ft", "dense_ft"),
+    TestSetting("hybrid", "hybrid"),
+    TestSetting("hybrid_ft", "hybrid_ft"),
 )
 TEST_SETTINGS: dict[str, TestSetting] = {s.name: s for s in TEST_SETTING_SPECS}
 #: Every retrieval setting's name, in column order.
@@ -118,9 +126,10 @@ TABLE_SETTINGS: tuple[str, ...] = tuple(TEST_SETTINGS)
 DEFAULT_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS if s.default)
 
 #: Experiment settings, never Table 2 columns (docs/experiments.md): ``swap`` (another API's
-#: document of the same domain, eval/swap.py), ``irrelevant`` (a document of another domain,
-#: eval/abstain.py) and ``constraints_{setting}`` (the constrained TorchHub questions under a
-#: retrieval setting, eval/constraints.py).
+#: document of the same domain) and ``irrelevant`` (a document of another domain), whose
+#: retrievers are in retrieval/perturbed.py (scored by eval/swap.py and eval/abstain.py), and
+#: ``constraints_{setting}`` (the constrained TorchHub questions under a retrieval setting,
+#: eval/constraints.py).
 CONSTRAINTS_PREFIX = "constraints_"
 EXPERIMENT_SETTINGS: tuple[str, ...] = ("swap", "irrelevant", *(CONSTRAINTS_PREFIX + s for s in TABLE_SETTINGS))
 #: Every name ``ratune eval run --settings`` accepts.

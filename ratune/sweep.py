@@ -61,12 +61,12 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Port, Seed, Threads, load_yaml, one_of, validate
+from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName, Threads,
+                           Top1RetrieverName, load_yaml, validate)
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
 from ratune.eval.run import BACKENDS, DEVICES, DTYPES
-from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS, EXPERIMENT_SETTINGS,
-                             RETRIEVED_MODES, TABLE_SETTINGS)
+from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS, TABLE_SETTINGS
 from ratune.sweep_pairs import ComparePair
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
@@ -91,17 +91,17 @@ class SweepData(BaseModel):
                                             "trains on one with train_retriever: mix-NAME")
     mixture_seed: Seed = 0
     distractors: Count = 3
-    top1_retriever: one_of("top1 retriever", RETRIEVED_MODES) = "bm25"
+    top1_retriever: Top1RetrieverName = "bm25"
     dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
                                                       "(and top1_retriever dense_ft)")
-    bm25_backend: one_of("BM25 backend", BM25_BACKENDS) = DEFAULT_BM25_BACKEND
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
 
 
 class SweepEval(BaseModel):
     """Arguments of ``ratune eval run`` for every cell."""
 
     model_config = SCHEMA_CONFIG
-    settings: list[one_of("test setting", EVAL_SETTINGS)] = list(DEFAULT_SETTINGS)
+    settings: list[TestSettingName] = list(DEFAULT_SETTINGS)
     n_questions: Count | None = None
     batch_size: Count = 8
     max_new_tokens: Count = 256
@@ -110,7 +110,7 @@ class SweepEval(BaseModel):
     threads: Threads | None = None
     backend: Literal[BACKENDS] = "hf"
     dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
-    bm25_backend: one_of("BM25 backend", BM25_BACKENDS) = DEFAULT_BM25_BACKEND
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
     device: Literal[DEVICES] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
     dtype: Literal[DTYPES] = Field(
         "auto", description="auto: bfloat16 on cuda, float32 on cpu")

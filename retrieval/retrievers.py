@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -29,26 +28,13 @@ from ratune.data.apibench import api_database_path, api_identity, load_api_datab
 from ratune.data.prompt import serialize_document
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json
+from ratune.retrieval.base import Query, Retriever
+from ratune.retrieval.fusion import FusionRetriever
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, RETRIEVERS, unknown_name
 
 #: File that marks a sentence-transformers folder as a ratune finetuned retriever and records
 #: its hub, base model, training data and settings (written by :mod:`ratune.retrieval.finetune`).
 RETRIEVER_METADATA_FILE = "ratune_retriever.json"
-
-@dataclass(frozen=True)
-class Query:
-    """A retrieval query.
-
-    Attributes:
-        text: the instruction.
-        gold: the gold API document (needed by ``oracle``; used by metrics).
-        question_id: the paper's question id (line in the eval file; needed by precomputed
-            retrievers).
-    """
-
-    text: str
-    gold: dict | None = None
-    question_id: int | None = None
 
 
 def dedup_corpus(docs: Sequence[dict]) -> list[dict]:
@@ -60,20 +46,6 @@ def dedup_corpus(docs: Sequence[dict]) -> list[dict]:
             seen.add(key)
             out.append(doc)
     return out
-
-
-class Retriever:
-    """Base class: subclasses implement :meth:`retrieve`."""
-
-    name = "base"
-
-    def retrieve(self, queries: Sequence[Query], top_k: int = 1) -> list[list[dict]]:
-        """Return, for each query, up to ``top_k`` documents, best first."""
-        raise NotImplementedError
-
-    def metadata(self) -> dict:
-        """What identifies this retriever's index (recorded in manifests)."""
-        return {"name": self.name}
 
 
 class NoRetriever(Retriever):
@@ -654,4 +626,7 @@ def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path
         return BM25Retriever(corpus, hub=hub, variant=name, backend=bm25_backend)
     if spec.kind == "dense":
         return DenseRetriever(corpus, hub=hub, model=dense_model)
+    if spec.kind == "fusion":
+        return FusionRetriever(name, [make_retriever(c, hub=hub, apibench_dir=apibench_dir, dense_model=dense_model,
+                                                     bm25_backend=bm25_backend) for c in spec.components])
     return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir, name=name)

@@ -241,7 +241,7 @@ def test_train_config_accepts_every_train_mode():
     base = {"model": "m", "hub": "torchhub", "data_dir": "d", "output_dir": "o"}
     for mode in ("dense_ft", "bm25_replica", "mix-rat_mix"):
         assert TrainConfig(**base, train_retriever=mode).train_retriever == mode
-    with pytest.raises(ValidationError, match="expected one of none, oracle, bm25, bm25_replica, dense, dense_ft"):
+    with pytest.raises(ValidationError, match="expected one of none, oracle, bm25, bm25_replica, dense, dense_ft, hybrid, hybrid_ft or mix-NAME"):
         TrainConfig(**base, train_retriever="gpt_index")
 
 

@@ -19,7 +19,7 @@ from ratune.data.apibench import load_examples
 from ratune.data.prompt import (CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES, GORILLA_V0_SYSTEM, encode_prompt,
                                 format_answer, prompt_text, template_name, with_bos)
 from ratune.errors import RatuneError
-from ratune.train.labels import tokenize_row
+from ratune.data.labels import tokenize_row
 
 from conftest import ANSWER, BOS, INSTRUCTION, NL  # the row and its tokenizer's ids (tests/conftest.py)
 
@@ -259,7 +259,8 @@ def _capture_prompts(monkeypatch):
 
 def test_eval_renders_prompts_with_the_trained_template(apibench, llama1_dir, tmp_path, monkeypatch):
     from ratune.data.prompt import render_user_turn
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint, trained_chat_template
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.train.layout import trained_chat_template
 
     run_dir = _checkpoint(tmp_path / "run", llama1_dir, {"prompt": {"max_document_tokens": None,
                                                                      "chat_template": "gorilla_v0"}})

@@ -53,7 +53,7 @@ def test_nested_unknown_key_and_wrong_type():
         validate(TrainConfig, {**BASE, "lora": {"rank": 8}}, "t")
     with pytest.raises(RatuneError, match=r"t: learning_rate: Input should be a valid number"):
         validate(TrainConfig, {**BASE, "learning_rate": "fast"}, "t")
-    with pytest.raises(RatuneError, match=r"train_retriever: Value error, expected one of none, oracle, bm25, bm25_replica, dense, dense_ft or mix-NAME"):
+    with pytest.raises(RatuneError, match=r"train_retriever: Value error, expected one of none, oracle, bm25, bm25_replica, dense, dense_ft, hybrid, hybrid_ft or mix-NAME"):
         validate(TrainConfig, {**BASE, "train_retriever": "gold"}, "t")
 
 

@@ -13,7 +13,8 @@ import pytest
 def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_tokenizer):
     from ratune.data.build import BuildSettings, build_dataset
     from ratune.eval.report import make_cell, write_table2
-    from ratune.eval.run import SETTINGS, EvalSettings, evaluate_checkpoint
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.registry import DEFAULT_SETTINGS as SETTINGS  # what eval runs without --settings
     from ratune.train.config import TrainConfig
     from ratune.train.model import load_model
     from ratune.train.sft import train

@@ -339,7 +339,7 @@ def test_the_rehearsed_commands_are_the_documented_ones(tmp_path):
 def test_data_build_with_the_llama1_tokenizer(data, rehearsal):
     from datasets import load_from_disk
 
-    from ratune.train.labels import tokenize_row
+    from ratune.data.labels import tokenize_row
     from ratune.train.model import load_tokenizer
 
     manifest = json.loads((data / "manifest.json").read_text())
@@ -441,7 +441,7 @@ def test_eval_run_on_the_trained_checkpoint(evaluation, full_runs, rehearsal, ap
 
     from ratune.data.apibench import load_examples
     from ratune.data.prompt import encode_prompt, render_user_turn
-    from ratune.eval.run import SETTINGS
+    from ratune.registry import DEFAULT_SETTINGS as SETTINGS  # what eval runs without --settings
     from ratune.train.model import load_model, load_tokenizer
 
     model_dir = full_runs["run"] / "model"

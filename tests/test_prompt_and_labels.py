@@ -13,7 +13,7 @@ from ratune.data.apibench import Answer, load_examples
 from ratune.data.build import BuildSettings, build_rows, retrieve_for_mode
 from ratune.data.prompt import (REFERENCE_PHRASE, build_user_turn, encode_prompt, format_answer,
                                 render_user_turn, serialize_document, shorten_document)
-from ratune.train.labels import NoTrainableTokens, tokenize_row
+from ratune.data.labels import NoTrainableTokens, tokenize_row
 
 
 def test_user_turn_exact_strings():
@@ -98,14 +98,15 @@ def test_over_length_policy_shortens_document_never_answer(apibench, smol_tokeni
 def test_prompt_parity_train_and_eval(apibench, smol_tokenizer, mode, setting):
     """The user turn built by the training-set builder equals the evaluator's for the same example
     and retriever."""
-    from ratune.retrieval.retrievers import TEST_SETTINGS, Query, make_retriever
+    from ratune.registry import setting_retriever
+    from ratune.retrieval.retrievers import Query, make_retriever
 
     tok = smol_tokenizer
     examples = load_examples(apibench, "torchhub", "eval")[:12]
     docs = retrieve_for_mode(mode, examples, hub="torchhub", apibench_dir=apibench, top_k=1, retriever_cache={})
     rows, _ = build_rows(examples, docs, mode=mode, tokenizer=tok,
                          settings=BuildSettings(max_length=2048, max_document_tokens=192))
-    retriever = make_retriever(TEST_SETTINGS[setting], hub="torchhub", apibench_dir=apibench)
+    retriever = make_retriever(setting_retriever(setting), hub="torchhub", apibench_dir=apibench)
     eval_docs = retriever.retrieve([Query(e.instruction, e.api, e.line) for e in examples], top_k=1)
 
     def count(text):

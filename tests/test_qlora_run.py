@@ -73,7 +73,8 @@ def _zero_shot_prompts(apibench, tokenizer, n):
 def test_eval_run_of_a_qlora_run_folder_uses_the_adapter_on_the_unquantized_base(qlora_run, apibench, tmp_path,
                                                                                  tiny_model_dir):
     from ratune.eval.generate import generate_all
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint, resolve_checkpoint
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.train.layout import resolve_checkpoint
     from ratune.train.model import load_model, load_tokenizer
 
     source = resolve_checkpoint(qlora_run)
@@ -156,7 +157,8 @@ def test_export_merge_lora_of_a_qlora_run_writes_the_unquantized_merge(qlora_run
 
 
 def test_a_qlora_run_without_its_base_or_unfinished_is_refused(qlora_run, tmp_path, apibench):
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint, resolve_checkpoint
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.train.layout import resolve_checkpoint
     from ratune.io import write_json
     from ratune.train.export import export_checkpoint
 

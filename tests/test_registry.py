@@ -26,19 +26,24 @@ def _help(argv: list[str], capsys) -> str:
 
 def test_derived_name_lists():
     """Worked out from the table in ratune/registry.py by hand."""
-    assert registry.TRAIN_MODES == ("none", "oracle", "bm25", "bm25_replica", "dense", "dense_ft")
-    assert registry.RETRIEVED_MODES == ("bm25", "bm25_replica", "dense", "dense_ft")
+    assert registry.TRAIN_MODES == ("none", "oracle", "bm25", "bm25_replica", "dense", "dense_ft", "hybrid", "hybrid_ft")
+    assert registry.RETRIEVED_MODES == ("bm25", "bm25_replica", "dense", "dense_ft", "hybrid", "hybrid_ft")
     assert registry.BM25_RETRIEVERS == ("bm25", "bm25_replica")
-    assert registry.TABLE_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "released_bm25", "oracle", "dense_ft")
+    assert registry.TABLE_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "released_bm25", "oracle", "dense_ft",
+                                       "hybrid", "hybrid_ft")
     assert registry.DEFAULT_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "oracle")  # as before the registry
     assert registry.EXPERIMENT_SETTINGS[:3] == ("swap", "irrelevant", "constraints_0_shot")
-    assert len(registry.EVAL_SETTINGS) == 7 + 2 + 7
+    assert len(registry.EVAL_SETTINGS) == 9 + 2 + 9
     assert registry.setting_retriever("constraints_released_bm25") == "released_bm25"
     assert registry.setting_retriever("0_shot") == "none"
     with pytest.raises(KeyError):
         registry.setting_retriever("swap")
     # every setting's retriever exists; every renamed spelling maps to a current name
     assert all(s.retriever in registry.RETRIEVERS for s in registry.TEST_SETTING_SPECS)
+    assert all(c in registry.RETRIEVERS for r in registry.RETRIEVER_SPECS for c in r.components)
+    # a fused retriever needs the finetuned folder exactly when one of its components does
+    assert all(r.needs_model == any(registry.RETRIEVERS[c].needs_model for c in r.components)
+               for r in registry.RETRIEVER_SPECS if r.kind == "fusion")
     assert set(registry.RENAMED.values()) <= set(registry.RETRIEVERS)
 
 
@@ -76,7 +81,7 @@ RENAMED_CASES = [
      "argument --retriever: BM25 variant 'bm25_paper' was renamed to 'bm25_replica'"),
     (["eval", "run", "--checkpoint", ".", "--hub", "torchhub", "--out", "OUT", "--settings", "0_shot", "bm26"],
      "argument --settings: unknown test setting 'bm26': expected one of 0_shot, bm25, dense, gpt_index, "
-     "released_bm25, oracle, dense_ft, swap, irrelevant"),
+     "released_bm25, oracle, dense_ft, hybrid, hybrid_ft, swap, irrelevant"),
 ]
 
 

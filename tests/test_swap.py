@@ -8,7 +8,8 @@ import pytest
 
 from ratune.data.apibench import api_database_path, api_identity, load_api_database, load_examples
 from ratune.eval.scoring import Scorer
-from ratune.eval.swap import SwapRetriever, follow_rates
+from ratune.eval.swap import follow_rates
+from ratune.retrieval.perturbed import SwapRetriever
 from ratune.retrieval.retrievers import Query
 
 
@@ -73,7 +74,8 @@ def test_names_api_uses_strict_keys(torchhub):
 
 def test_irrelevant_documents_and_abstention_rate(torchhub):
     from ratune.data.prompt import abstain_answer, format_answer
-    from ratune.eval.abstain import IrrelevantRetriever, abstention
+    from ratune.eval.abstain import abstention
+    from ratune.retrieval.perturbed import IrrelevantRetriever
 
     database, examples, _ = torchhub
     queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]

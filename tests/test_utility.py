@@ -15,7 +15,7 @@ def direct_loss(model, tokenizer, user_turn, completion):
     """The mean answer-token cross-entropy of one unpadded row, computed independently."""
     import torch
 
-    from ratune.train.labels import tokenize_row
+    from ratune.data.labels import tokenize_row
 
     row = tokenize_row(tokenizer, user_turn, completion)
     ids = torch.tensor([row.input_ids])

@@ -53,8 +53,8 @@ def _read_json(path: Path) -> dict:
 def _source(checkpoint: Path) -> tuple[Path, dict | None]:
     """``(model folder, run manifest or None)`` of a run folder or a plain model folder; the model
     folder of a run that saved only ``adapter/`` (QLoRA) is that adapter folder
-    (:func:`ratune.eval.run.resolve_checkpoint`)."""
-    from ratune.eval.run import model_folder
+    (:func:`ratune.train.layout.resolve_checkpoint`)."""
+    from ratune.train.layout import model_folder
     from ratune.manifest import is_complete
 
     if not checkpoint.exists():
@@ -443,7 +443,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     if merged_from_adapter:
         # the adapter merged into the UNQUANTIZED base, in the run's dtype (QLoRA runs too: a merge into
         # their 4-bit base would round the merged weights to 4 bits again)
-        from ratune.eval.run import adapter_base
+        from ratune.train.layout import adapter_base
         from ratune.train.model import load_adapter_merged
 
         base = adapter_base(manifest, checkpoint / "manifest.json",

@@ -1,6 +1,6 @@
 """Supervised finetuning with completion-only loss: TRL's SFTTrainer on pre-tokenized rows.
 
-Rows are tokenized here with :func:`ratune.train.labels.tokenize_row` (labels = -100 on the
+Rows are tokenized here with :func:`ratune.data.labels.tokenize_row` (labels = -100 on the
 prompt, the answer's ids plus EOS on the completion) and handed to SFTTrainer as ``input_ids``
 and ``labels``, which TRL uses as they are; its collator pads labels with -100, so the loss mask
 never depends on the pad id (pad == EOS is safe).
@@ -32,7 +32,7 @@ base (``merge_and_unload``) would round the merged weights to 4 bits again, a lo
 is not the one trained. The run manifest records the base (``model_path``) and
 ``config.load_in_4bit``; ``ratune eval run RUN`` evaluates the adapter merged into the
 UNQUANTIZED base, and ``ratune export RUN --merge-lora`` writes that merge as a model folder
-(:func:`ratune.eval.run.resolve_checkpoint`, :func:`ratune.train.model.load_adapter_merged`);
+(:func:`ratune.train.layout.resolve_checkpoint`, :func:`ratune.train.model.load_adapter_merged`);
 :func:`train` returns the adapter folder. The save check reloads the adapter on a fresh 4-bit
 base (GPU only). QLoRA under ZeRO-3 is refused by the config (:class:`TrainConfig`).
 
@@ -381,7 +381,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     """
     from datasets import load_from_disk
 
-    from ratune.train.labels import NoTrainableTokens, tokenize_row
+    from ratune.data.labels import NoTrainableTokens, tokenize_row
 
     data_dir = Path(config.data_dir)
     check_training_data(config)

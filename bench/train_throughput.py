@@ -1,0 +1,280 @@
+"""CPU training speed of the demo model: real training tokens per second, side by side.
+
+Usage:
+    python bench/train_throughput.py [--apibench DIR] [--mode none] [--steps 4] [--threads 2]
+                                     [--candidates baseline,batch8_padding_free,...] [--profile] [--json]
+
+Each candidate is a real ``ratune.train.sft.train`` run (TRL's SFTTrainer, LoRA r 16 on
+SmolLM2-135M-Instruct, the demo's data build of TorchHub: max_length 768, documents cut to 128
+tokens) of ``--steps`` optimizer steps of 8 examples each, the same seed and so the same examples
+in the same order; only the way a step's 8 examples are batched and computed changes:
+
+- ``baseline``: the demo's settings, per-device batch 1 x accumulation 8;
+- ``batch2`` / ``batch4`` / ``batch8``: per-device batch 2, 4 or 8 (accumulation 4, 2, 1), padded;
+- ``batch8_padding_free``: batch 8 flattened into one row without padding (TRL padding_free);
+- ``baseline_eager``: the baseline with eager attention instead of sdpa;
+- ``baseline_1thread``: the baseline on one thread;
+- ``dropout0`` and ``dropout0_*``: LoRA dropout 0 (a change of recipe: no dropout noise on the
+  adapter's input), alone and with the batchings above.
+
+Tokens per second are TRL's non-padding tokens over the Trainer's train time (the run
+manifest's ``throughput``), so padding is never counted as work. ``loss_max_abs_diff`` is the
+largest difference between a candidate's logged step losses and its reference's: the baseline's,
+or for the ``dropout0`` candidates the ``dropout0`` run's. A change of batching keeps the loss
+(the token mean over the 8 examples either way) only without dropout: dropout draws its masks per
+micro-batch, so under dropout 0.05 another batching is another random draw. A candidate "keeps
+the loss" when the difference is within LOSS_TOLERANCE (tests/test_packing.py). The ceiling is
+this machine's measured float32 matrix-multiply rate (``torch.mm`` of 2048 x 2048 matrices on the
+same threads); ``model_gflops`` is ``6 x parameters x tokens/s`` (the usual training FLOP
+estimate; a LoRA step computes less, so this overstates the work), for scale.
+
+With ``--profile`` the baseline and ``batch8`` micro-batches are profiled once each (one
+forward+backward through TRL's loss, torch.profiler) and the operators taking most CPU time are
+printed, which says why a bigger micro-batch is or is not faster here.
+
+With ``--json`` prints one object: {"baseline_tokens_per_s", "best_tokens_per_s", "speedup",
+"best", "best_settings", "matmul_gflops", "loss_max_abs_diff" (the best's), "candidates": {NAME:
+{..., "reference", "keeps_loss"}}, "profile", "machine", "versions"}; the best is the fastest
+candidate that keeps its reference's loss, and its speedup is over the baseline. Run it on an idle machine (two CPU-heavy jobs on 2 cores slow each other 5-20x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Candidate name -> the TrainConfig fields it changes from the baseline (the demo's train section).
+CANDIDATES = {
+    "baseline": {},
+    "batch2": {"per_device_batch_size": 2},
+    "batch4": {"per_device_batch_size": 4},
+    "batch8": {"per_device_batch_size": 8},
+    "batch8_padding_free": {"per_device_batch_size": 8, "padding_free": True},
+    "baseline_eager": {"attn_implementation": "eager"},
+    "baseline_1thread": {"torch_threads": 1},
+    "dropout0": {"lora": {"dropout": 0.0}},
+    "dropout0_eager": {"lora": {"dropout": 0.0}, "attn_implementation": "eager"},
+    "dropout0_batch2": {"lora": {"dropout": 0.0}, "per_device_batch_size": 2},
+    "dropout0_batch8_padding_free": {"lora": {"dropout": 0.0}, "per_device_batch_size": 8, "padding_free": True},
+}
+#: Candidates that change the recipe (LoRA dropout 0: no dropout noise), compared with the
+#: ``dropout0`` run instead of the baseline. The others change only how a step is computed.
+RECIPE = "dropout0"
+#: Largest loss difference that counts as the same loss (tests/test_packing.py TOL).
+LOSS_TOLERANCE = 1e-5
+
+
+def demo_train_settings() -> dict:
+    """The demo's training section (configs/demo.yaml), the baseline every candidate starts from."""
+    from ratune.config import load_yaml
+
+    return dict(load_yaml(ROOT / "configs" / "demo.yaml")["train"])
+
+
+def matmul_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-``repeats`` float32 ``torch.mm`` rate of two n x n matrices, in GFLOP/s (2 n^3 flops)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def build_data(apibench: str, mode: str, out: Path, model_path: Path) -> Path:
+    """The demo's data build of one train-time mode (configs/demo.yaml data section)."""
+    from ratune.config import load_yaml
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.train.model import load_tokenizer
+
+    data = load_yaml(ROOT / "configs" / "demo.yaml")["data"]
+    build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=out, tokenizer=load_tokenizer(model_path),
+                  tokenizer_name=str(model_path), modes=[mode], progress=False,
+                  settings=BuildSettings(max_length=data["max_length"],
+                                         max_document_tokens=data["max_document_tokens"]))
+    return out
+
+
+def _config_dict(changes: dict, *, data: Path, model: str, mode: str, steps: int, threads: int,
+                 output_dir: Path) -> dict:
+    """The demo's training section with a candidate's changes (a nested dict updates its section)."""
+    from ratune.config import load_yaml
+
+    config = {**demo_train_settings(), "model": model, "data_dir": str(data), "train_retriever": mode,
+              "hub": "torchhub", "output_dir": str(output_dir),
+              "max_length": load_yaml(ROOT / "configs" / "demo.yaml")["data"]["max_length"],
+              "torch_threads": threads, "max_steps": steps, "logging_steps": 1, "verify_saves": False}
+    for key, value in changes.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    return config
+
+
+def baseline_config(data: Path, mode: str, steps: int, threads: int, output_dir: Path):
+    """The baseline candidate's TrainConfig (what --profile tokenizes)."""
+    from ratune.train.config import TrainConfig
+    from ratune.train.model import DEMO_MODEL_ALIAS
+
+    return TrainConfig(**_config_dict({}, data=data, model=DEMO_MODEL_ALIAS, mode=mode, steps=steps,
+                                      threads=threads, output_dir=output_dir))
+
+
+def run_candidate(name: str, changes: dict, *, data: Path, model: str, mode: str, steps: int, threads: int,
+                  work: Path) -> dict:
+    """Train one candidate; returns its tokens/s, step losses and settings."""
+    from ratune.io import read_json
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    config = _config_dict(changes, data=data, model=model, mode=mode, steps=steps, threads=threads,
+                          output_dir=work / name)
+    cfg = TrainConfig(**config)
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is the report
+        train(cfg)
+    manifest = read_json(work / name / "manifest.json")
+    losses = [e["loss"] for e in read_json(work / name / "log_history.json") if "loss" in e]
+    return {"tokens_per_s": manifest["throughput"]["tokens_per_s"], "tokens": manifest["throughput"]["tokens"],
+            "train_runtime_s": manifest["throughput"]["train_runtime_s"], "losses": losses,
+            "settings": {"per_device_batch_size": cfg.per_device_batch_size, "padding_free": cfg.padding_free,
+                         "attn_implementation": cfg.attn_implementation, "torch_threads": cfg.torch_threads,
+                         "lora_dropout": cfg.lora.dropout}}
+
+
+def profile_micro_batches(config, model_path: Path, threads: int, top: int = 12) -> str:
+    """torch.profiler tables of one forward+backward of a batch-1 and a batch-8 micro-batch,
+    computed as TRL's SFTTrainer computes them (its fused LM head: log-probabilities at the label
+    positions only, never the whole vocabulary's logits), on the rows ratune trains on."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from ratune.train.model import load_tokenizer
+    from ratune.train.sft import load_training_rows
+
+    torch.set_num_threads(threads)
+    tokenizer = load_tokenizer(model_path)
+    columns, _ = load_training_rows(config, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, attn_implementation="sdpa")
+    add_fused_lm_head(model)
+    lora = config.lora
+    model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    out = []
+    for batch in (1, 8):
+        ids, labels = columns["input_ids"][:batch], columns["labels"][:batch]
+        width = max(len(t) for t in ids)
+        input_ids = torch.full((batch, width), tokenizer.pad_token_id or 0)
+        label_ids = torch.full((batch, width), -100)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, (t, lab) in enumerate(zip(ids, labels)):
+            input_ids[i, :len(t)], label_ids[i, :len(t)], mask[i, :len(t)] = torch.tensor(t), torch.tensor(lab), 1
+
+        def step():
+            outputs = model(input_ids=input_ids, attention_mask=mask, labels=label_ids, fused_lm_head=True,
+                            use_cache=False)
+            (-outputs.log_probs.sum() / outputs.label_mask.sum()).backward()
+
+        step()  # warm-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        out.append(f"### micro-batch {batch} ({batch} x {width} positions, {int(mask.sum())} real tokens)\n"
+                   + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    return "\n".join(out)
+
+
+def count_parameters(model_path: Path) -> int:
+    """Parameters of the model (embedding counted once when tied)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--apibench", default=os.environ.get("RATUNE_APIBENCH", str(ROOT.parent / "shared" / "apibench")))
+    p.add_argument("--mode", default="none", help="train-time mode of the demo data (default none)")
+    p.add_argument("--steps", type=int, default=4, help="optimizer steps per candidate (8 examples each)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (the demo's 2)")
+    p.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated subset of " + ", ".join(CANDIDATES))
+    p.add_argument("--profile", action="store_true", help="also print torch.profiler tables of batch 1 and 8")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    names = [n for n in args.candidates.split(",") if n]
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown or "baseline" not in names:
+        p.error(f"--candidates: unknown {unknown}; the baseline must be among them" if unknown
+                else "--candidates must include baseline")
+
+    from ratune.manifest import package_versions
+    from ratune.noise import quiet_known_noise
+    from ratune.train.model import DEMO_MODEL_ALIAS, ensure_demo_model, set_torch_threads
+
+    quiet_known_noise()
+
+    model_path = ensure_demo_model()
+    ceiling = matmul_gflops(args.threads)
+    params = count_parameters(model_path)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="ratune-train-bench-") as tmp:
+        work = Path(tmp)
+        data = build_data(args.apibench, args.mode, work / "data", model_path)
+        for name in names:
+            print(f"[{name}] training {args.steps} steps ...", file=sys.stderr, flush=True)
+            results[name] = run_candidate(name, CANDIDATES[name], data=data, model=DEMO_MODEL_ALIAS,
+                                          mode=args.mode, steps=args.steps, threads=args.threads, work=work / "runs")
+        profile = None
+        if args.profile:
+            profile = profile_micro_batches(baseline_config(data, args.mode, args.steps, args.threads, work / "p"),
+                                            model_path, args.threads)
+    set_torch_threads(args.threads)
+    base = results["baseline"]
+    for name, r in results.items():
+        r["reference"] = RECIPE if name.startswith(RECIPE) and RECIPE in results else "baseline"
+        ref = results[r["reference"]]
+        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
+        r["keeps_loss"] = r["loss_max_abs_diff"] <= LOSS_TOLERANCE
+        r["model_gflops"] = 6 * params * r["tokens_per_s"] / 1e9
+    kept = {n: r for n, r in results.items() if r["keeps_loss"]}
+    best = max(kept, key=lambda n: kept[n]["tokens_per_s"])
+    summary = {"baseline_tokens_per_s": base["tokens_per_s"], "best_tokens_per_s": results[best]["tokens_per_s"],
+               "speedup": results[best]["speedup"], "best": best, "best_settings": results[best]["settings"],
+               "matmul_gflops": ceiling, "parameters": params, "loss_max_abs_diff": results[best]["loss_max_abs_diff"],
+               "loss_tolerance": LOSS_TOLERANCE, "steps": args.steps, "mode": args.mode, "threads": args.threads,
+               "candidates": results, "profile": profile,
+               "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads}, "versions": package_versions()}
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+    else:
+        print("| candidate | tokens/s | speedup | 6N x tokens/s (GFLOP/s) | loss max abs diff (vs) | keeps loss |")
+        print("|---|---|---|---|---|---|")
+        for name, r in results.items():
+            print(f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f} | {r['model_gflops']:.1f} | "
+                  f"{r['loss_max_abs_diff']:.1e} ({r['reference']}) | {'yes' if r['keeps_loss'] else 'no'} |")
+        print(f"\nfloat32 matmul ceiling: {ceiling:.1f} GFLOP/s on {args.threads} threads; fastest that keeps its "
+              f"reference's loss: {best}, {summary['speedup']:.2f}x the baseline")
+        if profile:
+            print("\n" + profile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

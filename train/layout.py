@@ -1,0 +1,163 @@
+"""The layout of a ``ratune train`` run folder, and what a checkpoint path loads as.
+
+Training writes it (train/sft.py) and every later stage reads it through this module: the eval
+stage (which model, tokenizer, chat template and document budget to evaluate with) and export
+(which folder to export). A run folder holds::
+
+    RUN/manifest.json                the run manifest: config, model_path, prompt settings, ...
+    RUN/model/                       the final model (LoRA merged), config.json + safetensors
+    RUN/adapter/                     the LoRA adapter (a QLoRA run saves only this)
+    RUN/trainer/checkpoint-STEP/     the Trainer's checkpoints (full weights or an adapter)
+    RUN/.complete                    written last
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratune.errors import RatuneError
+from ratune.io import read_json_object
+from ratune.manifest import is_complete
+from ratune.train.model import is_hub_id
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint loads as (:func:`resolve_checkpoint`).
+
+    Attributes:
+        folder: the folder holding the weights and the tokenizer: a model folder (config.json),
+            or, for a run that saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``), the
+            run's ``adapter/``.
+        base: None for a model folder; for an adapter, the base model it was trained on (the run
+            manifest's ``model_path``: a local folder, resolved, or a hub id).
+        base_in_4bit: the adapter was trained on the base loaded in 4-bit NF4 (the run config's
+            ``load_in_4bit``). It is loaded on the unquantized base all the same
+            (:func:`ratune.train.model.load_adapter_merged`).
+        run: the run folder whose ``manifest.json`` describes the checkpoint (chat template,
+            document budget, base model) when that is not the folder given: a Trainer
+            checkpoint's run; None otherwise.
+        step: the optimizer step of a Trainer checkpoint (``trainer/checkpoint-STEP``), else None.
+    """
+
+    folder: Path
+    base: str | None = None
+    base_in_4bit: bool = False
+    run: Path | None = None
+    step: int | None = None
+
+
+def adapter_base(manifest: dict, source: str | os.PathLike, *, hint: str = "") -> str:
+    """The base model of a run's adapter: the run manifest's ``model_path``, resolved when it is a
+    local folder, kept as it is when it is a hub id that is not a local folder.
+
+    Raises:
+        RatuneError: the manifest records no ``model_path``, or it is neither a model folder
+            (config.json) nor spelled like a hub id (a base folder that is gone); ``hint`` ends
+            the message.
+    """
+    recorded = manifest.get("model_path")
+    if not isinstance(recorded, str) or not recorded:
+        raise RatuneError(f"{source}: records no model_path (the base model the adapter was trained on){hint}")
+    path = Path(recorded)
+    if (path / "config.json").is_file():
+        return str(path.resolve())
+    if not path.exists() and not path.is_absolute() and is_hub_id(recorded):
+        return recorded  # from_pretrained resolves it (hub cache, or the hub where reachable)
+    raise RatuneError(f"{recorded}: the base model folder recorded in {source} is gone (no config.json); the "
+                      f"adapter loads only on it{hint}")
+
+
+def _trainer_checkpoint(path: Path) -> Checkpoint | None:
+    """A run's Trainer checkpoint ``RUN/trainer/checkpoint-STEP`` (full weights or a LoRA adapter),
+    described by ``RUN/manifest.json``; None for any other folder.
+
+    Raises:
+        RatuneError: a checkpoint without loadable weights (DeepSpeed shards only), or a LoRA
+            checkpoint whose base is gone (:func:`adapter_base`).
+    """
+    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    run = path.parent.parent
+    if not match or path.parent.name != "trainer" or not (run / "manifest.json").is_file():
+        return None
+    step = int(match.group(1))
+    if (path / "config.json").exists():
+        return Checkpoint(path, run=run, step=step)
+    if (path / "adapter_config.json").exists():
+        manifest = read_json_object(run / "manifest.json")
+        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+        return Checkpoint(path, base=adapter_base(manifest, run / "manifest.json"),
+                          base_in_4bit=config.get("load_in_4bit") is True, run=run, step=step)
+    raise RatuneError(f"{path}: this Trainer checkpoint holds no model weights (no config.json, no "
+                      "adapter_config.json; a DeepSpeed ZeRO-3 run saves them only with "
+                      "stage3_gather_16bit_weights_on_model_save: true): evaluate the run's model/ instead")
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike) -> Checkpoint:
+    """What ``checkpoint`` loads as: a ``ratune train`` run folder's ``model/``, a Trainer
+    checkpoint of a run (``RUN/trainer/checkpoint-STEP``: its weights, or its LoRA adapter on the
+    run's base, with the run's prompt settings and the step recorded; what a learning curve
+    evaluates), a folder with config.json itself, or a complete run folder with ``adapter/`` and
+    no ``model/`` (what a QLoRA run leaves, ``train/sft.py``): its adapter on the base its
+    ``manifest.json`` names.
+
+    Raises:
+        RatuneError: none of these; a Trainer checkpoint without weights; an adapter-only run that
+            is not complete (no .complete marker) or whose base is gone (:func:`adapter_base`).
+    """
+    path = Path(checkpoint)
+    trainer_checkpoint = _trainer_checkpoint(path)
+    if trainer_checkpoint is not None:
+        return trainer_checkpoint
+    if (path / "model" / "config.json").exists():
+        return Checkpoint(path / "model")
+    if (path / "config.json").exists():
+        return Checkpoint(path)
+    if (path / "adapter" / "adapter_config.json").exists():
+        if not is_complete(path) or not (path / "manifest.json").is_file():
+            raise RatuneError(f"{path}: training run is not complete (no .complete marker; adapter/ but no model/): "
+                              "finish or resume it first")
+        manifest = read_json_object(path / "manifest.json")
+        config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+        return Checkpoint(path / "adapter", base=adapter_base(manifest, path / "manifest.json"),
+                          base_in_4bit=config.get("load_in_4bit") is True)
+    raise RatuneError(f"{path}: not a checkpoint (no config.json, no model/config.json of a ratune run, and no "
+                      "adapter/adapter_config.json of a QLoRA run)")
+
+
+def model_folder(checkpoint: str | os.PathLike) -> Path:
+    """The folder of a checkpoint's weights and tokenizer: :attr:`Checkpoint.folder` of
+    :func:`resolve_checkpoint` (a run's ``model/``, a model folder, or a QLoRA run's ``adapter/``).
+
+    Raises:
+        RatuneError: see :func:`resolve_checkpoint`.
+    """
+    return resolve_checkpoint(checkpoint).folder
+
+
+def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
+    """The max_document_tokens the checkpoint's training data was built with, if recorded."""
+    manifest = Path(checkpoint) / "manifest.json"
+    if manifest.exists():
+        prompt = read_json_object(manifest).get("prompt") or {}  # a torn manifest: InputError naming it
+        return prompt.get("max_document_tokens") if isinstance(prompt, dict) else None
+    return None
+
+
+def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
+    """The chat template name the checkpoint was trained with, from its run manifest (a run
+    folder's ``manifest.json`` or a model folder's ``ratune_manifest.json``): ``prompt.chat_template``,
+    else the training config's ``chat_template``; None when not recorded (the tokenizer's own)."""
+    path = Path(checkpoint)
+    for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
+        if manifest.exists():
+            data = read_json_object(manifest)  # a torn manifest: InputError naming it
+            prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
+            if "chat_template" in prompt:
+                return prompt["chat_template"]
+            config = data.get("config") if isinstance(data.get("config"), dict) else {}
+            return config.get("chat_template")
+    return None
