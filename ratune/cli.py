@@ -168,8 +168,8 @@ def _retrieval_eval(args) -> int:
     finetuned = [r.name for r in RETRIEVERS.values() if r.needs_model]
     names = [r.name for r in RETRIEVERS.values() if r.name != "none" and not r.needs_model] \
         if args.retriever == "all" else [args.retriever]
-    if args.dense_model:
-        names += [n for n in finetuned if n not in names]
+    if args.dense_model and not any(n in finetuned for n in names):  # the folder's own retriever joins the report
+        names += finetuned if args.retriever == "all" else [n for n in finetuned if RETRIEVERS[n].kind == "dense"]
     if any(n in finetuned for n in names) and not args.dense_model:
         raise RatuneError(f"--retriever {args.retriever} needs --dense-model DIR (a `ratune retrieval train` output)")
     if any(n in finetuned for n in names) and len(hubs) > 1:

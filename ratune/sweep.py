@@ -824,6 +824,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
 
     sweep_dir = Path(sweep_dir)
     experiments: list[dict] = []  # issue 9 settings: reported beside Table 2, never in it
+    experiment_paths: list[Path] = []  # their metrics.json files (listed in sweep.json sources)
     abstention_by_cell = {}  # false abstention: abstaining under oracle, where the document answers
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     rows = []
@@ -849,6 +850,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                 experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
                                     "train_retriever": config["train_retriever"],
                                     "metrics": read_metrics(folder / "metrics.json")})
+                experiment_paths.append(folder / "metrics.json")
                 continue
             cell_metrics = read_metrics(folder / "metrics.json")
             if setting == "oracle" and cell_metrics.get("abstention"):
@@ -934,8 +936,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     summary: dict = {"axes": axis_keys, "tables": tables}
     from ratune.io import sha256_file
 
-    summary["sources"] = {str(f["metrics_path"].relative_to(sweep_dir)): sha256_file(f["metrics_path"])
-                          for f in finished}
+    summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
+                          for path in [*(f["metrics_path"] for f in finished), *experiment_paths]}
     if replicate:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")

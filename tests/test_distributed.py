@@ -344,10 +344,14 @@ def test_reload_check_runs_both_sides_under_the_runs_autocast(saved, smol_tokeni
     in float32 without autocast (the check before this fix), it failed by about 0.5."""
     import torch
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
     from ratune.train import checks
 
     model, folder = saved
+    # accelerate keeps one process-wide state: a training test earlier in this pytest process
+    # (a Trainer) set it up without mixed precision; this test needs its own bf16 state
+    AcceleratorState._reset_state(reset_partial_state=True)
     model = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(model)
     summary = checks.verify_saved(folder, model, smol_tokenizer, adapter=False, autocast_dtype=torch.bfloat16)
     assert summary["max_abs_logit_diff"] == 0.0 and summary["compute_dtype"] == "torch.bfloat16"
