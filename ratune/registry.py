@@ -171,11 +171,6 @@ BM25_RETRIEVERS: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.ki
 RENAMED: dict[str, str] = {"bm25_paper": "bm25_replica", "paper_bm25": "released_bm25"}
 
 
-def literal(names: tuple[str, ...]):
-    """``typing.Literal`` of ``names``, for pydantic schemas derived from this registry."""
-    return Literal[names]  # type: ignore[valid-type]
-
-
 def unknown_name(kind: str, value: str, known: tuple[str, ...] | list[str]) -> str:
     """The message for a name that is not ``known``: names the new spelling of a renamed one.
 
