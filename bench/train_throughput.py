@@ -15,7 +15,10 @@ in the same order; only the way a step's 8 examples are batched and computed cha
 - ``baseline_eager``: the baseline with eager attention instead of sdpa;
 - ``baseline_1thread``: the baseline on one thread;
 - ``dropout0`` and ``dropout0_*``: LoRA dropout 0 (a change of recipe: no dropout noise on the
-  adapter's input), alone and with the batchings above.
+  adapter's input), alone and with the batchings above;
+- ``*_ddp2``: two data-parallel processes of one thread each (``accelerate launch --config_file
+  configs/accelerate/cpu_2proc_deepspeed.yaml``, plain DDP over gloo, no DeepSpeed JSON), per-device
+  batch 1 x accumulation 4 x 2 processes: the 2 cores as two workers instead of one 2-thread one.
 
 Tokens per second are TRL's non-padding tokens over the Trainer's train time (the run
 manifest's ``throughput``), so padding is never counted as work. ``loss_max_abs_diff`` is the
@@ -64,7 +67,13 @@ CANDIDATES = {
     "dropout0_eager": {"lora": {"dropout": 0.0}, "attn_implementation": "eager"},
     "dropout0_batch2": {"lora": {"dropout": 0.0}, "per_device_batch_size": 2},
     "dropout0_batch8_padding_free": {"lora": {"dropout": 0.0}, "per_device_batch_size": 8, "padding_free": True},
+    "baseline_ddp2": {"torch_threads": 1, "processes": 2},
+    "dropout0_ddp2": {"lora": {"dropout": 0.0}, "torch_threads": 1, "processes": 2},
+    "dropout0_eager_ddp2": {"lora": {"dropout": 0.0}, "attn_implementation": "eager", "torch_threads": 1,
+                            "processes": 2},
 }
+#: The launcher config of the multi-process candidates (torchrun; plain DDP without a deepspeed JSON).
+LAUNCH_CONFIG = ROOT / "configs" / "accelerate" / "cpu_2proc_deepspeed.yaml"
 #: Candidates that change the recipe (LoRA dropout 0: no dropout noise), compared with the
 #: ``dropout0`` run instead of the baseline. The others change only how a step is computed.
 RECIPE = "dropout0"
@@ -138,20 +147,46 @@ def run_candidate(name: str, changes: dict, *, data: Path, model: str, mode: str
     from ratune.train.config import TrainConfig
     from ratune.train.sft import train
 
+    changes = dict(changes)
+    processes = changes.pop("processes", 1)
     config = _config_dict(changes, data=data, model=model, mode=mode, steps=steps, threads=threads,
                           output_dir=work / name)
     cfg = TrainConfig(**config)
-    import contextlib
+    if processes == 1:
+        import contextlib
 
-    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is the report
-        train(cfg)
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is the report
+            train(cfg)
+    else:
+        launch(cfg, processes, work / f"{name}.yaml")
     manifest = read_json(work / name / "manifest.json")
     losses = [e["loss"] for e in read_json(work / name / "log_history.json") if "loss" in e]
     return {"tokens_per_s": manifest["throughput"]["tokens_per_s"], "tokens": manifest["throughput"]["tokens"],
             "train_runtime_s": manifest["throughput"]["train_runtime_s"], "losses": losses,
             "settings": {"per_device_batch_size": cfg.per_device_batch_size, "padding_free": cfg.padding_free,
                          "attn_implementation": cfg.attn_implementation, "torch_threads": cfg.torch_threads,
-                         "lora_dropout": cfg.lora.dropout}}
+                         "lora_dropout": cfg.lora.dropout, "processes": processes}}
+
+
+def launch(cfg, processes: int, config_file: Path) -> None:
+    """Train ``cfg`` under ``accelerate launch`` with ``processes`` CPU processes (LAUNCH_CONFIG).
+
+    Raises:
+        RuntimeError: when the launch fails, with the tail of its output.
+    """
+    import shutil
+    import subprocess
+
+    import yaml
+
+    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate if accelerate.exists() else shutil.which("accelerate")), "launch", "-q",
+               "--config_file", str(LAUNCH_CONFIG), "--num_processes", str(processes),
+               "-m", "ratune.train", "--config", str(config_file)]
+    proc = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
 
 
 def profile_micro_batches(config, model_path: Path, threads: int, top: int = 12) -> str:

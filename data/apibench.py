@@ -131,6 +131,12 @@ def questions_path(apibench_dir: str | os.PathLike, hub: str, setting: str) -> P
     return Path(apibench_dir) / "questions" / f"questions_{check_hub(hub)}_{setting}.jsonl"
 
 
+def released_responses_path(apibench_dir: str | os.PathLike, hub: str, model: str, setting: str) -> Path:
+    """Path of a released Gorilla-7B response file (``responses/response_{hub}_Gorilla_{model}_{setting}.jsonl``;
+    model ``FT`` or ``RT``, setting the file's suffix: ratune/registry.py ``TestSetting.released``)."""
+    return Path(apibench_dir) / "responses" / f"response_{check_hub(hub)}_Gorilla_{model}_{setting}.jsonl"
+
+
 def load_api_database(path: str | os.PathLike) -> list[dict]:
     """Load an API database: one API document (JSON object) per line, in file order.
 

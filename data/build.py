@@ -1,5 +1,7 @@
-"""The training-set builder: APIBench examples -> single-turn chats, per train-time retrieval mode.
+"""The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode.
 
+The hub is an APIBench hub or a catalog folder (:func:`ratune.data.hubs.resolve_hub`); its
+documents and examples come from the :class:`~ratune.data.hubs.HubSource`, the rest is the same.
 For every example and mode (none, oracle, or a retriever's top_k; the modes are
 ratune/registry.py TRAIN_MODES) the builder retrieves the documents,
 renders the user turn with :func:`ratune.data.prompt.render_user_turn` (the evaluator calls the
@@ -27,8 +29,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.config import Count, MaxLength, check_fields
-from ratune.data.apibench import (Example, ParseReport, api_database_path, api_identity, check_hub, examples_path,
-                                  input_hashes, load_api_database, load_examples)
+from ratune.data.apibench import Example, ParseReport, api_identity, input_hashes
+from ratune.data.hubs import HubSource, as_hub_source
 from ratune.data.labels import tokenize_row
 from ratune.data.mixture import apply_utility_filter, draw_documents, realised_shares
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, render_user_turn,
@@ -148,10 +150,11 @@ def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings
                           "raise --max-length (or lower --max-document-tokens)")
 
 
-def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str, apibench_dir, top_k: int,
+def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | HubSource, apibench_dir, top_k: int,
                       retriever_cache: dict, dense_model: str | None = None,
                       bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
-    """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k)."""
+    """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k);
+    ``hub`` is a hub name or a :class:`~ratune.data.hubs.HubSource` (:func:`make_retriever`)."""
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
                                                dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
@@ -182,7 +185,7 @@ def _percentiles(values: list[int]) -> dict:
     return {f"p{p}": int(np.percentile(arr, p, method="nearest")) for p in (50, 90, 95, 99, 100)}
 
 
-def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name: str,
+def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer, tokenizer_name: str,
                   modes: Sequence[str] = DEFAULT_MODES, settings: BuildSettings = BuildSettings(),
                   lenient: bool = False, overwrite: bool = False, progress: bool = True,
                   leakage: str = "error", mixtures: Sequence = (), utility_keep: dict | None = None,
@@ -190,8 +193,11 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
     """Build the chats for every split the hub has and every mode; write datasets and manifest.
 
     Args:
-        apibench_dir: the APIBench folder.
-        hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here).
+        apibench_dir: the APIBench folder, for an APIBench hub (None: found as
+            :func:`~ratune.data.apibench.resolve_apibench_dir` does); unused for a catalog.
+        hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here), a
+            catalog folder with its pairs split (``ratune catalog pairs``), or a
+            :class:`~ratune.data.hubs.HubSource` (:func:`ratune.data.hubs.resolve_hub`).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
             Built in a temporary sibling (:func:`ratune.manifest.replacing_folder`) and swapped in
             when complete, so a failed or interrupted rebuild leaves the previous build as it was.
@@ -219,7 +225,7 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
             ``overwrite``).
         LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
-    check_hub(hub)
+    source = as_hub_source(hub, apibench_dir)  # an unknown hub or a folder that is no catalog: refused first
     require_chat_template(tokenizer, source=tokenizer_name, hint="give --chat-template (and the same chat_template "
                           "in the training config)")
     for mode in modes:
@@ -230,20 +236,20 @@ def build_dataset(*, apibench_dir, hub: str, out_dir, tokenizer, tokenizer_name:
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
     needs_model = [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
     if needs_model:
-        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} mode")
+        require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
     final = Path(out_dir)
     require_owned(final, "data build", action="overwrite")  # a user's folder: refused, --overwrite or not
     if final.is_dir() and any(final.iterdir()) and not overwrite:
         raise RatuneError(f"{final}: output folder exists and is not empty (pass --overwrite to rebuild it)")
     # built in a temporary sibling, swapped in at the end: a failed rebuild keeps the previous build
     with replacing_folder(final, "data build") as out:
-        return _build_into(out, apibench_dir=apibench_dir, hub=hub, tokenizer=tokenizer,
+        return _build_into(out, source=source, tokenizer=tokenizer,
                            tokenizer_name=tokenizer_name, modes=modes, settings=settings, lenient=lenient,
                            progress=progress, leakage=leakage, mixtures=mixtures, utility_keep=utility_keep,
                            utility_meta=utility_meta)
 
 
-def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name: str, modes: Sequence[str],
+def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None) -> dict:
     """The build of :func:`build_dataset` (its arguments were checked), written into ``out``."""
@@ -254,16 +260,19 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
     mixture_modes = [m.mode for m in mixtures]
     report = ParseReport()
     splits = {}
+    hub = source.name
     for split in ("train", "eval"):
-        if examples_path(apibench_dir, hub, split).exists():
-            splits[split] = load_examples(apibench_dir, hub, split, lenient=lenient, report=report)
+        if source.examples_file(split).exists():
+            splits[split] = source.load_examples(split, lenient=lenient, report=report)
     if not splits:
-        raise RatuneError(f"{apibench_dir}: no example files for hub {hub}")
+        if source.is_catalog:  # its error says to run `ratune catalog pairs`
+            source.load_examples("train")
+        raise RatuneError(f"{source.root}: no example files for hub {hub}")
     read_counts = {s: len(e) for s, e in splits.items()}
-    database = load_api_database(api_database_path(apibench_dir, hub))
+    database = source.load_api_database()
     splits, validation = validate_splits(
         splits, database,
-        train_path=examples_path(apibench_dir, hub, "train"), eval_path=examples_path(apibench_dir, hub, "eval"),
+        train_path=source.examples_file("train"), eval_path=source.examples_file("eval"),
         leakage=leakage)
     if progress:
         print(validation.summary())
@@ -274,7 +283,7 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
     for mode in tqdm(modes, desc=f"build {hub}", disable=not progress):
         dd = {}
         for split, examples in splits.items():
-            docs = retrieve_for_mode(mode, examples, hub=hub, apibench_dir=apibench_dir, top_k=settings.top_k,
+            docs = retrieve_for_mode(mode, examples, hub=source, apibench_dir=source.root, top_k=settings.top_k,
                                      retriever_cache=cache, dense_model=settings.dense_model,
                                      bm25_backend=settings.bm25_backend)
             forced = 0
@@ -294,7 +303,7 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
     for mixture in mixtures:
         record, dd = mixture.metadata(), {}
         for split, examples in splits.items():
-            top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=hub, apibench_dir=apibench_dir, top_k=1,
+            top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=source, apibench_dir=source.root, top_k=1,
                                      retriever_cache=cache, dense_model=settings.dense_model,
                                      bm25_backend=settings.bm25_backend)
             docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
@@ -324,7 +333,7 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
         with atomic_write(out / "rejects.jsonl") as fh:
             for path, line, fieldname, reason in report.rejects:
                 fh.write(json.dumps({"file": path, "line": line, "field": fieldname, "reason": reason}) + "\n")
-    inputs = [api_database_path(apibench_dir, hub)] + [examples_path(apibench_dir, hub, s) for s in splits]
+    inputs = source.input_files(list(splits))
     manifest = base_manifest("data build")
     manifest.update({
         "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
@@ -337,6 +346,8 @@ def _build_into(out: Path, *, apibench_dir, hub: str, tokenizer, tokenizer_name:
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs),
         "retrievers": {m: r.metadata() for m, r in cache.items()},
     })
+    if source.is_catalog:  # APIBench manifests keep their keys
+        manifest["catalog"] = source.manifest_record()
     write_json(out / "manifest.json", manifest)
     mark_complete(out)
     return manifest

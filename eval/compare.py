@@ -220,3 +220,84 @@ def cli_compare(args) -> int:
     else:
         print(format_compare(result))
     return 0
+
+
+def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, apibench_dir=None,
+                          resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> list[dict]:
+    """An eval cell against the released Gorilla-7B responses made with the same documents.
+
+    ``setting``'s counterpart is ratune/registry.py ``TestSetting.released`` (``released_bm25``
+    -> the released ``bm25`` files); the cell (``{eval_dir}/{setting}`` or its responses file) is
+    compared, paired on the same questions, with each released model's file
+    (:data:`ratune.registry.RELEASED_MODELS`), under both metrics.
+
+    Returns:
+        one :func:`compare_files` result per (released model, metric), each with ``"released"``
+        (the model) and ``"setting"`` added; [] when the setting has no released counterpart.
+    Raises:
+        RatuneError: as :func:`compare_files` (a cell on a subset of the questions is unpaired and
+            refused).
+    """
+    from ratune.data.apibench import released_responses_path, resolve_apibench_dir
+    from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
+
+    spec = TEST_SETTINGS.get(setting)
+    if spec is None or spec.released is None:
+        return []
+    apibench = resolve_apibench_dir(apibench_dir)
+    out = []
+    for model in RELEASED_MODELS:
+        released = released_responses_path(apibench, hub, model, spec.released)
+        for metric in COMPARE_METRICS:
+            result = compare_files(cell, released, hub=hub, apibench_dir=apibench, metric=metric,
+                                   resamples=resamples, seed=seed)
+            out.append({**result, "released": model, "setting": setting})
+    return out
+
+
+def released_markdown(results: list[dict]) -> str:
+    """:func:`compare_with_released` results (of one or more cells, each with a ``"cell"`` label)
+    as one markdown table: ours vs released, counts, McNemar p and the paired bootstrap interval."""
+    lines = ["| model | setting | metric | ours correct | released | released correct | only ours | only released "
+             "| McNemar p | difference (points) [95 % CI] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        t, d = r["contingency"], r["difference"]
+        lines.append(f"| {r.get('cell', '')} | {r['setting']} | {r['metric']} | {r['a']['correct_n']}/{r['n']} | "
+                     f"{r['released']} | {r['b']['correct_n']}/{r['n']} | {t['only_a']} | {t['only_b']} | "
+                     f"{r['mcnemar_p']:.3g} | {100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
+    return "\n".join(lines) + "\n"
+
+
+def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dict], list[dict]]:
+    """:func:`compare_with_released` for several eval cells.
+
+    Args:
+        cells: ``{"cell": label, "path": eval cell folder, "setting", "hub", "n"}`` each.
+    Returns:
+        ``(results, skipped)``: the comparisons, each with ``"cell"``; and ``{"cell", "setting",
+        "reason"}`` for cells with a released counterpart that cannot be paired with it (another
+        hub than APIBench's, or fewer questions than the released files hold).
+    """
+    from ratune.data.apibench import HUBS, resolve_apibench_dir
+    from ratune.eval.scoring import Scorer
+    from ratune.registry import TEST_SETTINGS
+
+    apibench = resolve_apibench_dir(apibench_dir)
+    questions: dict[str, int] = {}
+    results, skipped = [], []
+    for c in cells:
+        spec = TEST_SETTINGS.get(c["setting"])
+        if spec is None or spec.released is None:
+            continue
+        if c["hub"] not in HUBS:
+            skipped.append({"cell": c["cell"], "setting": c["setting"], "reason": "no released responses for this hub"})
+            continue
+        if c["hub"] not in questions:
+            questions[c["hub"]] = Scorer.from_apibench(c["hub"], apibench).n_questions
+        if c["n"] != questions[c["hub"]]:
+            skipped.append({"cell": c["cell"], "setting": c["setting"],
+                            "reason": f"{c['n']} of the {questions[c['hub']]} questions the released files answer"})
+            continue
+        results += [{**r, "cell": c["cell"]} for r in
+                    compare_with_released(c["path"], c["setting"], hub=c["hub"], apibench_dir=apibench)]
+    return results, skipped

@@ -12,6 +12,8 @@
     ratune export           safetensors + tokenizer + generation config + model card; --push-to-hub
     ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
+    ratune catalog import   your own API catalog (JSON lines, OpenAPI 3, a Python module) -> a catalog folder
+    ratune catalog pairs    your instruction pairs -> the catalog's train/eval split (then --hub CATALOG_DIR)
 
 User errors (bad input, bad config, a bad flag value) print one message naming file, line, field or
 flag on stderr and exit with status 2, without a traceback (:func:`run_guarded` states the policy).
@@ -79,14 +81,16 @@ def run_guarded(fn: Callable[[], int]) -> int:
 
 
 def _data_build(args) -> int:
-    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.data.apibench import HUBS, resolve_apibench_dir
     from ratune.data.build import BuildSettings, build_dataset
+    from ratune.data.hubs import resolve_hub
     from ratune.train.model import load_tokenizer, resolve_model_path
 
     from ratune.data.mixture import Mixture
     from ratune.errors import RatuneError
 
-    apibench = resolve_apibench_dir(args.apibench)
+    # an APIBench hub needs the APIBench folder; a catalog folder does not
+    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
     mixtures = [Mixture.parse(spec, top1_retriever=args.top1_retriever, distractors=args.distractors,
                               seed=args.mixture_seed) for spec in args.mixture or []]
     if not args.modes and not mixtures:
@@ -101,14 +105,14 @@ def _data_build(args) -> int:
         utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
     tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
     manifest = build_dataset(
-        apibench_dir=apibench, hub=args.hub, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
+        hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(max_length=args.max_length,
                                                  max_document_tokens=args.max_document_tokens, top_k=args.top_k,
                                                  force_gold=args.force_gold, dense_model=args.dense_model,
                                                  bm25_backend=args.bm25_backend),
         lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
         mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
-    summary = {"hub": args.hub, "out": args.out, "splits": manifest["splits"],
+    summary = {"hub": source.name, "out": args.out, "splits": manifest["splits"],
                "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
                                   for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
                "rejects": manifest["rejects"]}
@@ -163,8 +167,12 @@ def _retrieval_eval(args) -> int:
     from ratune.retrieval.metrics import retrieval_chart
     from ratune.registry import BM25_RETRIEVERS, RETRIEVERS
 
-    apibench = resolve_apibench_dir(args.apibench)
+    from ratune.data.hubs import resolve_hub
+
     hubs = list(HUBS) if args.hub == "all" else [args.hub]
+    # an APIBench hub needs the APIBench folder; a catalog folder does not
+    apibench = resolve_apibench_dir(args.apibench) if any(h in HUBS for h in hubs) else None
+    sources = [resolve_hub(h, apibench) for h in hubs]
     finetuned = [r.name for r in RETRIEVERS.values() if r.needs_model]
     names = [r.name for r in RETRIEVERS.values() if r.name != "none" and not r.needs_model] \
         if args.retriever == "all" else [args.retriever]
@@ -180,7 +188,8 @@ def _retrieval_eval(args) -> int:
     if args.bm25_index and len(hubs) > 1:
         raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
     index_variant = _index_variant(args.bm25_index)
-    reports = {hub: _retrieval_report(args, apibench, hub, names, index_variant) for hub in hubs}
+    reports = {s.name: _retrieval_report(args, s, names, index_variant) for s in sources}
+    hubs = list(reports)  # the hubs' names (a catalog's name, not its path)
     if args.out:
         out = Path(args.out)
         versions = package_versions()
@@ -207,33 +216,37 @@ def _retrieval_eval(args) -> int:
     return 0
 
 
-def _retrieval_report(args, apibench, hub: str, names: list[str], index_variant: str | None
+def _retrieval_report(args, source, names: list[str], index_variant: str | None
                       ) -> tuple[list, list, str, dict]:
-    """One hub's retrieval results, paper-BM25 agreement, markdown and input hashes."""
-    from ratune.data.apibench import api_database_path, examples_path, input_hashes, load_examples, questions_path
+    """One hub's (a :class:`ratune.data.hubs.HubSource`) retrieval results, paper-BM25
+    agreement, markdown and input hashes. With ``--retriever all`` a catalog leaves out the
+    precomputed retrievers (APIBench only); naming one is make_retriever's error."""
+    from ratune.data.apibench import input_hashes
     from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
     from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
     from ratune.retrieval.retrievers import make_retriever
 
-    examples = load_examples(apibench, hub, "eval")
+    if args.retriever == "all" and not source.has_precomputed:
+        names = [n for n in names if RETRIEVERS[n].kind != "precomputed"]
+    examples = source.load_examples("eval")
     retrievers = {}
     for n in names:
         # a named BM25 retriever takes the index (refused if built for another variant); with
         # --retriever all, the index serves the variant it was built for
         index = args.bm25_index if n in BM25_RETRIEVERS and (
             args.retriever != "all" or index_variant == n) else None
-        retrievers[n] = make_retriever(n, hub=hub, apibench_dir=apibench, bm25_backend=args.bm25_backend,
-                                       bm25_index=index,
+        retrievers[n] = make_retriever(n, hub=source, bm25_backend=args.bm25_backend, bm25_index=index,
                                        **({"dense_model": args.dense_model} if RETRIEVERS[n].needs_model else {}))
     results = [evaluate_retriever(r, examples) for r in retrievers.values()]
     agreement = [top1_agreement(retrievers[n], retrievers[RELEASED_BM25], examples)
                  for n in BM25_RETRIEVERS if n in retrievers and RELEASED_BM25 in retrievers]
-    markdown = retrieval_markdown(results, hub=hub) + "".join(
+    markdown = retrieval_markdown(results, hub=source.name) + "".join(
         f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
         f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
-    files = [api_database_path(apibench, hub), examples_path(apibench, hub, "eval")]
-    files += [p for p in (questions_path(apibench, hub, r.source) for r in RETRIEVERS.values()
-                          if r.kind == "precomputed") if p.exists()]
+    files = source.input_files(["eval"])
+    if source.has_precomputed:
+        files += [p for p in (source.questions_file(r.source) for r in RETRIEVERS.values()
+                              if r.kind == "precomputed") if p.exists()]
     return results, agreement, markdown, input_hashes(files)
 
 
@@ -249,15 +262,15 @@ def _index_variant(index_dir) -> str | None:
 def _retrieval_index(args) -> int:
     import time
 
-    from ratune.data.apibench import api_database_path, load_api_database, resolve_apibench_dir
+    from ratune.data.apibench import HUBS, resolve_apibench_dir
+    from ratune.data.hubs import resolve_hub
     from ratune.retrieval.retrievers import BM25Retriever
 
-    apibench = resolve_apibench_dir(args.apibench)
+    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
     start = time.perf_counter()
-    retriever = BM25Retriever(load_api_database(api_database_path(apibench, args.hub)), hub=args.hub,
-                              variant=args.retriever, backend="bm25s")
+    retriever = BM25Retriever(source.load_api_database(), hub=source.name, variant=args.retriever, backend="bm25s")
     out = retriever.save(args.out)
-    print(f"indexed {len(retriever.corpus)} {args.hub} API documents ({args.retriever}, bm25s) in "
+    print(f"indexed {len(retriever.corpus)} {source.name} API documents ({args.retriever}, bm25s) in "
           f"{time.perf_counter() - start:.2f} s; wrote {out}")
     return 0
 
@@ -271,16 +284,23 @@ def _train(args) -> int:
 
 def _eval_run(args) -> int:
     from ratune.data.apibench import resolve_apibench_dir
+    from ratune.eval.curve import curve_markdown, evaluate_curve
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
 
-    results = evaluate_checkpoint(
-        args.checkpoint, hub=args.hub, apibench_dir=resolve_apibench_dir(args.apibench), out_dir=args.out,
-        settings=EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
-                              max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
-                              max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
-                              backend=args.backend, trust_remote_code=args.trust_remote_code,
-                              dense_model=args.dense_model, bm25_backend=args.bm25_backend,
-                              device=args.device, dtype=args.dtype, chat_template=args.chat_template))
+    settings = EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
+                            max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
+                            max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
+                            backend=args.backend, trust_remote_code=args.trust_remote_code,
+                            dense_model=args.dense_model, bm25_backend=args.bm25_backend,
+                            device=args.device, dtype=args.dtype, chat_template=args.chat_template)
+    apibench = resolve_apibench_dir(args.apibench)
+    if args.all_checkpoints:
+        rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+                              settings=settings)
+        print(curve_markdown(rows), end="")
+        return 0
+    results = evaluate_checkpoint(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+                                  settings=settings)
     print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
                       for s, m in results.items()}, sort_keys=True))
     return 0
@@ -352,6 +372,18 @@ def _demo(args) -> int:
     return run_demo(args.config, out_dir=args.out, apibench=args.apibench)
 
 
+def _catalog_import(args) -> int:
+    from ratune.catalog.folder import cli_import
+
+    return cli_import(args)
+
+
+def _catalog_pairs(args) -> int:
+    from ratune.catalog.pairs import cli_pairs
+
+    return cli_pairs(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
     from ratune.data.apibench import HUBS
@@ -374,6 +406,13 @@ def build_parser() -> argparse.ArgumentParser:
     backend = registered("BM25 backend", BM25_BACKENDS)
     finetuned = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
+    from ratune.data.hubs import check_hub_ref, hub_choices_text
+
+    # --hub of data build and retrieval: an APIBench hub or a catalog folder (ratune/data/hubs.py)
+    hub_ref = {"type": checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder")),
+               "metavar": "HUB"}
+    hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
+                                  bad=("no_such_hub", "folder")), "metavar": "HUB"}
     mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
     selector = checked(parse_selector, "selector", good="train_retriever=oracle", bad=("oracle", ","))
 
@@ -384,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = data.add_parser("build", help="APIBench -> chats per train-time retrieval mode")
     b.add_argument("--apibench", type=input_dir,
                    help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
-    b.add_argument("--hub", required=True, choices=HUBS)
+    b.add_argument("--hub", required=True, **hub_ref,
+                   help=f"{hub_choices_text()}, with its pairs split (`ratune catalog pairs`)")
     b.add_argument("--out", required=True, type=output_dir, help="output folder")
     b.add_argument("--tokenizer", default=DEMO_MODEL_ALIAS, type=model_ref,
                    help="model folder whose tokenizer measures lengths")
@@ -447,8 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
     r.add_argument("--apibench", type=input_dir)
-    r.add_argument("--hub", required=True, choices=(*HUBS, "all"),
-                   help="a hub, or all: the report for the three hubs (retrieval.md, retrieval.png)")
+    r.add_argument("--hub", required=True, **hub_or_all,
+                   help=f"{hub_choices_text()}; or all: the report for the three APIBench hubs (retrieval.md, "
+                        "retrieval.png)")
     r.add_argument("--retriever", default="all", **registered("retriever", [n for n in RETRIEVERS if n != "none"], "all"))
     r.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
                    help=f"a finetuned retriever folder (`ratune retrieval train`); adds {finetuned} to the report")
@@ -462,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_retrieval_eval)
     ri = retrieval.add_parser("index", help="build and save a BM25 index (bm25s) for a hub's API database")
     ri.add_argument("--apibench", type=input_dir)
-    ri.add_argument("--hub", required=True, choices=HUBS)
+    ri.add_argument("--hub", required=True, **hub_ref, help=hub_choices_text())
     ri.add_argument("--retriever", **registered("BM25 variant", BM25_RETRIEVERS), default="bm25", help="BM25 variant")
     ri.add_argument("--out", required=True, type=output_dir, help="index folder (arrays.npz + ratune_bm25_index.json)")
     ri.set_defaults(func=_retrieval_index)
@@ -508,6 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
                    help="prompt chat template (default: the one the checkpoint was trained with, from its run "
                         "manifest; give it for a model trained elsewhere whose tokenizer has none)")
+    e.add_argument("--all-checkpoints", action="store_true",
+                   help="a learning curve: evaluate every Trainer checkpoint of the run folder --checkpoint "
+                        "(trainer/checkpoint-STEP) into OUT/stepSTEP/ and write OUT/curve.{json,csv,md,png} "
+                        "(eval/curve.py)")
     e.set_defaults(func=_eval_run)
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
@@ -548,6 +593,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--apibench", default=None, type=input_dir, help="APIBench folder (default: the config's apibench key, "
                    "$RATUNE_APIBENCH or ../shared/apibench)")
     d.set_defaults(func=_demo)
+
+    from ratune.catalog.folder import add_import_arguments
+
+    catalog = stages.add_parser("catalog", help="your own API catalog as a hub (docs/catalogs.md)").add_subparsers(
+        dest="action", required=True)
+    ci = catalog.add_parser("import", help="a JSON-lines file, an OpenAPI 3 document or a Python module -> a "
+                                           "catalog folder (apis.jsonl + manifest.json)")
+    add_import_arguments(ci)
+    ci.set_defaults(func=_catalog_import)
+    from ratune.catalog.pairs import add_pairs_arguments
+
+    cp = catalog.add_parser("pairs", help="your instruction pairs, validated against a catalog and split into "
+                                          "CATALOG/pairs/train.jsonl and eval.jsonl")
+    add_pairs_arguments(cp)
+    cp.set_defaults(func=_catalog_pairs)
     return parser
 
 

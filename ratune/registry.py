@@ -98,6 +98,9 @@ class TestSetting:
         default: run by ``ratune eval run`` when no ``--settings`` are given (the paper's Table 2
             columns plus our ``dense``).
         paper: the paper's own column (Gorilla, Table 2): 0-shot, BM25, GPT-Index, Oracle.
+        released: the setting suffix of the released Gorilla-7B response files made with this
+            setting's documents (``responses/response_{hub}_Gorilla_{FT,RT}_{released}.jsonl``),
+            the counterpart a cell on all eval questions is compared with; None when there is none.
     """
 
     __test__ = False  # not a pytest test class
@@ -105,16 +108,17 @@ class TestSetting:
     retriever: str
     default: bool = False
     paper: bool = False
+    released: str | None = None
 
 
 #: Test-time settings, in Table 2 column order.
 TEST_SETTING_SPECS: tuple[TestSetting, ...] = (
-    TestSetting("0_shot", "none", default=True, paper=True),
+    TestSetting("0_shot", "none", default=True, paper=True, released="0_shot"),
     TestSetting("bm25", "bm25", default=True),
     TestSetting("dense", "dense", default=True),
-    TestSetting("gpt_index", "gpt_index", default=True, paper=True),
-    TestSetting("released_bm25", "released_bm25", paper=True),
-    TestSetting("oracle", "oracle", default=True, paper=True),
+    TestSetting("gpt_index", "gpt_index", default=True, paper=True, released="gpt_index"),
+    TestSetting("released_bm25", "released_bm25", paper=True, released="bm25"),
+    TestSetting("oracle", "oracle", default=True, paper=True, released="oracle"),
     TestSetting("dense_ft", "dense_ft"),
     TestSetting("hybrid", "hybrid"),
     TestSetting("hybrid_ft", "hybrid_ft"),
@@ -124,6 +128,10 @@ TEST_SETTINGS: dict[str, TestSetting] = {s.name: s for s in TEST_SETTING_SPECS}
 TABLE_SETTINGS: tuple[str, ...] = tuple(TEST_SETTINGS)
 #: What ``ratune eval run`` runs without ``--settings``.
 DEFAULT_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS if s.default)
+
+#: The released Gorilla-7B models whose responses ship with APIBench (``responses/``): ``FT``
+#: finetuned without retrieval, ``RT`` retriever-aware (Gorilla, Table 2 rows).
+RELEASED_MODELS: tuple[str, ...] = ("FT", "RT")
 
 #: Experiment settings, never Table 2 columns (docs/experiments.md): ``swap`` (another API's
 #: document of the same domain) and ``irrelevant`` (a document of another domain), whose

@@ -29,10 +29,13 @@ Sweep folder::
     cells/{name}/train.yaml     the resolved TrainConfig
     cells/{name}/train/         the training run folder (``.complete`` when done)
     cells/{name}/eval/{setting}/metrics.json (+ ``.complete``)
+    cells/{name}/curve/         with ``eval.curve_settings``: every Trainer checkpoint evaluated under
+                                those settings, curve.{json,csv,md,png} (ratune/eval/curve.py)
     cells/{name}/error.txt      the error of the last failed attempt (removed on success)
     cells/{name}/logs/          stdout/stderr of each command
     slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
-    report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv
+    report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv,
+                                learning_curve.{md,csv,png} when cells have curves
                                 (a ``seed`` axis: replicates averaged per cell, replicates.csv),
                                 comparisons.{md,csv,json} for the chosen pairs (ratune/sweep_pairs.py)
 
@@ -66,7 +69,7 @@ from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Por
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
 from ratune.eval.run import BACKENDS, DEVICES, DTYPES
-from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS, TABLE_SETTINGS
+from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep_pairs import ComparePair
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
@@ -114,6 +117,11 @@ class SweepEval(BaseModel):
     device: Literal[DEVICES] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
     dtype: Literal[DTYPES] = Field(
         "auto", description="auto: bfloat16 on cuda, float32 on cpu")
+    curve_settings: list[TestSettingName] = Field(
+        default_factory=list,
+        description="a learning curve: after training, every Trainer checkpoint of a cell is evaluated under "
+                    "these settings (cells/NAME/curve/); the base config must save checkpoints (save_strategy: "
+                    "epoch or save_steps) and keep them all (no save_total_limit)")
 
 
 class SlurmSettings(BaseModel):
@@ -288,8 +296,25 @@ def expand(sweep: Sweep) -> list[Cell]:
         if cfg.data.max_length is not None and "max_length" not in axes:
             data["max_length"] = cfg.data.max_length
         resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
+        if cfg.eval.curve_settings:
+            _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
     return cells
+
+
+def _check_curve_saves(config: dict, where: str) -> None:
+    """A cell with a learning curve must keep a Trainer checkpoint per save (``eval.curve_settings``).
+
+    Raises:
+        RatuneError: naming ``where``: the config saves no checkpoints, or deletes old ones.
+    """
+    strategy = config.get("save_strategy") or ("steps" if config.get("save_steps") else "no")
+    if strategy == "no":
+        raise RatuneError(f"{where}: eval.curve_settings evaluates the cell's Trainer checkpoints, but its training "
+                          "config saves none: set save_strategy: epoch (or save_steps: N) in base")
+    if config.get("save_total_limit") is not None:
+        raise RatuneError(f"{where}: eval.curve_settings needs every Trainer checkpoint, but save_total_limit: "
+                          f"{config['save_total_limit']} deletes older ones: remove it")
 
 
 # ---------------------------------------------------------------- commands
@@ -387,12 +412,17 @@ def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args
     return cmd
 
 
-def eval_command(sweep: Sweep, cell: Cell) -> list[str]:
-    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings."""
+def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
+    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings;
+    with ``curve``, the learning curve's ``--all-checkpoints --out CELL/curve --settings
+    CURVE_SETTINGS`` (same generation settings)."""
     e = sweep.config.eval
+    out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
     cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub,
-           "--out", str(cell.dir / "eval"), "--settings", *e.settings, "--batch-size", str(e.batch_size),
+           "--out", str(out), "--settings", *settings, "--batch-size", str(e.batch_size),
            "--max-new-tokens", str(e.max_new_tokens)]
+    if curve:
+        cmd += ["--all-checkpoints"]
     if e.n_questions is not None:
         cmd += ["--n-questions", str(e.n_questions)]
     if e.stop_after_api_call:
@@ -459,8 +489,8 @@ def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
     """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or equal).
 
-    The list of eval settings is not compared: each eval setting folder checks its own identity
-    (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs. A top-level key
+    The lists of eval settings and curve settings are not compared: each eval setting folder checks
+    its own identity (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs. A top-level key
     that the stored record lacks and whose new value is the schema's default (a setting added to
     ratune after the cell ran, at the value that keeps the old behaviour) is not a change.
     """
@@ -479,7 +509,7 @@ def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
                     and after[key] == _json_default(field_info):
                 del after[key]
         keys += [f"{part}.{k}" for k in _diff_keys(before, after)]
-    return [k for k in keys if k != "eval.settings"]
+    return [k for k in keys if k not in ("eval.settings", "eval.curve_settings")]
 
 
 def _json_default(field_info) -> Any:
@@ -489,12 +519,26 @@ def _json_default(field_info) -> Any:
 
 
 def is_finished(sweep: Sweep, cell: Cell) -> bool:
-    """Whether a cell's training run and every eval setting of the sweep are complete."""
+    """Whether a cell's training run, every eval setting of the sweep and its learning curve (if
+    the sweep asks for one) are complete."""
     from ratune.manifest import is_complete
 
     return is_complete(cell.dir / "train") and all(
         is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
-        for s in sweep.config.eval.settings)
+        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell)
+
+
+def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
+    """Whether the cell's learning curve holds every ``eval.curve_settings`` (True when none is asked)."""
+    wanted = set(sweep.config.eval.curve_settings)
+    if not wanted:
+        return True
+    path = cell.dir / "curve" / "curve.json"
+    if not path.is_file():
+        return False
+    from ratune.eval.curve import read_curve
+
+    return wanted <= {r.get("setting") for r in read_curve(cell.dir / "curve") if isinstance(r, dict)}
 
 
 def _fmt(cmd: list[str]) -> str:
@@ -640,6 +684,8 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                     _run_step(runner, "train", cell, cmd, progress, out)
                 cmd = eval_command(sweep, cell)
                 _run_step(runner, "eval", cell, cmd, progress, out)
+                if not is_curve_finished(sweep, cell):
+                    _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
                 if not is_finished(sweep, cell):
                     raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
             except RatuneError as exc:
@@ -694,6 +740,8 @@ def dry_run(sweep: Sweep, cells: list[Cell], out=None) -> int:
         print(f"cell {cell.name} [{state}] {axes}", file=out)
         print(f"  train: {_fmt(train_command(sweep, cell))}", file=out)
         print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
+        if sweep.config.eval.curve_settings:
+            print(f"  curve: {_fmt(eval_command(sweep, cell, curve=True))}", file=out)
     return 0
 
 
@@ -764,6 +812,8 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         ev = _sbatch_header(f"ratune-eval-{cell.name}"[:120], sdir / "eval-%j.out", nodes=1, gpus=1,
                             time=s.eval_time or s.time, s=s)
         ev.append(_fmt(eval_command(sweep, cell)))
+        if sweep.config.eval.curve_settings:
+            ev.append(_fmt(eval_command(sweep, cell, curve=True)))
         (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")
         prefix = "# finished: " if is_finished(sweep, cell) else ""
         submit += [f"# cell {cell.name}",
@@ -936,8 +986,19 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     summary: dict = {"axes": axis_keys, "tables": tables}
     from ratune.io import sha256_file
 
+    curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
     summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
-                          for path in [*(f["metrics_path"] for f in finished), *experiment_paths]}
+                          for path in [*(f["metrics_path"] for f in finished), *experiment_paths, *curve_paths]}
+    if curve_paths:  # learning curves, labelled by the cell's axis values
+        from ratune.eval.curve import read_curve, write_curves_report
+
+        curves = {}
+        for path in curve_paths:
+            record = _read_cell_record(path.parent.parent / "cell.json")
+            label = " ".join(f"{k}={_flat(v)}" for k, v in record.get("axes", {}).items()) or record["name"]
+            curves[label] = read_curve(path.parent)
+        write_curves_report(curves, out)
+        summary["learning_curves"] = list(curves)
     if replicate:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -977,8 +1038,25 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         write_text(out / "comparisons.csv", buf.getvalue())
         summary["comparisons"] = {status: sum(r["status"] == status for r in results)
                                   for status in ("ok", "missing", "refused")}
+    released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
+                       "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
+                       "hub": f["dims"]["hub"], "n": read_metrics(f["metrics_path"])["n"]} for f in finished]
+    if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
+        from ratune.eval.compare import released_comparisons, released_markdown
+
+        results, skipped = released_comparisons(released_cells, _sweep_apibench(sweep_dir))
+        if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
+            write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
+            write_text(out / "released.md", released_markdown(results))
+            summary["released"] = {"comparisons": len(results), "skipped": skipped}
     write_json(out / "sweep.json", summary)
     return tables
+
+
+def _sweep_apibench(sweep_dir: Path) -> str | None:
+    """The ``apibench`` folder the sweep file saved in SWEEP_DIR/sweep.yaml names (None: the default)."""
+    path = sweep_dir / "sweep.yaml"
+    return load_yaml(path).get("apibench") if path.is_file() else None
 
 
 def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:

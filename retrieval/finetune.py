@@ -22,7 +22,9 @@ on CPU:
   :class:`~ratune.retrieval.retrievers.DenseRetriever` reads to refuse use on another hub.
 
 The shared APIBench copy has a training split for TorchHub only (its README), so only TorchHub can
-be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files.
+be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files. A
+catalog folder (:mod:`ratune.data.hubs`) trains on its ``pairs/train.jsonl``, checked against its
+``pairs/eval.jsonl``.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from typing import Annotated, Sequence
 from pydantic import Field
 
 from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
-from ratune.data.apibench import (Example, api_database_path, check_hub, examples_path, load_examples,
-                                  resolve_apibench_dir)
+from ratune.data.apibench import HUBS, Example, resolve_apibench_dir
+from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json
@@ -135,7 +137,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     Args:
         train_examples: the pairs' source: examples of ``hub``'s training split (or a subset).
         eval_examples: ``hub``'s eval examples; their instructions must not occur in training.
-        hub: the hub the model is for (recorded; the dense retriever refuses other hubs).
+        hub: the name of the hub the model is for, an APIBench hub or a catalog's name (recorded;
+            the dense retriever refuses other hubs).
         out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
             written in a temporary sibling and swapped in when complete
             (:func:`ratune.manifest.replacing_folder`).
@@ -154,7 +157,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
             existing ``out_dir`` without ``overwrite`` or not made by retrieval train, or eval
             instructions in the training data; LockHeld when another process writes ``out_dir``.
     """
-    check_hub(hub)
+    if not isinstance(hub, str) or not hub:
+        raise RatuneError(f"hub {hub!r}: expected the hub's name (an APIBench hub or a catalog's name)")
     settings = settings.check()
     wrong = sorted({(ex.hub, ex.split) for ex in train_examples} - {(hub, "train")})
     if wrong:
@@ -238,38 +242,44 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     return meta
 
 
-def train_hub_retriever(apibench_dir: str | os.PathLike, hub: str, out_dir: str | os.PathLike, *,
+def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubSource", out_dir: str | os.PathLike, *,
                         settings: FinetuneSettings = FinetuneSettings(), overwrite: bool = False,
                         threads: int | None = None) -> dict:
     """Train the finetuned retriever on every example of ``hub``'s training split (see module doc).
 
+    Args:
+        apibench_dir: the APIBench folder, for an APIBench hub name (unused for a catalog).
+        hub: an APIBench hub, a catalog folder (its ``pairs/train.jsonl``; the retriever's
+            metadata records the catalog's name) or a :class:`~ratune.data.hubs.HubSource`.
     Returns:
         The metadata written (see :func:`train_dense_retriever`).
     Raises:
-        RatuneError: no training file for the hub (the shared copy has TorchHub's only), leakage,
-            or the errors of :func:`train_dense_retriever`.
+        RatuneError: no training file for the hub (the shared copy has TorchHub's only; a catalog
+            without ``ratune catalog pairs``), leakage, or the errors of
+            :func:`train_dense_retriever` and :func:`ratune.data.hubs.resolve_hub`.
     """
-    train_path = examples_path(apibench_dir, hub, "train")
-    eval_path = examples_path(apibench_dir, hub, "eval")
-    if not train_path.exists():
-        raise RatuneError(f"{train_path}: no training split for {hub} (the finetuned retriever trains on "
+    source = as_hub_source(hub, apibench_dir)
+    train_path = source.examples_file("train")
+    eval_path = source.examples_file("eval")
+    if not train_path.exists() and not source.is_catalog:  # a catalog's own error says what to run
+        raise RatuneError(f"{train_path}: no training split for {source.name} (the finetuned retriever trains on "
                           f"training instructions only; this APIBench copy lacks {train_path.name})")
-    return train_dense_retriever(load_examples(apibench_dir, hub, "train"), load_examples(apibench_dir, hub, "eval"),
-                                 hub=hub, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
-                                 settings=settings, api_database=api_database_path(apibench_dir, hub),
+    return train_dense_retriever(source.load_examples("train"), source.load_examples("eval"),
+                                 hub=source.name, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
+                                 settings=settings, api_database=source.api_database_file,
                                  overwrite=overwrite, threads=threads)
 
 
 def add_train_arguments(parser) -> None:
     """Arguments of ``ratune retrieval train`` (added to an argparse sub-parser)."""
-    from ratune.data.apibench import HUBS
-
-    from ratune.args import bounded, input_dir, output_dir, setting
+    from ratune.args import bounded, checked, input_dir, output_dir, setting
 
     d = FinetuneSettings()
     parser.add_argument("--apibench", type=input_dir,
                         help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
-    parser.add_argument("--hub", required=True, choices=HUBS)
+    parser.add_argument("--hub", required=True, metavar="HUB",
+                        type=checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder")),
+                        help=f"{hub_choices_text()}: trains on its training split (a catalog: pairs/train.jsonl)")
     parser.add_argument("--out", required=True, type=output_dir,
                         help="output folder, e.g. runs/retrievers/torchhub-minilm-ft")
     parser.add_argument("--epochs", type=setting(FinetuneSettings, "epochs"), default=d.epochs)
@@ -288,10 +298,10 @@ def add_train_arguments(parser) -> None:
 def run_train(args) -> int:
     """Run ``ratune retrieval train``: train, save, print a summary (and eval metrics with --evaluate)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    apibench = resolve_apibench_dir(args.apibench)
+    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
     settings = FinetuneSettings(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                                 seed=args.seed)
-    meta = train_hub_retriever(apibench, args.hub, args.out, settings=settings, overwrite=args.overwrite,
+    meta = train_hub_retriever(None, source, args.out, settings=settings, overwrite=args.overwrite,
                                threads=args.threads)
     summary = {k: meta[k] for k in ("hub", "n_pairs", "epochs", "batch_size", "learning_rate", "seed", "steps",
                                     "final_train_loss", "train_seconds")}
@@ -300,13 +310,13 @@ def run_train(args) -> int:
         from ratune.retrieval.metrics import KS, evaluate_retriever
         from ratune.retrieval.retrievers import make_retriever
 
-        result = evaluate_retriever(make_retriever("dense_ft", hub=args.hub, apibench_dir=apibench,
-                                                   dense_model=args.out), load_examples(apibench, args.hub, "eval"))
+        result = evaluate_retriever(make_retriever("dense_ft", hub=source, dense_model=args.out),
+                                    source.load_examples("eval"))
         summary["eval"] = {k: result[k] for k in ["n", "top1"] + [f"{m}@{k}" for m in ("recall", "ndcg") for k in KS]}
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
-        print(f"trained {args.hub} retriever on {meta['n_pairs']} pairs, {meta['epochs']} epoch(s), "
+        print(f"trained {source.name} retriever on {meta['n_pairs']} pairs, {meta['epochs']} epoch(s), "
               f"{meta['steps']} steps in {meta['train_seconds']} s (final loss {meta['final_train_loss']:.4f}); "
               f"leakage check: 0 eval instructions in training; wrote {args.out}")
         if "eval" in summary:

@@ -24,7 +24,8 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ratune.data.apibench import api_database_path, api_identity, load_api_database, questions_path
+from ratune.data.apibench import HUBS, api_identity, questions_path
+from ratune.data.hubs import HubSource, resolve_hub
 from ratune.data.prompt import serialize_document
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json
@@ -584,12 +585,16 @@ class PrecomputedRetriever(Retriever):
                 "mapped_by_name": len(self.mapped_by_name), "unmapped": len(self.unmapped)}
 
 
-def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path | None = None,
+def make_retriever(name: str, *, hub: str | HubSource, apibench_dir=None, dense_model: str | Path | None = None,
                    bm25_backend: str = DEFAULT_BM25_BACKEND, bm25_index: str | Path | None = None) -> Retriever:
     """Build a retriever by name (a key of ratune/registry.py RETRIEVERS) over the hub's API
     database, by the kind its registry entry names.
 
     Args:
+        hub: an APIBench hub name (documents from ``apibench_dir``), a catalog folder, or a
+            :class:`~ratune.data.hubs.HubSource` (:func:`ratune.data.hubs.resolve_hub`); its name
+            is the ``hub`` of the retriever's metadata.
+        apibench_dir: the APIBench folder, for an APIBench hub name.
         dense_model: the sentence-transformers folder for ``dense`` (default all-MiniLM-L6-v2) and
             ``dense_ft`` (required: a folder written by ``ratune retrieval train``).
         bm25_backend: for the BM25 variants, one of BM25_BACKENDS (same rankings).
@@ -600,33 +605,45 @@ def make_retriever(name: str, *, hub: str, apibench_dir, dense_model: str | Path
         RatuneError: for an unknown name (a renamed one names its new spelling) or backend;
             ``dense_ft`` without ``dense_model`` or with a folder that is not a finetuned
             retriever; a finetuned folder or saved BM25 index made for another hub (or, for the
-            index, another variant or corpus).
+            index, another variant or corpus); a precomputed retriever (``gpt_index``,
+            ``released_bm25``) on a catalog, which has no released documents (APIBench only);
+            an unknown hub or a folder that is not a catalog (:func:`~ratune.data.hubs.resolve_hub`).
     """
     if bm25_backend not in BM25_BACKENDS:
         raise RatuneError(unknown_name("BM25 backend", bm25_backend, BM25_BACKENDS))
     if name not in RETRIEVERS:
         raise RatuneError(unknown_name("retriever", name, tuple(RETRIEVERS)))
     spec = RETRIEVERS[name]
+    # an APIBench name is resolved only when its documents are read (none and oracle need no folder)
+    source = hub if isinstance(hub, HubSource) else None if hub in HUBS else resolve_hub(hub)
+    hub_name = source.name if source is not None else hub
+    hub_ref = source.root if source is not None and source.is_catalog else hub_name  # what --hub takes
     if spec.needs_model:
         if dense_model is None:
             raise RatuneError(f"the {name} retriever needs the finetuned model folder (dense_model); "
-                              f"make one with `ratune retrieval train --hub {hub} --out DIR`")
+                              f"make one with `ratune retrieval train --hub {hub_ref} --out DIR`")
         if read_retriever_metadata(dense_model) is None:
             raise RatuneError(f"{dense_model}: not a ratune finetuned retriever (no {RETRIEVER_METADATA_FILE}); "
                               f"use the dense retriever for a plain sentence-transformers folder")
-        check_retriever_hub(dense_model, hub)  # fail before reading the corpus
+        check_retriever_hub(dense_model, hub_name)  # fail before reading the corpus
+    if spec.kind == "precomputed" and source is not None and not source.has_precomputed:
+        raise RatuneError(f"the {name} retriever is APIBench only: it replays the paper's released documents "
+                          f"(questions_{{hub}}_{spec.source}.jsonl), and catalog {hub_name} has none; use bm25, "
+                          "dense or oracle")
     if spec.kind == "none":
         return NoRetriever()
     if spec.kind == "oracle":
         return OracleRetriever()
-    corpus = load_api_database(api_database_path(apibench_dir, hub))
+    if source is None:
+        source = resolve_hub(hub, apibench_dir)
+    corpus = source.load_api_database()
     if spec.kind == "bm25":
         if bm25_index is not None:
-            return BM25Retriever.load(bm25_index, corpus, hub=hub, variant=name)
-        return BM25Retriever(corpus, hub=hub, variant=name, backend=bm25_backend)
+            return BM25Retriever.load(bm25_index, corpus, hub=hub_name, variant=name)
+        return BM25Retriever(corpus, hub=hub_name, variant=name, backend=bm25_backend)
     if spec.kind == "dense":
-        return DenseRetriever(corpus, hub=hub, model=dense_model)
+        return DenseRetriever(corpus, hub=hub_name, model=dense_model)
     if spec.kind == "fusion":
-        return FusionRetriever(name, [make_retriever(c, hub=hub, apibench_dir=apibench_dir, dense_model=dense_model,
+        return FusionRetriever(name, [make_retriever(c, hub=source, dense_model=dense_model,
                                                      bm25_backend=bm25_backend) for c in spec.components])
-    return PrecomputedRetriever(corpus, hub=hub, apibench_dir=apibench_dir, name=name)
+    return PrecomputedRetriever(corpus, hub=hub_name, apibench_dir=source.root, name=name)

@@ -61,10 +61,24 @@ def test_mcnemar_small_cases():
         mcnemar_exact(-1, 2)
 
 
-def test_mcnemar_matches_scipy_if_available():
-    scipy_stats = pytest.importorskip("scipy.stats")
-    for b, c in ((11, 5), (10, 73), (0, 7), (20, 20), (2, 40)):
-        assert mcnemar_exact(b, c) == pytest.approx(scipy_stats.binomtest(b, b + c).pvalue, rel=1e-9)
+def test_scipy_gives_the_closed_forms_numbers():
+    """wilson_interval and mcnemar_exact call scipy.stats.binomtest; its numbers are the closed
+    forms of their docstrings (Wilson's centre +- half-width; the exact-integer binomial tail)."""
+
+    def wilson(k, n, z=Z95):
+        p, z2 = k / n, z * z
+        centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+        half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return max(0.0, centre - half), min(1.0, centre + half)
+
+    worst = max(abs(a - b) for n in range(1, 81) for k in range(n + 1)
+                for a, b in zip(wilson_interval(k, n), wilson(k, n)))
+    assert worst < 1e-15
+    assert wilson_interval(7, 20, z=2.5758293035489) == pytest.approx(wilson(7, 20, z=2.5758293035489), abs=1e-12)
+    for m in range(1, 80):
+        for b in range(m + 1):
+            tail = sum(math.comb(m, i) for i in range(min(b, m - b) + 1))
+            assert mcnemar_exact(b, m - b) == pytest.approx(min(1.0, 2 * tail / 2 ** m), rel=1e-12)
 
 
 def _split_11_5():

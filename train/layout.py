@@ -161,3 +161,33 @@ def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
             config = data.get("config") if isinstance(data.get("config"), dict) else {}
             return config.get("chat_template")
     return None
+
+
+def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
+    """The Trainer checkpoints ``RUN/trainer/checkpoint-STEP`` of a run, by increasing step
+    (numeric: checkpoint-105 after checkpoint-21), each as :func:`resolve_checkpoint` loads it.
+
+    Raises:
+        RatuneError: ``run`` has no ``manifest.json`` (not a ``ratune train`` run folder), or a
+            checkpoint without weights (:func:`resolve_checkpoint`).
+    """
+    run = Path(run)
+    if not (run / "manifest.json").is_file():
+        raise RatuneError(f"{run}: not a ratune train run folder (no manifest.json)")
+    found = []
+    for path in (run / "trainer").glob("checkpoint-*") if (run / "trainer").is_dir() else ():
+        checkpoint = _trainer_checkpoint(path)
+        if checkpoint is not None:
+            found.append(checkpoint)
+    return sorted(found, key=lambda c: c.step)
+
+
+def checkpoint_epoch(checkpoint: Checkpoint) -> float | None:
+    """The training epoch a Trainer checkpoint was saved at (its ``trainer_state.json``
+    ``epoch``; the checkpoint of a run's last step under ``save_strategy: epoch`` says 3.0 after
+    3 epochs), or None when not recorded."""
+    state = Path(checkpoint.folder) / "trainer_state.json"
+    if not state.is_file():
+        return None
+    epoch = read_json_object(state).get("epoch")  # a torn state file: InputError naming it
+    return float(epoch) if isinstance(epoch, (int, float)) else None

@@ -1,0 +1,311 @@
+"""The catalog folder format: one API document per line of ``apis.jsonl``, and ``manifest.json``.
+
+A catalog folder (``ratune catalog import`` writes one; docs/catalogs.md) holds
+
+* :data:`APIS_FILE` (``apis.jsonl``): one API document per line, a JSON object with exactly the
+  fields of :data:`DOCUMENT_FIELDS`:
+
+  - ``api_name`` (str, non-empty, unique in the catalog), e.g. ``"petstore.list_pets"``;
+  - ``api_call`` (str): one Python call expression, the API's canonical call with its required
+    arguments, e.g. ``petstore.list_pets(limit=0)`` or ``json.dumps(obj)``; its callee is a dotted
+    name (``a.b.c``). It is parsed with :mod:`ast`, never executed (:func:`parse_api_call`);
+  - ``description`` (str, may be empty), ``domain`` and ``provider`` (non-empty str);
+  - ``arguments``: a list of ``{"name", "type", "required", "default", "description"}`` objects
+    (:data:`ARGUMENT_FIELDS`; ``type`` a str or null, ``default`` any JSON value);
+  - ``example_code`` (str, may be empty);
+  - ``identifying_arguments``: keyword names (str) or positional indexes (int >= 0) of the
+    ``api_call`` arguments whose literal values identify the API besides its callee; each must
+    be an argument of ``api_call``. Empty: the callee's dotted path plus its positional string
+    literals identify it.
+
+* :data:`MANIFEST_FILE` (``manifest.json``): ``{"kind": "catalog", "command": "catalog import",
+  "schema_version", "name", "source", "counts", "duplicates", "rejects", "notes", "files",
+  "versions", "git_commit"}`` (written by :func:`ratune.catalog.folder.import_catalog`).
+
+The sources (:mod:`ratune.catalog.jsonl`, :mod:`ratune.catalog.openapi`,
+:mod:`ratune.catalog.pyapi`) each return an :class:`Imported`: located documents and
+:class:`Reject` entries.
+
+:func:`validate_document` checks one document (raising :class:`~ratune.errors.InputError` naming
+file, line and field); :func:`load_catalog` reads and checks a whole folder.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import keyword
+import math
+import os
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+
+from ratune.errors import InputError, RatuneError
+from ratune.io import iter_jsonl
+
+#: The API documents of a catalog folder.
+APIS_FILE = "apis.jsonl"
+#: The catalog folder's manifest.
+MANIFEST_FILE = "manifest.json"
+#: ``manifest.json``'s ``kind`` in a catalog folder.
+CATALOG_KIND = "catalog"
+#: The stage name of ``ratune catalog import`` (its manifest's ``command``, its owner marker).
+IMPORT_STAGE = "catalog import"
+#: Bumped when the document schema changes (recorded in the manifest).
+SCHEMA_VERSION = 1
+
+API_NAME = "api_name"
+API_CALL = "api_call"
+DESCRIPTION = "description"
+DOMAIN = "domain"
+PROVIDER = "provider"
+ARGUMENTS = "arguments"
+EXAMPLE_CODE = "example_code"
+IDENTIFYING_ARGUMENTS = "identifying_arguments"
+
+#: Every field of an API document, in the order ratune writes them.
+DOCUMENT_FIELDS = (API_NAME, API_CALL, DESCRIPTION, DOMAIN, PROVIDER, ARGUMENTS, EXAMPLE_CODE,
+                   IDENTIFYING_ARGUMENTS)
+#: The fields a JSON-lines source must give (the others have defaults, :mod:`ratune.catalog.jsonl`).
+REQUIRED_SOURCE_FIELDS = (API_NAME, API_CALL, DESCRIPTION)
+
+ARG_NAME = "name"
+ARG_TYPE = "type"
+ARG_REQUIRED = "required"
+ARG_DEFAULT = "default"
+ARG_DESCRIPTION = "description"
+#: Every field of an ``arguments`` entry, in the order ratune writes them.
+ARGUMENT_FIELDS = (ARG_NAME, ARG_TYPE, ARG_REQUIRED, ARG_DEFAULT, ARG_DESCRIPTION)
+
+#: ``domain`` of a document whose source names none (OpenAPI without tags, JSON lines without it).
+DEFAULT_DOMAIN = "default"
+
+
+def parse_api_call(text: str) -> tuple[str, ast.Call]:
+    """Parse an ``api_call``: one Python call expression whose callee is a dotted name.
+
+    Only :func:`ast.parse` runs; nothing is evaluated.
+
+    Returns:
+        ``(callee, call)``: the callee's dotted path (``"petstore.list_pets"``) and the call node.
+    Raises:
+        ValueError: saying why the text is not such a call (syntax error, several expressions, not
+            a call, a callee such as ``f()()`` or ``x[0]()``).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("empty; expected a Python call such as pkg.func(arg)")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not a Python expression ({exc.msg}); expected a call such as pkg.func(arg)") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; nesting past the parser's limits
+        raise ValueError(f"not a Python expression ({type(exc).__name__}); expected a call such as "
+                         "pkg.func(arg)") from None
+    call = tree.body
+    if not isinstance(call, ast.Call):
+        kind = type(call).__name__
+        raise ValueError(f"{'an' if kind[0] in 'AEIOU' else 'a'} {kind} expression, not a call; expected pkg.func(arg)")
+    callee = dotted_name(call.func)
+    if callee is None:
+        raise ValueError("the callee is not a dotted name (a.b.c); expected pkg.func(arg)")
+    return callee, call
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``"a.b.c"`` for a ``Name``/``Attribute`` chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def is_identifier(text: str) -> bool:
+    """Whether ``text`` can name a Python keyword argument or a catalog client (not a keyword)."""
+    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
+
+
+def _is_json_value(value, depth: int = 0) -> bool:
+    if depth > 64:
+        return False
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json_value(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _text(doc: dict, key: str, where: tuple, *, empty: bool) -> None:
+    value = doc.get(key)
+    if not isinstance(value, str):
+        raise InputError(*where, key, "missing" if key not in doc else f"expected a string, got {type(value).__name__}")
+    if not empty and not value.strip():
+        raise InputError(*where, key, "empty; expected a non-empty string")
+
+
+def validate_argument(arg, *, path: str, line: int | None, index: int) -> None:
+    """Check one ``arguments`` entry (all of :data:`ARGUMENT_FIELDS`, typed).
+
+    Raises:
+        InputError: naming the file, line and field ``arguments[INDEX].KEY``.
+    """
+    field = f"{ARGUMENTS}[{index}]"
+    if not isinstance(arg, dict):
+        raise InputError(path, line, field, f"expected an object, got {type(arg).__name__}")
+    unknown = sorted(set(arg) - set(ARGUMENT_FIELDS))
+    if unknown:
+        raise InputError(path, line, f"{field}.{unknown[0]}", f"unknown key (an argument holds {', '.join(ARGUMENT_FIELDS)})")
+    for key in ARGUMENT_FIELDS:
+        if key not in arg:
+            raise InputError(path, line, f"{field}.{key}", "missing")
+    if not isinstance(arg[ARG_NAME], str) or not arg[ARG_NAME]:
+        raise InputError(path, line, f"{field}.{ARG_NAME}", "expected a non-empty string")
+    if arg[ARG_TYPE] is not None and not isinstance(arg[ARG_TYPE], str):
+        raise InputError(path, line, f"{field}.{ARG_TYPE}", "expected a string or null")
+    if not isinstance(arg[ARG_REQUIRED], bool):
+        raise InputError(path, line, f"{field}.{ARG_REQUIRED}", "expected true or false")
+    if not _is_json_value(arg[ARG_DEFAULT]):
+        raise InputError(path, line, f"{field}.{ARG_DEFAULT}", "expected a JSON value")
+    if not isinstance(arg[ARG_DESCRIPTION], str):
+        raise InputError(path, line, f"{field}.{ARG_DESCRIPTION}", "expected a string")
+
+
+def check_identifying_arguments(value, call: ast.Call, *, path: str, line: int | None) -> None:
+    """Check ``identifying_arguments`` against the parsed ``api_call``: keyword names (str) that
+    the call passes by keyword, positional indexes (int >= 0) below its positional count.
+
+    Raises:
+        InputError: naming the file, line and field ``identifying_arguments``.
+    """
+    if not isinstance(value, list):
+        raise InputError(path, line, IDENTIFYING_ARGUMENTS, f"expected a list, got {type(value).__name__}")
+    keywords = {k.arg for k in call.keywords if k.arg is not None}
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise InputError(path, line, IDENTIFYING_ARGUMENTS, f"{item!r}: expected a keyword name or a positional index")
+        if isinstance(item, int) and not 0 <= item < len(call.args):
+            raise InputError(path, line, IDENTIFYING_ARGUMENTS,
+                             f"{item}: api_call has {len(call.args)} positional argument(s)")
+        if isinstance(item, str) and item not in keywords:
+            raise InputError(path, line, IDENTIFYING_ARGUMENTS, f"{item!r}: not a keyword argument of api_call")
+
+
+def validate_document(doc, *, path: str | os.PathLike, line: int | None) -> dict:
+    """Check one API document against the catalog schema (module docstring); returns it.
+
+    Raises:
+        InputError: naming ``path``, ``line`` and the field at fault: a missing field, an unknown
+            one, a wrong type, an empty ``api_name``/``domain``/``provider``, an ``api_call`` that
+            is not one call with a dotted callee (:func:`parse_api_call`), a bad ``arguments``
+            entry (field ``arguments[I].KEY``), ``identifying_arguments`` the call does not have.
+    """
+    where = (str(path), line)
+    if not isinstance(doc, dict):
+        raise InputError(*where, None, f"expected a JSON object, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(DOCUMENT_FIELDS))
+    if unknown:
+        raise InputError(*where, unknown[0], f"unknown field (an API document holds {', '.join(DOCUMENT_FIELDS)})")
+    for key in (API_NAME, API_CALL, DOMAIN, PROVIDER):
+        _text(doc, key, where, empty=False)
+    for key in (DESCRIPTION, EXAMPLE_CODE):
+        _text(doc, key, where, empty=True)
+    try:
+        _, call = parse_api_call(doc[API_CALL])
+    except ValueError as exc:
+        raise InputError(*where, API_CALL, f"{doc[API_CALL]!r}: {exc}") from None
+    if ARGUMENTS not in doc:
+        raise InputError(*where, ARGUMENTS, "missing")
+    if not isinstance(doc[ARGUMENTS], list):
+        raise InputError(*where, ARGUMENTS, f"expected a list, got {type(doc[ARGUMENTS]).__name__}")
+    for index, arg in enumerate(doc[ARGUMENTS]):
+        validate_argument(arg, path=str(path), line=line, index=index)
+    if IDENTIFYING_ARGUMENTS not in doc:
+        raise InputError(*where, IDENTIFYING_ARGUMENTS, "missing")
+    check_identifying_arguments(doc[IDENTIFYING_ARGUMENTS], call, path=str(path), line=line)
+    return doc
+
+
+def load_catalog(catalog_dir: str | os.PathLike) -> list[dict]:
+    """Read and check a catalog folder's ``apis.jsonl``: the API documents in file order.
+
+    Raises:
+        RatuneError: the folder does not exist or holds no ``apis.jsonl``.
+        InputError: naming the file and line: a line that is not a JSON object, a document that
+            fails :func:`validate_document`, an ``api_name`` given twice (naming both lines), a
+            file without any document.
+    """
+    folder = Path(catalog_dir)
+    path = folder / APIS_FILE
+    if not folder.is_dir():
+        raise RatuneError(f"{folder}: no such catalog folder")
+    if not path.is_file():
+        raise RatuneError(f"{folder}: not a catalog folder (no {APIS_FILE}); make one with `ratune catalog import`")
+    docs, first_line = [], {}
+    for number, obj in iter_jsonl(path):
+        validate_document(obj, path=path, line=number)
+        name = obj[API_NAME]
+        if name in first_line:
+            raise InputError(str(path), number, API_NAME,
+                             f"duplicate api_name {name!r} (first on line {first_line[name]})")
+        first_line[name] = number
+        docs.append(obj)
+    if not docs:
+        raise InputError(str(path), None, None, "no API documents (the file is empty)")
+    return docs
+
+
+def document_line(doc: dict) -> str:
+    """One document as the line ``apis.jsonl`` holds: fields in :data:`DOCUMENT_FIELDS` order."""
+    return json.dumps({key: doc[key] for key in DOCUMENT_FIELDS}, ensure_ascii=False)
+
+
+def argument(name: str, *, type: str | None = None, required: bool = False, default=None,
+             description: str = "") -> dict:
+    """One ``arguments`` entry with every field of :data:`ARGUMENT_FIELDS`."""
+    return {ARG_NAME: name, ARG_TYPE: type, ARG_REQUIRED: required, ARG_DEFAULT: default,
+            ARG_DESCRIPTION: description}
+
+
+@dataclass(frozen=True)
+class Reject:
+    """An entry of a source that became no API document: where it is and why.
+
+    Attributes:
+        location: ``FILE:LINE`` (JSON lines), ``FILE#/json/pointer`` (OpenAPI) or the dotted
+            path (Python).
+        reason: one line.
+    """
+
+    location: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"location": self.location, "reason": self.reason}
+
+
+@dataclass
+class Imported:
+    """What a source gave: its documents with their locations, its rejects, and what the
+    manifest records about it.
+
+    Attributes:
+        entries: ``(location, document)`` in source order; documents are complete (every field of
+            :data:`DOCUMENT_FIELDS`) but not yet checked for duplicate names (the folder writer
+            keeps the first of each name).
+        rejects: the entries that became no document.
+        source: the manifest's ``source`` object (kind, path or module, sha256, ...).
+        notes: other counts worth reporting (e.g. ignored fields), JSON-serialisable.
+    """
+
+    entries: list[tuple[str, dict]] = dataclass_field(default_factory=list)
+    rejects: list[Reject] = dataclass_field(default_factory=list)
+    source: dict = dataclass_field(default_factory=dict)
+    notes: dict = dataclass_field(default_factory=dict)

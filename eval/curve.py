@@ -1,0 +1,212 @@
+"""Learning curves: every Trainer checkpoint of a run evaluated under the same test settings.
+
+``ratune eval run --checkpoint RUN --all-checkpoints --out OUT --settings 0_shot ...`` evaluates
+each ``RUN/trainer/checkpoint-STEP`` (:func:`ratune.train.layout.trainer_checkpoints`; train with
+``save_strategy: epoch`` or ``save_steps``) into ``OUT/step{STEP}/`` exactly as ``ratune eval run``
+evaluates one checkpoint (same generation settings, same cells, resumable per question), then
+writes the curve::
+
+    OUT/step{STEP}/{setting}/...       one eval output per checkpoint (:func:`evaluate_checkpoint`)
+    OUT/curve.json                     {"run", "hub", "rows": [...], "versions"}
+    OUT/curve.csv, OUT/curve.md        one row per (checkpoint, setting)
+    OUT/curve.png                      strict and gorilla accuracy (95 % Wilson intervals) by epoch
+
+A row: ``step``, ``epoch`` (from the checkpoint's ``trainer_state.json``; None when absent),
+``setting``, ``n``, and per metric (``strict``, ``gorilla``) ``{metric}_correct`` (count),
+``{metric}_accuracy`` and ``{metric}_hallucination`` (fractions of n) and ``{metric}_ci``
+(Wilson interval of the accuracy, :func:`ratune.eval.stats.wilson_interval`). The question "has
+0-shot accuracy stopped rising?" is read off the table: compare the last checkpoints' counts and
+their intervals.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+from ratune.errors import RatuneError
+from ratune.eval.run import EvalSettings, evaluate_checkpoint
+from ratune.eval.stats import wilson_interval
+from ratune.io import atomic_write, read_json_object, write_json, write_text
+from ratune.manifest import claim_folder, package_versions, require_owned
+from ratune.train.layout import checkpoint_epoch, trainer_checkpoints
+
+#: The stage name in OUT's owner marker (:func:`ratune.manifest.claim_folder`).
+STAGE = "eval curve"
+#: The metrics of a curve row, in the order the table lists them (docs/scoring.md).
+METRICS = ("strict", "gorilla")
+#: Columns of curve.csv, in order.
+COLUMNS = ("step", "epoch", "setting", "n", *(f"{m}_{k}" for m in METRICS
+                                             for k in ("correct", "accuracy", "hallucination", "ci")))
+
+
+def step_folder(out_dir: str | os.PathLike, step: int) -> Path:
+    """``OUT/step{STEP}``: where the checkpoint of optimizer step ``step`` is evaluated."""
+    return Path(out_dir) / f"step{step}"
+
+
+def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> dict:
+    """One row of the curve from a cell's ``metrics.json`` (:func:`evaluate_checkpoint`'s output).
+
+    Raises:
+        KeyError: ``metrics`` lacks ``n`` or a metric block's ``correct_n``/``hallucination_n``.
+    """
+    n = metrics["n"]
+    row = {"step": step, "epoch": epoch, "setting": setting, "n": n}
+    for metric in METRICS:
+        block = metrics[metric]
+        row[f"{metric}_correct"] = block["correct_n"]
+        row[f"{metric}_accuracy"] = block["correct_n"] / n if n else 0.0
+        row[f"{metric}_hallucination"] = block["hallucination_n"] / n if n else 0.0
+        row[f"{metric}_ci"] = list(wilson_interval(block["correct_n"], n)) if n else [0.0, 1.0]
+    return row
+
+
+def evaluate_curve(run: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
+                   settings: EvalSettings, progress: bool = True) -> list[dict]:
+    """Evaluate every Trainer checkpoint of ``run`` under ``settings`` and write the curve files.
+
+    Finished checkpoints and settings are skipped (each ``OUT/step{STEP}`` resumes as ``ratune
+    eval run`` does), so an interrupted curve continues where it stopped.
+
+    Returns:
+        the rows, by step then in the order of ``settings.settings``.
+    Raises:
+        RatuneError: ``run`` is not a run folder or has no Trainer checkpoints; ``out_dir`` exists
+            and is not a ratune curve output; anything :func:`evaluate_checkpoint` raises.
+    """
+    checkpoints = trainer_checkpoints(run)
+    if not checkpoints:
+        raise RatuneError(f"{run}: no Trainer checkpoints (trainer/checkpoint-STEP) to draw a learning curve from; "
+                          "train with save_strategy: epoch or save_steps: N, and without save_total_limit "
+                          "(it deletes older checkpoints)")
+    out = Path(out_dir)
+    require_owned(out, STAGE)
+    out.mkdir(parents=True, exist_ok=True)
+    claim_folder(out, STAGE)
+    rows = []
+    for number, checkpoint in enumerate(checkpoints, start=1):
+        if progress:
+            print(f"[curve] checkpoint {number}/{len(checkpoints)}: step {checkpoint.step}", flush=True)
+        results = evaluate_checkpoint(checkpoint.folder, hub=hub, apibench_dir=apibench_dir,
+                                      out_dir=step_folder(out, checkpoint.step), settings=settings, progress=progress)
+        epoch = checkpoint_epoch(checkpoint)
+        rows += [curve_row(checkpoint.step, epoch, s, results[s]) for s in settings.settings]
+    write_curve(out, rows, run=str(run), hub=hub)
+    return rows
+
+
+def read_curve(out_dir: str | os.PathLike) -> list[dict]:
+    """The rows of a finished curve (``OUT/curve.json``).
+
+    Raises:
+        RatuneError: no curve.json there; InputError: a torn or foreign file, naming it.
+    """
+    path = Path(out_dir) / "curve.json"
+    if not path.is_file():
+        raise RatuneError(f"{out_dir}: no learning curve (curve.json) there; run `ratune eval run --all-checkpoints`")
+    rows = read_json_object(path).get("rows")
+    if not isinstance(rows, list):
+        from ratune.errors import InputError
+
+        raise InputError(str(path), None, "rows", "missing or not a list: not a ratune learning curve")
+    return rows
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def curve_markdown(rows: list[dict]) -> str:
+    """The curve as a markdown table: one row per (checkpoint, setting), counts with Wilson intervals."""
+    lines = ["| step | epoch | setting | n | strict correct (%) [95 % CI] | strict halluc. % "
+             "| gorilla correct (%) [95 % CI] | gorilla halluc. % |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        epoch = "" if r["epoch"] is None else f"{r['epoch']:g}"
+        cells = []
+        for metric in METRICS:
+            low, high = r[f"{metric}_ci"]
+            cells.append(f"{r[f'{metric}_correct']} ({_pct(r[f'{metric}_accuracy'])}) [{_pct(low)}-{_pct(high)}]")
+            cells.append(_pct(r[f"{metric}_hallucination"]))
+        lines.append(f"| {r['step']} | {epoch} | {r['setting']} | {r['n']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def curve_csv(rows: list[dict]) -> str:
+    """The curve as CSV (:data:`COLUMNS`; an interval as ``low;high``)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in rows:
+        writer.writerow([";".join(f"{v:.6g}" for v in r[c]) if c.endswith("_ci") else
+                         ("" if r[c] is None else r[c]) for c in COLUMNS])
+    return buffer.getvalue()
+
+
+def plot_curve(rows: list[dict], out: str | os.PathLike, title: str = "") -> Path | None:
+    """Accuracy (%) against epoch (or step, when an epoch is missing) per setting and metric, with
+    the 95 % Wilson intervals as error bars, into ``out`` (PNG, written atomically); None when
+    there are no rows."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    use_epoch = all(r["epoch"] is not None for r in rows)
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(10, 4), sharey=True)
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    for ax, metric in zip(axes, METRICS):
+        for setting in settings:
+            part = [r for r in rows if r["setting"] == setting]
+            x = [r["epoch"] if use_epoch else r["step"] for r in part]
+            y = [100 * r[f"{metric}_accuracy"] for r in part]
+            err = [[100 * (r[f"{metric}_accuracy"] - r[f"{metric}_ci"][0]) for r in part],
+                   [100 * (r[f"{metric}_ci"][1] - r[f"{metric}_accuracy"]) for r in part]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, lw=1.2, label=setting)
+        ax.set_title(f"{metric} metric")
+        ax.set_xlabel("epoch" if use_epoch else "optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("correct (%)")
+    axes[-1].legend(title="test setting")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_write(out, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return Path(out)
+
+
+def write_curve(out_dir: str | os.PathLike, rows: list[dict], *, run: str, hub: str) -> None:
+    """Write curve.json, curve.csv, curve.md and curve.png into ``out_dir``."""
+    out = Path(out_dir)
+    write_json(out / "curve.json", {"run": run, "hub": hub, "rows": rows, "versions": package_versions()})
+    write_text(out / "curve.csv", curve_csv(rows))
+    write_text(out / "curve.md", curve_markdown(rows))
+    plot_curve(rows, out / "curve.png", title=f"learning curve: {Path(run).name} ({hub})")
+
+
+def curves_markdown(curves: dict[str, list[dict]]) -> str:
+    """Several runs' curves (``{label: rows}``, e.g. one per sweep cell), one table each under its label."""
+    return "\n".join(f"### {label}\n\n{curve_markdown(rows)}" for label, rows in curves.items())
+
+
+def write_curves_report(curves: dict[str, list[dict]], out_dir: str | os.PathLike) -> None:
+    """``learning_curve.{md,csv,png}`` in ``out_dir`` for several runs' curves (``{label: rows}``):
+    the tables one per label, the CSV with a leading ``run`` column, and one panel per metric with
+    a line per (run, setting)."""
+    out = Path(out_dir)
+    write_text(out / "learning_curve.md", curves_markdown(curves))
+    buffer = io.StringIO()
+    for number, (label, rows) in enumerate(curves.items()):
+        lines = curve_csv(rows).splitlines()
+        if number == 0:
+            buffer.write(f"run,{lines[0]}\n")
+        buffer.writelines(f"{label},{line}\n" for line in lines[1:])
+    write_text(out / "learning_curve.csv", buffer.getvalue())
+    labelled = [{**r, "setting": f"{label} {r['setting']}"} for label, rows in curves.items() for r in rows]
+    plot_curve(labelled, out / "learning_curve.png", title="learning curves")
