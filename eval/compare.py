@@ -100,8 +100,11 @@ def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, 
 
 
 def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metric: str = "gorilla",
-                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, hub_check: bool = True) -> dict:
-    """Score two response files (or eval cell folders) for ``hub`` and compare them paired.
+                  resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, hub_check: bool = True,
+                  scorer=None) -> dict:
+    """Score two response files (or eval cell folders) for ``hub`` and compare them paired
+    (``scorer``: the hub's :class:`~ratune.eval.scoring.Scorer` when the caller already has one;
+    else it is built from ``apibench_dir``).
 
     Returns:
         :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
@@ -114,7 +117,7 @@ def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metr
     from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
 
     check_hub(hub)
-    scorer = Scorer.from_apibench(hub, apibench_dir)
+    scorer = scorer or Scorer.from_apibench(hub, apibench_dir)
     paths, scored = [], []
     for given in (responses_a, responses_b):
         path = resolve_responses_path(given)
@@ -223,7 +226,7 @@ def cli_compare(args) -> int:
 
 
 def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, apibench_dir=None,
-                          resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> list[dict]:
+                          resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, scorer=None) -> list[dict]:
     """An eval cell against the released Gorilla-7B responses made with the same documents.
 
     ``setting``'s counterpart is ratune/registry.py ``TestSetting.released`` (``released_bm25``
@@ -239,18 +242,20 @@ def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, ap
             refused).
     """
     from ratune.data.apibench import released_responses_path, resolve_apibench_dir
+    from ratune.eval.scoring import Scorer
     from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
 
     spec = TEST_SETTINGS.get(setting)
     if spec is None or spec.released is None:
         return []
     apibench = resolve_apibench_dir(apibench_dir)
+    scorer = scorer or Scorer.from_apibench(hub, apibench)  # one scorer for the 4 comparisons
     out = []
     for model in RELEASED_MODELS:
         released = released_responses_path(apibench, hub, model, spec.released)
         for metric in COMPARE_METRICS:
             result = compare_files(cell, released, hub=hub, apibench_dir=apibench, metric=metric,
-                                   resamples=resamples, seed=seed)
+                                   resamples=resamples, seed=seed, scorer=scorer)
             out.append({**result, "released": model, "setting": setting})
     return out
 
@@ -283,7 +288,7 @@ def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dic
     from ratune.registry import TEST_SETTINGS
 
     apibench = resolve_apibench_dir(apibench_dir)
-    questions: dict[str, int] = {}
+    scorers: dict[str, Scorer] = {}  # one per hub, for the question count and every comparison
     results, skipped = [], []
     for c in cells:
         spec = TEST_SETTINGS.get(c["setting"])
@@ -292,12 +297,13 @@ def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dic
         if c["hub"] not in HUBS:
             skipped.append({"cell": c["cell"], "setting": c["setting"], "reason": "no released responses for this hub"})
             continue
-        if c["hub"] not in questions:
-            questions[c["hub"]] = Scorer.from_apibench(c["hub"], apibench).n_questions
-        if c["n"] != questions[c["hub"]]:
+        if c["hub"] not in scorers:
+            scorers[c["hub"]] = Scorer.from_apibench(c["hub"], apibench)
+        scorer = scorers[c["hub"]]
+        if c["n"] != scorer.n_questions:
             skipped.append({"cell": c["cell"], "setting": c["setting"],
-                            "reason": f"{c['n']} of the {questions[c['hub']]} questions the released files answer"})
+                            "reason": f"{c['n']} of the {scorer.n_questions} questions the released files answer"})
             continue
-        results += [{**r, "cell": c["cell"]} for r in
-                    compare_with_released(c["path"], c["setting"], hub=c["hub"], apibench_dir=apibench)]
+        results += [{**r, "cell": c["cell"]} for r in compare_with_released(
+            c["path"], c["setting"], hub=c["hub"], apibench_dir=apibench, scorer=scorer)]
     return results, skipped

@@ -909,7 +909,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             rows.append((record, table_cell))
             finished.append({"dims": {**record.get("axes", {}), "hub": config["hub"],
                                       "train_retriever": config["train_retriever"], "test_retriever": setting},
-                             "cell": record["name"], "metrics_path": folder / "metrics.json"})
+                             "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
     if not rows:
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
 
@@ -1040,7 +1040,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                                   for status in ("ok", "missing", "refused")}
     released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
                        "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
-                       "hub": f["dims"]["hub"], "n": read_metrics(f["metrics_path"])["n"]} for f in finished]
+                       "hub": f["dims"]["hub"], "n": f["n"]} for f in finished]
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
         from ratune.eval.compare import released_comparisons, released_markdown
 
