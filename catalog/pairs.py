@@ -343,6 +343,8 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         ``duplicates`` (``policy``, ``dropped``: ``[{"line", "first_line"}]``), ``leakage``
         (``policy``, ``near_threshold``, ``pairs``: ``[{"train_line", "eval_line", "kind",
         "similarity"}]``, lines of the source file), ``files`` (sha256 of each split file),
+        ``generation`` (a file ``ratune catalog instruct`` wrote: its generation record,
+        :func:`ratune.catalog.instruct.generation_record`; None for pairs you wrote),
         ``versions``, ``git_commit``.
     Raises:
         RatuneError: ``catalog_dir`` is not a catalog folder
@@ -354,6 +356,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         LockHeld: another process writes the pairs folder.
     """
     from ratune.catalog.folder import read_catalog_manifest
+    from ratune.catalog.instruct import generation_record
     from ratune.catalog.schema import APIS_FILE, load_catalog
     from ratune.io import sha256_file, write_json, write_text
     from ratune.manifest import base_manifest, replacing_folder, require_owned
@@ -390,6 +393,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         "leakage": {"policy": leakage, "near_threshold": near_threshold,
                     "pairs": [{"train_line": p.train.line, "eval_line": p.eval.line, "kind": p.kind,
                                "similarity": round(p.similarity, 6)} for p in leaks]},
+        "generation": generation_record(pairs_path),
     }
     with replacing_folder(out, PAIRS_STAGE) as tmp:
         files = {}

@@ -218,6 +218,19 @@ def resolve_hub(hub: str | os.PathLike, apibench_dir: str | os.PathLike | None =
                       + (f" ({text}: no such folder)" if text and not path.exists() else ""))
 
 
+def hub_name(hub: str | os.PathLike) -> str:
+    """The name of a hub reference: an APIBench hub's own, a catalog folder's manifest ``name``
+    (what manifests, metrics, report folders and sweep data folders call it).
+
+    Raises:
+        RatuneError: as :func:`resolve_hub` for a folder that is not a catalog.
+    """
+    text = str(hub)
+    if text in HUBS:
+        return text
+    return resolve_hub(text).name
+
+
 def check_hub_ref(text: str) -> str:
     """Return ``text`` if :func:`resolve_hub` could resolve it (an APIBench hub name, or a catalog
     folder; the APIBench folder itself is looked for later), else raise its RatuneError. The

@@ -50,13 +50,19 @@ def step_folder(out_dir: str | os.PathLike, step: int) -> Path:
 def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> dict:
     """One row of the curve from a cell's ``metrics.json`` (:func:`evaluate_checkpoint`'s output).
 
+    A metric the cell does not have (``gorilla`` for a catalog, :mod:`ratune.eval.catalog_scorer`)
+    has None in each of its fields.
+
     Raises:
-        KeyError: ``metrics`` lacks ``n`` or a metric block's ``correct_n``/``hallucination_n``.
+        KeyError: ``metrics`` lacks ``n``, or a metric block lacks ``correct_n``/``hallucination_n``.
     """
     n = metrics["n"]
     row = {"step": step, "epoch": epoch, "setting": setting, "n": n}
     for metric in METRICS:
-        block = metrics[metric]
+        block = metrics.get(metric)
+        if block is None:
+            row.update({f"{metric}_{k}": None for k in ("correct", "accuracy", "hallucination", "ci")})
+            continue
         row[f"{metric}_correct"] = block["correct_n"]
         row[f"{metric}_accuracy"] = block["correct_n"] / n if n else 0.0
         row[f"{metric}_hallucination"] = block["hallucination_n"] / n if n else 0.0
@@ -64,7 +70,7 @@ def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> di
     return row
 
 
-def evaluate_curve(run: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
+def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
                    settings: EvalSettings, progress: bool = True) -> list[dict]:
     """Evaluate every Trainer checkpoint of ``run`` under ``settings`` and write the curve files.
 
@@ -77,6 +83,9 @@ def evaluate_curve(run: str | os.PathLike, *, hub: str, apibench_dir, out_dir: s
         RatuneError: ``run`` is not a run folder or has no Trainer checkpoints; ``out_dir`` exists
             and is not a ratune curve output; anything :func:`evaluate_checkpoint` raises.
     """
+    from ratune.data.hubs import as_hub_source
+
+    source = as_hub_source(hub, apibench_dir)  # an APIBench name, a catalog folder or a HubSource
     checkpoints = trainer_checkpoints(run)
     if not checkpoints:
         raise RatuneError(f"{run}: no Trainer checkpoints (trainer/checkpoint-STEP) to draw a learning curve from; "
@@ -90,11 +99,11 @@ def evaluate_curve(run: str | os.PathLike, *, hub: str, apibench_dir, out_dir: s
     for number, checkpoint in enumerate(checkpoints, start=1):
         if progress:
             print(f"[curve] checkpoint {number}/{len(checkpoints)}: step {checkpoint.step}", flush=True)
-        results = evaluate_checkpoint(checkpoint.folder, hub=hub, apibench_dir=apibench_dir,
+        results = evaluate_checkpoint(checkpoint.folder, hub=source, apibench_dir=apibench_dir,
                                       out_dir=step_folder(out, checkpoint.step), settings=settings, progress=progress)
         epoch = checkpoint_epoch(checkpoint)
         rows += [curve_row(checkpoint.step, epoch, s, results[s]) for s in settings.settings]
-    write_curve(out, rows, run=str(run), hub=hub)
+    write_curve(out, rows, run=str(run), hub=source.name)
     return rows
 
 
@@ -127,6 +136,9 @@ def curve_markdown(rows: list[dict]) -> str:
         epoch = "" if r["epoch"] is None else f"{r['epoch']:g}"
         cells = []
         for metric in METRICS:
+            if r[f"{metric}_ci"] is None:  # not this hub's metric
+                cells += ["-", "-"]
+                continue
             low, high = r[f"{metric}_ci"]
             cells.append(f"{r[f'{metric}_correct']} ({_pct(r[f'{metric}_accuracy'])}) [{_pct(low)}-{_pct(high)}]")
             cells.append(_pct(r[f"{metric}_hallucination"]))
@@ -140,7 +152,7 @@ def curve_csv(rows: list[dict]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
     for r in rows:
-        writer.writerow([";".join(f"{v:.6g}" for v in r[c]) if c.endswith("_ci") else
+        writer.writerow([";".join(f"{v:.6g}" for v in r[c]) if c.endswith("_ci") and r[c] is not None else
                          ("" if r[c] is None else r[c]) for c in COLUMNS])
     return buffer.getvalue()
 
@@ -157,11 +169,13 @@ def plot_curve(rows: list[dict], out: str | os.PathLike, title: str = "") -> Pat
     import matplotlib.pyplot as plt
 
     use_epoch = all(r["epoch"] is not None for r in rows)
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(10, 4), sharey=True)
+    metrics = [m for m in METRICS if any(r[f"{m}_accuracy"] is not None for r in rows)]  # a catalog: strict only
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), sharey=True, squeeze=False)
+    axes = axes[0]
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    for ax, metric in zip(axes, METRICS):
+    for ax, metric in zip(axes, metrics):
         for setting in settings:
-            part = [r for r in rows if r["setting"] == setting]
+            part = [r for r in rows if r["setting"] == setting and r[f"{metric}_accuracy"] is not None]
             x = [r["epoch"] if use_epoch else r["step"] for r in part]
             y = [100 * r[f"{metric}_accuracy"] for r in part]
             err = [[100 * (r[f"{metric}_accuracy"] - r[f"{metric}_ci"][0]) for r in part],

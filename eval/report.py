@@ -12,6 +12,10 @@ metric); ``table2.md`` shows each cell as ``73.3 [61-83] (h 10.0)``: accuracy % 
 then hallucination %; ``table2.png`` is a heatmap of accuracy. A cell that did not run shows as
 missing ("-"), never as zero.
 
+A catalog's table (``ratune catalog import``, docs/catalogs.md) has ``"metric": "strict"``: its
+cells carry no gorilla rates (that metric is APIBench's; :mod:`ratune.eval.catalog_scorer`), only
+``"strict"`` and ``"arguments"``, and ``table2.md`` shows the strict table and the argument score.
+
 Replicates (several training seeds of one cell, :func:`aggregate_replicates`): the cell's
 ``accuracy``, ``hallucination``, ``error`` (and the strict ones) are the *mean* over seeds, with
 ``{rate}_sd`` (sample standard deviation, n - 1 denominator; ``None`` for one seed),
@@ -96,12 +100,20 @@ def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
     ``hallucination_n``, ``error_n``) and ``accuracy_ci``, ``hallucination_ci``, ``error_ci``:
     ``[low, high]`` 95 % Wilson score intervals over the cell's ``n`` questions. Counts come from
     the ``gorilla`` / ``strict`` blocks, else from ``per_question``, else from fraction * n.
+
+    A catalog's cell (``"metric": "strict"`` in its metrics, :mod:`ratune.eval.catalog_scorer`)
+    has no gorilla metric: its top-level rates are left out (the gorilla table shows no row for
+    it, never a number that is not the gorilla metric's), and its argument score is kept as
+    ``"arguments"`` (``required_present``, ``values_equal``: fractions of n, counts, intervals).
     """
     n = int(metrics["n"])
     per_question = metrics.get("per_question") or []
-    gorilla_counts = metrics.get("gorilla") or _counts_from_per_question(per_question, "gorilla")
     cell = {"train_retriever": train_retriever, "test_retriever": test_retriever, "n": n}
-    cell.update(_block({k: metrics[k] for k in ("accuracy", "hallucination", "error")}, gorilla_counts, n))
+    if metrics.get("metric", "gorilla") == "gorilla":
+        gorilla_counts = metrics.get("gorilla") or _counts_from_per_question(per_question, "gorilla")
+        cell.update(_block({k: metrics[k] for k in ("accuracy", "hallucination", "error")}, gorilla_counts, n))
+    if isinstance(metrics.get("arguments"), dict):
+        cell["arguments"] = metrics["arguments"]
     strict = metrics.get("strict") or {}
     strict_counts = strict if "correct_n" in strict else _counts_from_per_question(per_question, "strict")
     cell["strict"] = _block({k: strict[k] for k in ("accuracy", "hallucination", "error") if k in strict},
@@ -224,7 +236,7 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     out = []
-    for metric, pick in (("gorilla (official)", lambda c: c), ("strict (exact API)", lambda c: c.get("strict", {}))):
+    for _, metric, pick in _present_metrics(cells):
         out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for r in rows:
             line = [r]
@@ -243,6 +255,35 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     return out
 
 
+#: The metrics of a table, in report order: ``(name, title, pick)``, ``pick(cell)`` its block.
+_METRICS = (("gorilla", "gorilla (official)", lambda c: c), ("strict", "strict (exact API)", lambda c: c.get("strict") or {}))
+
+
+def _present_metrics(cells: Sequence[dict]) -> list[tuple[str, str, object]]:
+    """The :data:`_METRICS` some cell has: the gorilla metric (top-level rates; absent in a
+    catalog's cells), the strict metric (``"strict"``); the strict one alone when none has either."""
+    return [m for m in _METRICS if any(has_result(c) and "accuracy" in m[2](c) for c in cells)] or list(_METRICS[1:])
+
+
+def _arguments_table(cells: Sequence[dict]) -> list[str]:
+    """Markdown lines of the argument score table of a catalog's cells (``required %`` / ``values %``
+    of all n answers: :mod:`ratune.eval.catalog_scorer`); [] when no cell has one."""
+    if not any(has_result(c) and c.get("arguments") for c in cells):
+        return []
+    rows, cols = _axes(cells)
+    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
+    out = ["## arguments (right API with every required argument / with the gold call's values)", "",
+           "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        line = [r]
+        for s in cols:
+            a = (index.get((r, s)) or {}).get("arguments")
+            line.append(f"{100 * a['required_present']:.1f} / {100 * a['values_equal']:.1f}"
+                        if has_result(index.get((r, s))) and a else "-")
+        out.append("| " + " | ".join(line) + " |")
+    return out + [""]
+
+
 def table2_markdown(table: dict) -> str:
     """Markdown: one table for the gorilla metric and one for the strict metric.
 
@@ -258,6 +299,7 @@ def table2_markdown(table: dict) -> str:
            f"Accuracy % [95 % interval] (h hallucination %) by train-time retrieval (rows) and test-time "
            f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
     out += _metric_tables(cells, lambda c, m: format_rate(m["accuracy"], m.get("accuracy_ci")))
+    out += _arguments_table(cells)
     out += [f"Intervals in brackets are {INTERVAL}s for the accuracy (whole percent; Wilson 1927). "
             "Two cells whose intervals overlap may still differ: compare them on the same questions "
             "with `ratune compare` (paired exact McNemar test and bootstrap interval of the difference).", ""]
@@ -346,15 +388,16 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
     cells = table["cells"]
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
-    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 1.3 * len(cols) * 2, 1.5 + 0.7 * len(rows)), squeeze=False)
-    for ax, (title, pick) in zip(axes[0], (("gorilla accuracy %", lambda c: c),
-                                           ("strict accuracy %", lambda c: c.get("strict") or None))):
+    panels = [(f"{name} accuracy %", pick) for name, _, pick in _present_metrics(cells)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.0 + 1.3 * len(cols) * len(panels), 1.5 + 0.7 * len(rows)),
+                             squeeze=False)
+    for ax, (title, pick) in zip(axes[0], panels):
         grid = np.full((len(rows), len(cols)), np.nan)
         for i, r in enumerate(rows):
             for j, s in enumerate(cols):
                 c = index.get((r, s))
                 m = pick(c) if has_result(c) else None
-                if m:
+                if m and "accuracy" in m:
                     grid[i, j] = 100 * m["accuracy"]
         ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=100, cmap="viridis")
         for i in range(len(rows)):
@@ -389,7 +432,7 @@ def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | 
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = {"hub": hub, "model": model, "metric": "gorilla", "interval": INTERVAL,
+    table = {"hub": hub, "model": model, "metric": _present_metrics(cells)[0][0], "interval": INTERVAL,
              "cells": [_complete(c) for c in cells], "versions": package_versions()}
     if replicates is not None:
         table["replicates"] = replicates

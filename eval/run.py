@@ -270,27 +270,26 @@ def _needs_model(setting: str) -> bool:
         return False
 
 
-def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, settings: EvalSettings):
+def _setting_plan(setting: str, examples: list, *, source, settings: EvalSettings):
     """``(examples, retriever, extra)`` of one setting: the questions it asks, the retriever that
-    gives their documents, and what its extra metrics need (``swapped`` / ``constraints``)."""
-    from ratune.data.apibench import api_database_path, load_api_database
+    gives their documents, and what its extra metrics need (``swapped`` / ``constraints``).
+    ``source`` is the hub's :class:`~ratune.data.hubs.HubSource`."""
     from ratune.retrieval.retrievers import Query, make_retriever
 
     def cached(name: str):
-        key = (hub, name)
+        key = (str(source.root.resolve()), source.name, name)
         if key not in settings.retriever_cache:
             if name == "swap":
                 from ratune.retrieval.perturbed import SwapRetriever
 
-                settings.retriever_cache[key] = SwapRetriever(load_api_database(api_database_path(apibench_dir, hub)))
+                settings.retriever_cache[key] = SwapRetriever(source.load_api_database())
             elif name == "irrelevant":
                 from ratune.retrieval.perturbed import IrrelevantRetriever
 
-                settings.retriever_cache[key] = IrrelevantRetriever(
-                    load_api_database(api_database_path(apibench_dir, hub)))
+                settings.retriever_cache[key] = IrrelevantRetriever(source.load_api_database())
             else:
                 settings.retriever_cache[key] = make_retriever(
-                    name, hub=hub, apibench_dir=apibench_dir, bm25_backend=settings.bm25_backend,
+                    name, hub=source, bm25_backend=settings.bm25_backend,
                     dense_model=settings.dense_model if RETRIEVERS[name].needs_model else None)
         return settings.retriever_cache[key]
 
@@ -308,27 +307,34 @@ def _setting_plan(setting: str, examples: list, *, hub: str, apibench_dir, setti
         return examples, cached("irrelevant"), {}
     from ratune.eval.constraints import constrained_examples
 
-    made = constrained_examples(examples, load_api_database(api_database_path(apibench_dir, hub)))
+    made = constrained_examples(examples, source.load_api_database())
     return [e for e, _ in made], cached(setting_retriever(setting)), {"constraints": {e.line: c for e, c in made}}
 
 
 @locked_output("out_dir", command="eval run", owned_by="eval run")
-def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir, out_dir: str | os.PathLike,
+def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
     """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
     (:func:`ratune.locks.locked_output`) throughout; ``out_dir`` is checked with
     :func:`ratune.manifest.require_owned` before the lock (a quick refusal) and again once it is held.
 
+    Args:
+        hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.data.hubs.HubSource`.
+            A catalog's cells are scored by its strict metric and argument score
+            (:mod:`ratune.eval.catalog_scorer`; no ``gorilla`` block: that metric is APIBench's),
+            and its top-level ``accuracy`` / ``hallucination`` / ``error`` are the strict ones
+            (``"metric": "strict"`` says so).
     Returns:
         ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
     Raises:
-        RatuneError: unknown setting, bad checkpoint, an ``out_dir`` that exists, is not empty and
-            is not a ratune eval output (:func:`ratune.manifest.require_owned`).
+        RatuneError: unknown setting, a setting the hub does not have (``gpt_index`` and
+            ``released_bm25`` replay the paper's documents, APIBench only; ``constraints_*`` are
+            TorchHub's), bad checkpoint, an ``out_dir`` that exists, is not empty and is not a
+            ratune eval output (:func:`ratune.manifest.require_owned`).
         LockHeld: another process is writing ``out_dir``.
     """
     from tqdm.auto import tqdm
 
-    from ratune.data.apibench import load_examples
     from ratune.data.prompt import encode_prompt, render_user_turn
     from ratune.eval.abstain import abstention
     from ratune.eval.scoring import Scorer
@@ -338,11 +344,18 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     from ratune.retrieval.retrievers import Query
     from ratune.train.model import load_model, load_tokenizer, set_torch_threads
 
+    from ratune.data.hubs import as_hub_source
+
+    hub_source = as_hub_source(hub, apibench_dir)
+    hub = hub_source.name
     for s in settings.settings:
         if s not in EVAL_SETTINGS:
             raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
-        if s.startswith(CONSTRAINTS_PREFIX) and hub != "torchhub":
+        if s.startswith(CONSTRAINTS_PREFIX) and (hub_source.is_catalog or hub != "torchhub"):
             raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
+        if hub_source.is_catalog and s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed:
+            raise RatuneError(f"test setting {s}: it replays the paper's precomputed documents, which exist for the "
+                              f"APIBench hubs only, not for catalog {hub} ({hub_source.root})")
     needs_model = [s for s in settings.settings if _needs_model(s)]
     if needs_model:
         from ratune.retrieval.retrievers import require_finetuned_retriever
@@ -371,12 +384,17 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
     budget = settings.max_document_tokens
     if budget is None:
         budget = trained_document_budget(described_by)
-    all_examples = load_examples(apibench_dir, hub, "eval")
+    all_examples = hub_source.load_examples("eval")
     if settings.n_questions is not None:
         all_examples = all_examples[:settings.n_questions]
     name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
     out = Path(out_dir)
-    scorer = Scorer.from_apibench(hub, apibench_dir)
+    if hub_source.is_catalog:
+        from ratune.eval.catalog_scorer import CatalogEvalScorer
+
+        scorer = CatalogEvalScorer(hub, hub_source.load_api_database(), all_examples)
+    else:
+        scorer = Scorer.from_apibench(hub, hub_source.root)
 
     # the prompts are rendered with the template the model was trained with (run manifest)
     chat_template = settings.chat_template or trained_chat_template(described_by)
@@ -385,10 +403,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
 
     require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
     positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-    from ratune.data.apibench import api_database_path, examples_path, input_hashes
+    from ratune.data.apibench import input_hashes
     from ratune.io import sha256_file
 
-    inputs = input_hashes([api_database_path(apibench_dir, hub), examples_path(apibench_dir, hub, "eval")])
+    inputs = input_hashes(hub_source.input_files(["eval"]))
     run_manifest = folder / "ratune_manifest.json"
     if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
         inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
@@ -405,8 +423,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
         claim_folder(out, "eval run")
     for setting in settings.settings:
         cell = out / setting
-        examples, retriever, extra = _setting_plan(setting, all_examples, hub=hub, apibench_dir=apibench_dir,
-                                                   settings=settings)
+        examples, retriever, extra = _setting_plan(setting, all_examples, source=hub_source, settings=settings)
         if not examples:  # never a complete cell of n = 0 (a report would show it as 0.0)
             raise RatuneError(f"test setting {setting}: none of the {len(all_examples)} eval questions qualifies "
                               "(swap needs another API of the question's domain, constraints_* a constrained "
@@ -483,13 +500,16 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
                     fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         scored = scorer.score(responses)
         for metric in ("gorilla", "strict"):  # every rate carries its 95 % Wilson interval
-            scored[metric].update(rate_intervals(scored[metric], scored["n"]))
-        gorilla = scored["gorilla"]
+            if metric in scored:
+                scored[metric].update(rate_intervals(scored[metric], scored["n"]))
+        # the top-level rates: the official gorilla metric on APIBench, a catalog's strict metric
+        main = scored["strict"] if hub_source.is_catalog else scored["gorilla"]
         metrics = {
             "hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata(), "n": scored["n"],
-            "accuracy": gorilla["accuracy"], "hallucination": gorilla["hallucination"], "error": gorilla["error"],
-            **{k: gorilla[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
-            "gorilla": gorilla, "strict": scored["strict"], "parser": scored["parser"],
+            "accuracy": main["accuracy"], "hallucination": main["hallucination"], "error": main["error"],
+            **{k: main[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
+            **({} if hub_source.is_catalog else {"gorilla": scored["gorilla"]}),
+            "strict": scored["strict"], "parser": scored["parser"],
             "per_question": scored.get("per_question", []),
             "generation": generation,
             "device_name": _device_name(device),
@@ -500,6 +520,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub: str, apibench_dir
             "generation_limit": {"max_positions": positions,
                                  "capped": [e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens]},
         }
+        if hub_source.is_catalog:
+            from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY
+            from ratune.eval.stats import count_rates
+
+            args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
+            metrics.update({"metric": CATALOG_METRIC, "hub_kind": "catalog", "catalog": hub_source.manifest_record(),
+                            "arguments": count_rates(args_n, scored["n"]), "gorilla_unavailable": GORILLA_APIBENCH_ONLY})
         if source.step is not None:
             metrics["train_step"] = source.step
         if source.base is not None:

@@ -661,6 +661,15 @@ class Scorer:
             raise RatuneError(f"question_id {question_id!r} out of range 1..{self.n_questions} "
                               f"for hub {self.hub}")
 
+    def gold_api_call(self, question_id: int) -> str:
+        """The gold api_call of a question (its eval line's ``api_data``; "" when it has none).
+
+        Raises:
+            RatuneError: question_id is not an int in 1..n_questions.
+        """
+        self.check_question_id(question_id)
+        return self.eval_api_data[question_id - 1].get("api_call") or ""
+
     def score_text(self, text, question_id: int) -> ResponseScore:
         """Score one response text for question ``question_id`` (1-based eval line).
 

@@ -5,7 +5,8 @@ For each eval question whose gold API shares its domain with at least one other 
 the test-time document is *another* API's document of the same domain, drawn deterministically
 by :class:`ratune.retrieval.perturbed.SwapRetriever`.
 Questions whose domain has a single API are left out (counted). The model's answer is then
-classified with the strict metric's API keys (:meth:`ratune.eval.scoring.Scorer.names_api`):
+classified with the strict metric's API keys (:meth:`ratune.eval.scoring.Scorer.names_api`; for a catalog,
+its identity rules: :meth:`ratune.eval.catalog_scorer.CatalogEvalScorer.names_api`):
 
 ``follows_document``
     the call names the swapped-in API (the model adapted to the document);
@@ -29,7 +30,9 @@ def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) ->
     """Classify answers to swapped prompts (see the module docstring).
 
     Args:
-        scorer: a :class:`ratune.eval.scoring.Scorer` of the hub.
+        scorer: the hub's scorer (:class:`ratune.eval.scoring.Scorer`, or
+            :class:`ratune.eval.catalog_scorer.CatalogEvalScorer` for a catalog): its
+            ``gold_api_call`` and ``names_api``.
         responses: ``[{"question_id", "text"}]``.
         swapped: ``{question_id: swapped-in document}``; questions not in it are left out.
 
@@ -47,7 +50,7 @@ def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) ->
         if doc is None:
             left_out += 1
             continue
-        gold = scorer.eval_api_data[r["question_id"] - 1].get("api_call") or ""
+        gold = scorer.gold_api_call(r["question_id"])
         if scorer.names_api(r.get("text"), doc["api_call"]):
             outcome = "follows_document"
         elif scorer.names_api(r.get("text"), gold):

@@ -13,6 +13,7 @@
     ratune compare          paired comparison of two response files (McNemar, paired bootstrap)
     ratune demo             the CPU demo: the whole pipeline on TorchHub with SmolLM2-135M
     ratune catalog import   your own API catalog (JSON lines, OpenAPI 3, a Python module) -> a catalog folder
+    ratune catalog instruct instructions per API from a local instruction-following model (Gorilla 3.1)
     ratune catalog pairs    your instruction pairs -> the catalog's train/eval split (then --hub CATALOG_DIR)
 
 User errors (bad input, bad config, a bad flag value) print one message naming file, line, field or
@@ -283,17 +284,20 @@ def _train(args) -> int:
 
 
 def _eval_run(args) -> int:
-    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.data.apibench import HUBS, resolve_apibench_dir
     from ratune.eval.curve import curve_markdown, evaluate_curve
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
 
-    settings = EvalSettings(settings=args.settings, n_questions=args.n_questions, batch_size=args.batch_size,
+    from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS
+
+    names = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
+    settings = EvalSettings(settings=names, n_questions=args.n_questions, batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
                             max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
                             backend=args.backend, trust_remote_code=args.trust_remote_code,
                             dense_model=args.dense_model, bm25_backend=args.bm25_backend,
                             device=args.device, dtype=args.dtype, chat_template=args.chat_template)
-    apibench = resolve_apibench_dir(args.apibench)
+    apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
     if args.all_checkpoints:
         rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
                               settings=settings)
@@ -315,6 +319,7 @@ def _eval_score(args) -> int:
 def _report(args) -> int:
     from pathlib import Path
 
+    from ratune.data.apibench import HUBS
     from ratune.errors import RatuneError
     from ratune.eval.report import make_cell, read_metrics, table2_markdown, write_table2
     from ratune.manifest import is_complete
@@ -328,11 +333,12 @@ def _report(args) -> int:
     if args.pair:
         raise RatuneError("--pair compares cells of a sweep: give SWEEP_DIR (for two response files use "
                           "`ratune compare`)")
-    if not (args.eval and args.hub and args.model and args.out):
-        raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --hub, --model and --out")
+    if not (args.eval and args.model and args.out):
+        raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --model and --out")
     from ratune.registry import EXPERIMENT_SETTINGS
 
     cells, experiments = [], []  # experiment settings (swap, irrelevant, constraints_*) go beside Table 2
+    hubs = {}  # the hub each cell records -> one cell of it, for the message when they differ
     false_abstention = {}  # abstaining under oracle, where the document answers (as in sweep reports)
     for spec in args.eval:
         if "=" not in spec:
@@ -343,6 +349,8 @@ def _report(args) -> int:
         for cell in sorted(Path(folder).iterdir()):
             if cell.is_dir() and is_complete(cell):
                 metrics = read_metrics(cell / "metrics.json")
+                if isinstance(metrics.get("hub"), str):
+                    hubs.setdefault(metrics["hub"], cell)
                 if cell.name in EXPERIMENT_SETTINGS:
                     experiments.append({"cell": train_retriever, "axes": {}, "setting": cell.name,
                                         "train_retriever": train_retriever, "metrics": metrics})
@@ -352,7 +360,20 @@ def _report(args) -> int:
                         false_abstention[train_retriever] = metrics["abstention"]
     if not cells:
         raise RatuneError("no complete eval cells found in the --eval folders")
-    table = write_table2(cells, hub=args.hub, model=args.model, out_dir=args.out)
+    if len(hubs) > 1:  # one table, one hub: the cells' own metrics.json say which
+        raise RatuneError("the --eval cells are of different hubs: " + "; ".join(
+            f"{cell}: {hub}" for hub, cell in sorted(hubs.items())))
+    given = None
+    if args.hub is not None:
+        from ratune.data.hubs import resolve_hub
+
+        given = args.hub if args.hub in HUBS else resolve_hub(args.hub).name
+    if not hubs and given is None:
+        raise RatuneError("the --eval cells do not record their hub (made by hand?): give --hub")
+    hub, first = next(iter(hubs.items())) if hubs else (given, None)
+    if given is not None and given != hub:
+        raise RatuneError(f"--hub {args.hub}: the cells were evaluated on {hub} ({first / 'metrics.json'})")
+    table = write_table2(cells, hub=hub, model=args.model, out_dir=args.out)
     print(table2_markdown(table))
     if experiments:
         from ratune.eval.robustness import experiment_rows, experiments_markdown
@@ -386,7 +407,6 @@ def _catalog_pairs(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
-    from ratune.data.apibench import HUBS
     from ratune.data.prompt import CHAT_TEMPLATE_NAMES
     from ratune.data.validate import LEAKAGE_POLICIES
     from ratune.eval.run import BACKENDS, DEVICES, DTYPES
@@ -398,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.mixture import Mixture
     from ratune.eval.run import EvalSettings
     from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES,
-                                 DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES)
+                                 CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES)
     from ratune.sweep_pairs import parse_selector
     from ratune.train.model import DEMO_MODEL_ALIAS
 
@@ -408,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ratune.data.hubs import check_hub_ref, hub_choices_text
 
-    # --hub of data build and retrieval: an APIBench hub or a catalog folder (ratune/data/hubs.py)
+    # --hub of data build and retrieval: an APIBench hub or a catalog folder (data/hubs.py)
     hub_ref = {"type": checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder")),
                "metavar": "HUB"}
     hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
@@ -521,11 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev = stages.add_parser("eval", help="generate and score").add_subparsers(dest="action", required=True)
     e = ev.add_parser("run", help="generate answers under test settings and score them")
     e.add_argument("--checkpoint", required=True, type=input_dir, help="a ratune train run folder or a model folder")
-    e.add_argument("--hub", required=True, choices=HUBS)
+    e.add_argument("--hub", required=True, **hub_ref, help=f"{hub_choices_text()} (a catalog: strict metric and "
+                                                          "argument score, docs/catalog_scoring.md)")
     e.add_argument("--apibench", type=input_dir)
     e.add_argument("--out", required=True, type=output_dir)
-    e.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), **registered("test setting", EVAL_SETTINGS),
-                   help=f"retrieval settings (default {' '.join(DEFAULT_SETTINGS)}; {finetuned} needs --dense-model) "
+    e.add_argument("--settings", nargs="+", default=None, **registered("test setting", EVAL_SETTINGS),
+                   help=f"retrieval settings (default {' '.join(DEFAULT_SETTINGS)}; on a catalog "
+                        f"{' '.join(CATALOG_DEFAULT_SETTINGS)}; {finetuned} needs --dense-model) "
                         "and/or experiments: swap, irrelevant, constraints_SETTING (docs/experiments.md)")
     e.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
                    help=f"finetuned retriever folder (`ratune retrieval train`) of the {finetuned} settings")
@@ -561,7 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
     rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR", type=key_equals_dir)
-    rp.add_argument("--hub", choices=HUBS)
+    rp.add_argument("--hub", **hub_ref, help="optional check: the hub the cells were evaluated on (their "
+                                            "metrics.json record it; an APIBench hub or a catalog folder)")
     rp.add_argument("--model", help="the model's name in the table")
     rp.add_argument("--out", type=output_dir)
     rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), type=selector,
@@ -608,6 +631,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "CATALOG/pairs/train.jsonl and eval.jsonl")
     add_pairs_arguments(cp)
     cp.set_defaults(func=_catalog_pairs)
+    from ratune.catalog.instruct import add_instruct_arguments, cli_instruct
+    from ratune.train.model import resolve_model_path  # the model alias; the data stage does not import train
+
+    cg = catalog.add_parser("instruct", help="instructions for each catalog API written by a model from seed "
+                                             "examples (Gorilla 3.1, self-instruct) -> a pairs file for `catalog pairs`")
+    add_instruct_arguments(cg)
+    cg.set_defaults(func=lambda args: cli_instruct(args, resolve_model=resolve_model_path))
     return parser
 
 

@@ -61,6 +61,12 @@ class RetrieverSpec:
         return self.kind in ("bm25", "dense", "fusion")
 
     @property
+    def precomputed(self) -> bool:
+        """Whether it replays the paper's precomputed documents (the released question files of
+        the APIBench hubs; a catalog has none)."""
+        return self.kind == "precomputed"
+
+    @property
     def trains(self) -> bool:
         """Whether a train-time mode of this name exists (released documents exist for eval
         questions only)."""
@@ -128,6 +134,9 @@ TEST_SETTINGS: dict[str, TestSetting] = {s.name: s for s in TEST_SETTING_SPECS}
 TABLE_SETTINGS: tuple[str, ...] = tuple(TEST_SETTINGS)
 #: What ``ratune eval run`` runs without ``--settings``.
 DEFAULT_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS if s.default)
+#: What it runs without ``--settings`` on a catalog: the defaults whose retriever computes its
+#: documents (a catalog has no precomputed ones: gpt_index and released_bm25 are APIBench's).
+CATALOG_DEFAULT_SETTINGS: tuple[str, ...] = tuple(s for s in DEFAULT_SETTINGS if not RETRIEVERS[TEST_SETTINGS[s].retriever].precomputed)
 
 #: The released Gorilla-7B models whose responses ship with APIBench (``responses/``): ``FT``
 #: finetuned without retrieval, ``RT`` retriever-aware (Gorilla, Table 2 rows).

@@ -30,7 +30,7 @@ Sweep folder::
     cells/{name}/train/         the training run folder (``.complete`` when done)
     cells/{name}/eval/{setting}/metrics.json (+ ``.complete``)
     cells/{name}/curve/         with ``eval.curve_settings``: every Trainer checkpoint evaluated under
-                                those settings, curve.{json,csv,md,png} (ratune/eval/curve.py)
+                                those settings, curve.{json,csv,md,png} (eval/curve.py)
     cells/{name}/error.txt      the error of the last failed attempt (removed on success)
     cells/{name}/logs/          stdout/stderr of each command
     slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
@@ -66,6 +66,7 @@ from pydantic import BaseModel, Field
 
 from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName, Threads,
                            Top1RetrieverName, load_yaml, validate)
+from ratune.data.apibench import HUBS
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
 from ratune.eval.run import BACKENDS, DEVICES, DTYPES
@@ -290,16 +291,51 @@ def expand(sweep: Sweep) -> list[Cell]:
         for key, value in axes.items():
             _set_dotted(data, key, value)
         hub = data.get("hub", "torchhub")
-        data["data_dir"] = str(sweep.out_dir / "data" / str(hub))
+        # named by the hub's name: a catalog's folder path would not make a folder name
+        data["data_dir"] = str(sweep.out_dir / "data" / _hub_name(hub, f"{sweep.source}: cell {name}"))
         data["output_dir"] = str(cell_dir / "train")
         data.setdefault("train_retriever", "none")
         if cfg.data.max_length is not None and "max_length" not in axes:
             data["max_length"] = cfg.data.max_length
         resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
+        if resolved["hub"] not in HUBS:
+            _check_catalog_settings(cfg.eval, f"{sweep.source}: cell {name} (catalog {hub})")
         if cfg.eval.curve_settings:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
     return cells
+
+
+def _hub_name(hub: str, where: str) -> str:
+    """:func:`ratune.data.hubs.hub_name` of a cell's ``hub`` (an APIBench name or a catalog folder).
+
+    Raises:
+        RatuneError: naming ``where``: a folder that is not (or is no longer) a catalog.
+    """
+    from ratune.data.hubs import hub_name
+
+    try:
+        return hub_name(hub)
+    except RatuneError as exc:
+        raise RatuneError(f"{where}: {exc}") from None
+
+
+def _check_catalog_settings(evaluation, where: str) -> None:
+    """A catalog cell's eval settings must exist for a catalog: no precomputed documents
+    (``gpt_index``, ``released_bm25``: APIBench only) and no ``constraints_*`` (TorchHub only).
+
+    Raises:
+        RatuneError: naming ``where`` and the settings, with the ones a catalog has.
+    """
+    from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, setting_retriever
+
+    asked = [*evaluation.settings, *(evaluation.curve_settings or [])]
+    bad = [s for s in dict.fromkeys(asked) if s.startswith(CONSTRAINTS_PREFIX)
+           or (s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed)]
+    if bad:
+        raise RatuneError(f"{where}: eval settings {', '.join(bad)} exist for the APIBench hubs only (the paper's "
+                          "precomputed documents, the constrained TorchHub questions); set eval.settings, e.g. "
+                          f"[{', '.join(CATALOG_DEFAULT_SETTINGS)}]")
 
 
 def _check_curve_saves(config: dict, where: str) -> None:
@@ -907,7 +943,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                 abstention_by_cell[record["name"]] = cell_metrics["abstention"]
             table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
             rows.append((record, table_cell))
-            finished.append({"dims": {**record.get("axes", {}), "hub": config["hub"],
+            finished.append({"dims": {**record.get("axes", {}), "hub": _hub_name(config["hub"], record["name"]),
                                       "train_retriever": config["train_retriever"], "test_retriever": setting},
                              "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
     if not rows:
@@ -917,7 +953,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     def group_of(record: dict, drop_seed: bool) -> str:
         others = {k: v for k, v in record.get("axes", {}).items()
                   if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
-        return str(record["config"]["hub"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
+        return _hub_name(record["config"]["hub"], record["name"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
                                                       for k, v in sorted(others.items()))
 
     def seed_of(record: dict) -> Any:
@@ -933,7 +969,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     groups: dict[str, dict] = {}
     if replicate:
         for (group, _, _), runs in buckets.items():
-            g = groups.setdefault(group, {"hub": runs[0][0]["config"]["hub"], "cells": [], "seeds": [],
+            g = groups.setdefault(group, {"hub": _hub_name(runs[0][0]["config"]["hub"], runs[0][0]["name"]),
+                                          "cells": [], "seeds": [],
                                           "model": Path(str(runs[0][0]["config"]["model"])).name})
             seeds = [seed_of(r) for r, _ in runs]
             agg = aggregate_replicates([c for _, c in runs], seeds)
@@ -945,7 +982,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         for record, c in rows:
             config = record["config"]
             g = groups.setdefault(group_of(record, False),
-                                  {"hub": config["hub"], "model": Path(str(config["model"])).name, "cells": []})
+                                  {"hub": _hub_name(config["hub"], record["name"]),
+                                   "model": Path(str(config["model"])).name, "cells": []})
             g["cells"].append(c)
 
     def replicates_info(seeds: list) -> dict:
@@ -1040,7 +1078,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                                   for status in ("ok", "missing", "refused")}
     released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
                        "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
-                       "hub": f["dims"]["hub"], "n": f["n"]} for f in finished]
+                       "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
+                      if f["dims"]["hub"] in HUBS]  # released Gorilla-7B responses exist for APIBench only
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
         from ratune.eval.compare import released_comparisons, released_markdown
 
@@ -1146,17 +1185,23 @@ def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
         by_group.setdefault(group_of(record), []).append((record, c))
     best, no_best = {}, {}
     for group, cells in by_group.items():
-        top = max(c["accuracy"] for _, c in cells)
+        # the gorilla metric on APIBench; a catalog's cells have only the strict one
+        metric = "gorilla" if all("accuracy" in c for _, c in cells) else "strict"
+
+        def accuracy(c: dict) -> float:
+            return c["accuracy"] if metric == "gorilla" else (c.get("strict") or {}).get("accuracy", 0.0)
+
+        top = max(accuracy(c) for _, c in cells)
         if top <= 0:
-            no_best[group] = f"every one of its {len(cells)} cells scored 0.0 % (gorilla); nothing to choose"
+            no_best[group] = f"every one of its {len(cells)} cells scored 0.0 % ({metric}); nothing to choose"
             continue
-        tied = [(r, c) for r, c in cells if c["accuracy"] == top]
+        tied = [(r, c) for r, c in cells if accuracy(c) == top]
         record, c = tied[0]
         others = list(dict.fromkeys(r["name"] for r, _ in tied if r["name"] != record["name"]))
         cell_dir = sweep_dir / "cells" / record["name"]
         best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
-                       "test_retriever": c["test_retriever"], "accuracy": c["accuracy"],
-                       "accuracy_ci": c.get("accuracy_ci"), "n": c["n"],
+                       "test_retriever": c["test_retriever"], "metric": metric, "accuracy": accuracy(c),
+                       "accuracy_ci": (c if metric == "gorilla" else c["strict"]).get("accuracy_ci"), "n": c["n"],
                        "tied_with": others,
                        "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
                                        f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}

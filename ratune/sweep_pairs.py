@@ -149,9 +149,11 @@ def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: i
                                 "reason": "metrics.json without per_question outcomes (rerun `ratune eval run`)"})
                 continue
             try:
+                # a catalog's cells have no gorilla outcomes (eval/catalog_scorer.py): its strict only
+                metrics = [m for m in ("gorilla", "strict") if all(m in q for q in (*per_q[0], *per_q[1]))]
                 entry["metrics"] = {m: compare_outcomes(per_q[0], per_q[1], metric=m, resamples=resamples,
                                                         labels=(entry["a_cell"], entry["b_cell"]))
-                                    for m in ("gorilla", "strict")}
+                                    for m in metrics or ("gorilla", "strict")}
             except RatuneError as err:
                 results.append({**entry, "status": "refused", "reason": str(err)})
                 continue
@@ -162,7 +164,9 @@ def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: i
 def comparisons_markdown(results: list[dict]) -> str:
     """The comparisons as one markdown table per metric (percent; intervals 95 %)."""
     lines = []
-    for metric in ("gorilla", "strict"):
+    ok = [r for r in results if r["status"] == "ok"]
+    present = [m for m in ("gorilla", "strict") if any(m in r["metrics"] for r in ok)] or ["gorilla", "strict"]
+    for metric in present:
         lines += [f"### {metric} metric", "",
                   "| pair | context | A | B | n | A acc | B acc | both / only A / only B / neither "
                   "| A - B [95 % bootstrap] | McNemar p |",
@@ -174,16 +178,18 @@ def comparisons_markdown(results: list[dict]) -> str:
                 why = f"{' and '.join(r['missing'])} not finished" if r["status"] == "missing" else r["reason"]
                 lines.append(f"{head} - | - | - | {r['status']}: {why} | - | - |")
                 continue
-            m = r["metrics"][metric]
+            m = r["metrics"].get(metric)
+            if m is None:  # a catalog's pair: no gorilla metric
+                lines.append(f"{head} - | - | - | not this hub's metric | - | - |")
+                continue
             t, d = m["contingency"], m["difference"]
             lines.append(f"{head} {m['n']} | {100 * m['a']['accuracy']:.1f} | {100 * m['b']['accuracy']:.1f} | "
                          f"{t['both']} / {t['only_a']} / {t['only_b']} / {t['neither']} | "
                          f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
                          f"{m['mcnemar_p']:.3g} |")
         lines.append("")
-    ok = [r for r in results if r["status"] == "ok"]
     if ok:
-        d = ok[0]["metrics"]["gorilla"]["difference"]
+        d = next(iter(ok[0]["metrics"].values()))["difference"]
         lines.append(f"Exact McNemar test = two-sided sign test on the discordant questions; "
                      f"paired percentile bootstrap with {d['resamples']} resamples, seed {d['seed']}.")
     return "\n".join(lines) + "\n"
@@ -201,7 +207,9 @@ def comparisons_csv_rows(results: list[dict]) -> list[list]:
             rows.append([*head, "", "", "", *[""] * (len(header) - 8)])
             continue
         for metric in ("gorilla", "strict"):
-            m = r["metrics"][metric]
+            m = r["metrics"].get(metric)
+            if m is None:  # a catalog's pair: no gorilla metric
+                continue
             t, d = m["contingency"], m["difference"]
             rows.append([*head, metric, r["a_cell"], r["b_cell"], m["n"], f"{m['a']['accuracy']:.6f}",
                          f"{m['b']['accuracy']:.6f}", t["both"], t["only_a"], t["only_b"], t["neither"],

@@ -144,14 +144,15 @@ def test_released_bm25_setting_replays_the_papers_bm25_documents(apibench):
     questions_torchhub_bm25.jsonl: its api_call appears in that question's released text
     (quotes, backslashes and spaces ignored), and differs from our bm25's where the two disagree."""
     from ratune.data.apibench import load_examples, questions_path
+    from ratune.data.hubs import resolve_hub
     from ratune.eval.run import EvalSettings, _setting_plan
     from ratune.io import iter_jsonl
 
     examples = load_examples(apibench, "torchhub", "eval")
     released = {row["question_id"]: row["text"] for _, row in iter_jsonl(questions_path(apibench, "torchhub", "bm25"))}
     settings = EvalSettings(settings=("released_bm25",))
-    asked, retriever, extra = _setting_plan("released_bm25", examples, hub="torchhub", apibench_dir=apibench,
-                                            settings=settings)
+    source = resolve_hub("torchhub", apibench)
+    asked, retriever, extra = _setting_plan("released_bm25", examples, source=source, settings=settings)
     assert asked == examples and extra == {}
     assert retriever.metadata() == {"name": "released_bm25", "hub": "torchhub", "mapped_by_name": 0, "unmapped": 0,
                                     "source": "questions_torchhub_bm25.jsonl"}
@@ -162,7 +163,7 @@ def test_released_bm25_setting_replays_the_papers_bm25_documents(apibench):
     for e, (doc,) in zip(examples, docs):
         assert _squash(doc["api_call"]) in _squash(released[e.line]), e.line
     # the replayed documents are not our BM25's: they agree on 97 of 186 top-1s (docs/retrieval.md)
-    _, ours, _ = _setting_plan("bm25", examples, hub="torchhub", apibench_dir=apibench, settings=settings)
+    _, ours, _ = _setting_plan("bm25", examples, source=source, settings=settings)
     ours_docs = ours.retrieve([Query(e.instruction, e.api, e.line) for e in examples])
     same = sum(a[0]["api_call"] == b[0]["api_call"] for a, b in zip(docs, ours_docs))
     assert same == 97

@@ -13,7 +13,6 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, Threads
-from ratune.data.apibench import HUBS
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import RatuneError
 from ratune.registry import RENAMED, TRAIN_MODES, unknown_name
@@ -36,6 +35,14 @@ class TrainConfig(BaseModel):
     Attributes (the paper's values in brackets where it gives them):
         model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
         data_dir: output folder of ``ratune data build``.
+        hub: the hub the data was built from, as ``ratune data build --hub`` took it: an APIBench
+            hub (``torchhub``, the default; ``huggingface``, ``tensorflowhub``) or the path of a
+            catalog folder (``ratune catalog import``; checked with
+            :func:`ratune.data.hubs.check_hub_ref` when the config is validated). Training refuses
+            data whose manifest names another hub (:func:`ratune.train.sft.check_data_hub`), so a
+            catalog-built ``data_dir`` needs ``hub: CATALOG_DIR``; the run manifest records the
+            hub's name and, for a catalog, the data manifest's ``catalog`` record, and
+            ``ratune export`` names the catalog on the model card (docs/catalogs.md).
         train_retriever: which built mode to train on (one of ratune/registry.py TRAIN_MODES:
             none, oracle, bm25, bm25_replica, dense, dense_ft), or a mixture ``mix-NAME`` built
             with ``ratune data build --mixture`` (data/mixture.py).
@@ -96,7 +103,7 @@ class TrainConfig(BaseModel):
     data_dir: str
     train_retriever: str
     output_dir: str
-    hub: Literal[HUBS] = "torchhub"
+    hub: str = "torchhub"  # an APIBench hub name or a catalog folder, dumped as given (sweeps hash the dump)
     max_length: MaxLength = 2048
     global_batch_size: Count = 64
     per_device_batch_size: Count = 1
@@ -139,6 +146,16 @@ class TrainConfig(BaseModel):
             raise ValueError(f"expected one of {', '.join(TRAIN_MODES)} or mix-NAME (a mixture built with "
                              f"`ratune data build --mixture NAME:...`), got {value!r}")
         return value
+
+    @field_validator("hub")
+    @classmethod
+    def _hub(cls, value: str) -> str:
+        from ratune.data.hubs import check_hub_ref  # the one place that knows what a hub is
+
+        try:
+            return check_hub_ref(value)
+        except RatuneError as exc:
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _check(self):

@@ -12,6 +12,10 @@ renamed to ``DIR``, under ``DIR``'s lock)::
                                       data file hashes, versions, measured Table 2 row
     ratune_export.json                the same facts, machine-readable
 
+A run trained on an API catalog (its run manifest records ``catalog``, :func:`ratune.train.sft.check_data_hub`)
+gets a card that names the catalog (its name, that it is the user's own APIs imported with ``ratune
+catalog import``, the import source's kind and sha256) and carries no APIBench dataset metadata.
+
 The hub token is read with :func:`huggingface_hub.get_token` (``$HF_TOKEN``, then the token file
 of ``hf auth login``); it is handed to :class:`huggingface_hub.HfApi` only and never written to
 any file. A push requested without a token fails before anything is loaded or written.
@@ -32,7 +36,7 @@ from ratune.locks import locked_output
 
 #: Hub id of the base model behind each ratune model alias (train/model.py).
 BASE_MODEL_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-#: The training data on the hub (Gorilla's APIBench).
+#: The training data on the hub (Gorilla's APIBench): the card's ``datasets`` of APIBench-trained runs only.
 DATASET_ID = "gorilla-llm/APIBench"
 DEFAULT_LICENSE = "apache-2.0"
 BASE_TAGS = ("ratune", "gorilla", "api-calling", "retriever-aware-training", "lora-merged")
@@ -190,26 +194,49 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _table_row_markdown(cells: list[dict], hub: str | None) -> str:
+def _results_hub(table_hub: str | None, recipe: dict) -> tuple[str | None, bool]:
+    """``(hub, is_catalog)`` of the Table 2 row: the table's (or eval cells') hub, else the
+    catalog of a catalog-trained run; a name that is not an APIBench hub is a catalog's."""
+    from ratune.data.apibench import HUBS
+
+    hub = table_hub or (recipe.get("catalog") or {}).get("name")
+    return hub, hub is not None and hub not in HUBS
+
+
+def _main_block(cell: dict) -> dict:
+    """A cell's headline metric: the gorilla rates at its top level (APIBench), else its ``strict``
+    block (a catalog's cell has no gorilla metric: eval/report.py ``make_cell``)."""
+    return cell if "accuracy" in cell else (cell.get("strict") or {})
+
+
+def _table_row_markdown(cells: list[dict], hub: str | None, catalog: bool = False) -> str:
     from ratune.eval.report import _axes
 
     _, cols = _axes(cells)
     by = {c["test_retriever"]: c for c in cells}
-    lines = [f"Measured on APIBench {hub or ''} eval questions (AST sub-tree match, the official Gorilla "
-             "metric; 95 % Wilson score intervals; n = questions per cell):".replace("  ", " "), "",
-             "| test-time retrieval | accuracy [95 % CI] | hallucination | error | strict accuracy | n |",
-             "|---|---|---|---|---|---|"]
+    measured = (f"Measured on the eval pairs of the API catalog `{hub}` (scored with the catalog's own metric, "
+                "docs/catalog_scoring.md; 95 % Wilson score intervals; n = questions per cell):" if catalog else
+                f"Measured on APIBench {hub or ''} eval questions (AST sub-tree match, the official Gorilla "
+                "metric; 95 % Wilson score intervals; n = questions per cell):".replace("  ", " "))
+    if catalog:  # one metric: the catalog's strict one
+        lines = [measured, "", "| test-time retrieval | strict accuracy [95 % CI] | hallucination | error | n |",
+                 "|---|---|---|---|---|"]
+    else:
+        lines = [measured, "",
+                 "| test-time retrieval | accuracy [95 % CI] | hallucination | error | strict accuracy | n |",
+                 "|---|---|---|---|---|---|"]
     for col in cols:
         c = by[col]
-        ci = c.get("accuracy_ci")
-        acc = _pct(c["accuracy"]) + (f" [{_pct(ci[0])}-{_pct(ci[1])}]" if ci else "")
+        main = _main_block(c)
+        ci = main.get("accuracy_ci")
+        acc = _pct(main["accuracy"]) + (f" [{_pct(ci[0])}-{_pct(ci[1])}]" if ci else "")
         strict = c.get("strict") or {}
         s_acc = "-"
         if "accuracy" in strict:
             sci = strict.get("accuracy_ci")
             s_acc = _pct(strict["accuracy"]) + (f" [{_pct(sci[0])}-{_pct(sci[1])}]" if sci else "")
-        lines.append(f"| {col} | {acc} | {_pct(c.get('hallucination', 0.0))} | {_pct(c.get('error', 0.0))} "
-                     f"| {s_acc} | {c['n']} |")
+        rates = f"| {col} | {acc} | {_pct(main.get('hallucination', 0.0))} | {_pct(main.get('error', 0.0))} "
+        lines.append(rates + (f"| {c['n']} |" if catalog else f"| {s_acc} | {c['n']} |"))
     return "\n".join(lines)
 
 
@@ -219,7 +246,8 @@ def _recipe(manifest: dict | None) -> dict:
     cfg = manifest.get("config", {})
     lora = cfg.get("lora", {}) or {}
     recipe = {
-        "train_retriever": cfg.get("train_retriever"), "hub": cfg.get("hub"),
+        # the hub's name: the run manifest's (train/sft.py check_data_hub), else the config's (older runs)
+        "train_retriever": cfg.get("train_retriever"), "hub": manifest.get("hub", cfg.get("hub")),
         "learning_rate": cfg.get("learning_rate"), "lr_scheduler": cfg.get("lr_scheduler"),
         "warmup_ratio": cfg.get("warmup_ratio"), "weight_decay": cfg.get("weight_decay"),
         "global_batch_size": manifest.get("global_batch_size", cfg.get("global_batch_size")),
@@ -236,6 +264,11 @@ def _recipe(manifest: dict | None) -> dict:
         "examples": (manifest.get("data") or {}).get("examples"),
         "train_tokens": (manifest.get("data") or {}).get("tokens"),
     }
+    catalog = manifest.get("catalog")
+    if isinstance(catalog, dict):  # a catalog-trained run (APIBench recipes keep their keys); no local paths
+        source = catalog.get("import_source") or {}
+        recipe["catalog"] = {"name": catalog.get("name"),
+                             "import_source": {k: source[k] for k in ("kind", "module", "sha256") if k in source}}
     return recipe
 
 
@@ -243,11 +276,14 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                hash_note: str, versions: dict, vocab: dict, eos: tuple[str, int], cells: list[dict],
                table_hub: str | None, merged_from_adapter: bool) -> str:
     r = recipe
+    catalog = r.get("catalog")
     out = [f"# {title}", ""]
     if r:
+        trained_on = (f"on the API catalog `{catalog['name']}` (the user's own APIs, imported with "
+                      "`ratune catalog import`)" if catalog else f"on APIBench {r.get('hub')}")
         out += [f"A retriever-aware-training (RAT) finetune, after Gorilla (Patil et al., NeurIPS 2024, "
                 f"arXiv 2305.15334), of `{base_model or base_note or 'an unknown base model'}` for API calling "
-                f"on APIBench {r.get('hub')}, trained with **train-time retrieval `{r.get('train_retriever')}`** "
+                f"{trained_on}, trained with **train-time retrieval `{r.get('train_retriever')}`** "
                 "(loss on the answer and EOS only), exported by ratune.", ""]
     else:
         out += ["A model exported by ratune (not from a ratune training run folder: recipe unknown).", ""]
@@ -281,14 +317,23 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                 f"| dtype | {r.get('dtype')} (bf16 {r.get('bf16')}) |",
                 f"| seed | {r.get('seed')} |", ""]
     out += ["## Training data", ""]
+    if catalog:
+        source = catalog.get("import_source") or {}
+        how = f" --from {source['kind']}" if source.get("kind") else ""
+        what = (f" (source sha256 `{source['sha256']}`)" if source.get("sha256") else
+                f" (module `{source['module']}`)" if source.get("module") else "")
+        out += [f"The API catalog `{catalog['name']}`: the user's own APIs, imported with `ratune catalog import{how}`"
+                f"{what}, with the user's instruction pairs split by `ratune catalog pairs` (no benchmark data).", ""]
     if hashes:
-        out += [f"[{DATASET_ID}](https://huggingface.co/datasets/{DATASET_ID}) files ({hash_note}):", "",
+        files = (f"Catalog `{catalog['name']}` files" if catalog else
+                 f"[{DATASET_ID}](https://huggingface.co/datasets/{DATASET_ID}) files")
+        out += [f"{files} ({hash_note}):", "",
                 "| file | sha256 |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in sorted(hashes.items())] + [""]
     else:
         out += [f"Data file hashes unavailable: {hash_note}.", ""]
     out += ["## Results (Table 2 row)", ""]
     if cells:
-        out += [_table_row_markdown(cells, table_hub), ""]
+        out += [_table_row_markdown(cells, *_results_hub(table_hub, r)), ""]
     else:
         out += ["Not measured at export (pass `--table2 FILE` to include this checkpoint's row).", ""]
     out += ["## Export", "",
@@ -305,17 +350,23 @@ def _model_card(*, model_name: str, base_model: str | None, license: str, recipe
     if recipe.get("train_retriever"):
         tags.append(f"train-retriever-{recipe['train_retriever']}")
     if recipe.get("hub"):
-        tags.append(recipe["hub"])
+        tags.append(recipe["hub"])  # a catalog's name for a catalog-trained run
+    if recipe.get("catalog"):
+        tags.append("api-catalog")
     if not recipe.get("lora"):
         tags.remove("lora-merged")
-    results = [EvalResult(task_type="text-generation", task_name="API call generation",
-                          dataset_type=DATASET_ID, dataset_name=f"APIBench {table_hub or ''}".strip(),
-                          dataset_config=table_hub, dataset_split="eval",
-                          metric_type="accuracy", metric_name=f"AST accuracy ({c['test_retriever']} retrieval)",
-                          metric_value=round(float(c["accuracy"]), 6),
+    hub, on_catalog = _results_hub(table_hub, recipe)
+    dataset = ({"dataset_type": hub, "dataset_name": f"API catalog {hub}", "dataset_config": None} if on_catalog else
+               {"dataset_type": DATASET_ID, "dataset_name": f"APIBench {table_hub or ''}".strip(),
+                "dataset_config": table_hub})
+    results = [EvalResult(task_type="text-generation", task_name="API call generation", **dataset, dataset_split="eval",
+                          metric_type="accuracy",
+                          metric_name=f"{'AST' if 'accuracy' in c else 'strict API'} accuracy ({c['test_retriever']} retrieval)",
+                          metric_value=round(float(_main_block(c)["accuracy"]), 6),
                           metric_config=c["test_retriever"])
                for c in cells]
-    data = ModelCardData(base_model=base_model, datasets=[DATASET_ID], library_name="transformers",
+    data = ModelCardData(base_model=base_model, datasets=None if recipe.get("catalog") else [DATASET_ID],
+                         library_name="transformers",
                          license=license, tags=tags, pipeline_tag="text-generation", language=["en"],
                          model_name=model_name, eval_results=results or None)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")

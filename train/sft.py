@@ -8,7 +8,8 @@ never depends on the pad id (pad == EOS is safe).
 Run folder (``output_dir``)::
 
     config.yaml        the resolved config
-    manifest.json      versions, git commit, data manifest hash, resolved batch, seeds, counts
+    manifest.json      versions, git commit, data manifest hash, hub (name; a catalog's record),
+                       resolved batch, seeds, counts
     trainer/           HF Trainer checkpoints (for --resume-from)
     model/             the final model: safetensors, tokenizer, generation config; LoRA merged
                        (not written for QLoRA, see below)
@@ -336,14 +337,60 @@ def check_data_chat_template(config: TrainConfig) -> None:
                       f"{built if built is not None else 'null'} or rebuild the data with {rebuild}")
 
 
+def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = None) -> dict:
+    """The hub of the run, checked against the data manifest (``data_dir/manifest.json``, which
+    ``ratune data build`` writes: ``hub``, the hub's name, and for a catalog a ``catalog`` record).
+
+    The config's ``hub`` (an APIBench hub name or a catalog folder,
+    :func:`ratune.data.hubs.resolve_hub`) must name the hub the data was built from: the same
+    name, and a catalog exactly when the data manifest has a ``catalog`` record. Without a data
+    manifest (or one from before hubs were recorded) nothing is compared.
+
+    Returns:
+        What the run manifest records: ``{"hub": name}``, plus for a catalog ``"catalog"``: the
+        data manifest's record (``kind``, ``path``, ``name``, ``import_source``, ``pairs``;
+        :meth:`ratune.data.hubs.HubSource.manifest_record` of the catalog when there is no data
+        manifest).
+    Raises:
+        RatuneError: one line naming the config file (``config_path``; "the training config"
+            without one), the field ``hub``, its value (and whether it is the default
+            ``torchhub``, not set in the file) and the data manifest's hub; or
+            :func:`~ratune.data.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
+    """
+    from ratune.data.apibench import HUBS
+    from ratune.data.hubs import resolve_hub
+    from ratune.io import read_json_object
+
+    source = None if config.hub in HUBS else resolve_hub(config.hub)  # an APIBench name needs no APIBench folder here
+    name = config.hub if source is None else source.name
+    data_manifest = Path(config.data_dir) / "manifest.json"
+    built = read_json_object(data_manifest) if data_manifest.is_file() else {}
+    built_name, built_catalog = built.get("hub"), built.get("catalog")
+    if built_name is not None and (built_name != name or (source is not None) != isinstance(built_catalog, dict)):
+        given = f"hub: {config.hub}" + (f" (catalog {name!r})" if source is not None else "") + (
+            " (the default: the config does not set hub)" if "hub" not in config.model_fields_set else "")
+        if isinstance(built_catalog, dict):
+            found, fix = f"the catalog folder {built_catalog.get('path')}", built_catalog.get("path")
+        else:
+            found, fix = "an APIBench hub", built_name
+        where = str(config_path) if config_path is not None else "the training config"
+        raise RatuneError(f"{where}: {given} is not the hub the data was built from: "
+                          f"{data_manifest} says hub: {built_name} ({found}); set hub: {fix}, or train on data built "
+                          f"with `ratune data build --hub {config.hub}`")
+    record: dict = {"hub": name}
+    if source is not None:
+        record["catalog"] = built_catalog if isinstance(built_catalog, dict) else source.manifest_record()
+    return record
+
+
 def check_training_data(config: TrainConfig) -> None:
     """Refuse training data that cannot serve this config, before any folder is made or model loaded.
 
     Raises:
         RatuneError: one line naming the data folder: missing or incomplete (no .complete
             marker), the config's ``train_retriever`` not built there (naming the modes that
-            are), a mode without a train split, or another chat template
-            (:func:`check_data_chat_template`).
+            are), a mode without a train split, another chat template
+            (:func:`check_data_chat_template`) or another hub (:func:`check_data_hub`).
     """
     from ratune.io import read_json_object
     from ratune.manifest import is_complete
@@ -368,6 +415,7 @@ def check_training_data(config: TrainConfig) -> None:
         raise RatuneError(f"{data_dir / mode}: no train split (splits: {splits}); the hub's APIBench copy has no "
                           "training file, so there is nothing to train on")
     check_data_chat_template(config)
+    check_data_hub(config)
 
 
 def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
@@ -556,8 +604,9 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     nproc = _num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
     # before any folder is made or model loaded: the data's chat template, the tokenizer, the data
-    # (complete, the mode built, a train split) and the model folder (safetensors weights)
+    # (complete, the mode built, a train split, the hub) and the model folder (safetensors weights)
     check_data_chat_template(config)
+    hub_record = check_data_hub(config, config_path)  # the data manifest owns the hub; the config must agree
     model_path = resolve_model_path(config.model)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
                                chat_template=config.chat_template)
@@ -665,6 +714,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         "compute": {"dtype": config.dtype, "autocast": "bfloat16" if autocast_dtype else None,
                     "deepspeed_bf16": bool(config.deepspeed and config.bf16),
                     "attn_implementation": checks.attn_implementation_of(model)},
+        **hub_record,  # "hub": its name; "catalog": the data manifest's record (catalog hubs only)
     })
     data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
@@ -793,5 +843,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_config(TrainConfig, args.config)
     path = train(config, resume_from=args.resume_from, config_path=args.config)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # each rank leaves the process group before the interpreter exits: a gloo group left to
+        # the exit handlers once aborted rank 1 after training had finished ("terminate called
+        # without an active exception", exit -6) and failed a launch that had succeeded
+        dist.destroy_process_group()
     print(json.dumps({"model": str(path)}))
     return 0
