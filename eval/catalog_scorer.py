@@ -69,9 +69,13 @@ class CatalogEvalScorer:
         """Number of eval questions."""
         return len(self._gold)
 
+    def has_question(self, question_id) -> bool:
+        """Whether question_id is a line of the eval pairs (an int; bool is not one)."""
+        return not isinstance(question_id, bool) and question_id in self._gold
+
     def check_question_id(self, question_id) -> None:
         """Raise RatuneError unless question_id is a line of the eval pairs."""
-        if isinstance(question_id, bool) or question_id not in self._gold:
+        if not self.has_question(question_id):
             raise RatuneError(f"question_id {question_id!r} is not a line of catalog {self.hub}'s eval pairs")
 
     def gold_api_call(self, question_id: int) -> str:

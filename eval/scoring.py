@@ -887,7 +887,11 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add the arguments of ``ratune eval score`` to ``parser`` (see :func:`cli_score`)."""
     from ratune.args import input_dir, input_file
 
-    parser.add_argument("--hub", required=True, choices=HUBS, help="the APIBench hub")
+    from ratune.data.hubs import check_hub_ref
+
+    parser.add_argument("--hub", required=True, type=check_hub_ref, metavar="HUB",
+                        help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder (its strict metric and "
+                             "argument score; docs/catalogs.md)")
     parser.add_argument("--responses", required=True, type=input_file,
                         help="response JSONL file (question_id, text per line)")
     parser.add_argument("--apibench", default=None, type=input_dir,
@@ -941,10 +945,12 @@ def cli_score(args) -> int:
         RatuneError / InputError: unknown hub, missing files, malformed response lines, a file
             for another hub, question ids out of range.
     """
-    hub = check_hub(args.hub)
     metric = getattr(args, "metric", None) or "both"
     if metric not in ("gorilla", "strict", "both"):
         raise RatuneError(f"unknown metric {metric!r}: expected gorilla, strict or both")
+    if args.hub not in HUBS:
+        return _cli_score_catalog(args, metric)
+    hub = check_hub(args.hub)
     scorer = Scorer.from_apibench(hub, getattr(args, "apibench", None))
     responses = load_responses(args.responses)
     if not getattr(args, "no_hub_check", False):
@@ -955,6 +961,44 @@ def cli_score(args) -> int:
         print(json.dumps(summary(result, metric), sort_keys=True))
     else:
         print(format_table(result, metric, source=os.fspath(args.responses)))
+    return 0
+
+
+def _cli_score_catalog(args, metric: str) -> int:
+    """:func:`cli_score` on a catalog folder: its strict metric and argument score
+    (:class:`ratune.eval.catalog_scorer.CatalogEvalScorer`); question_ids are lines of the
+    catalog's ``pairs/eval.jsonl``.
+
+    Raises:
+        RatuneError: ``--metric gorilla`` (APIBench only); a question_id that is not an eval
+            line, naming the file and line; as :func:`load_responses`.
+    """
+    from ratune.data.hubs import resolve_hub
+    from ratune.eval.catalog_scorer import GORILLA_APIBENCH_ONLY, CatalogEvalScorer
+
+    if metric == "gorilla":
+        raise RatuneError(f"--metric gorilla: {GORILLA_APIBENCH_ONLY}; use --metric strict")
+    scorer = CatalogEvalScorer.from_source(resolve_hub(args.hub))
+    responses = load_responses(args.responses)
+    for r in responses:
+        if not scorer.has_question(r["question_id"]):
+            raise InputError(os.fspath(args.responses), r["line"], "question_id",
+                             f"question_id {r['question_id']} is not a line of catalog {scorer.hub}'s eval pairs "
+                             f"(1..{scorer.n_questions})")
+    result = scorer.score(responses)
+    if getattr(args, "json", False):
+        print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, sort_keys=True))
+        return 0
+    n, strict, arguments = result["n"], result["strict"], result["arguments"]
+    lines = [f"catalog {result['hub']}, {n} responses ({os.fspath(args.responses)})",
+             f"{'metric':<8} {'correct':>16} {'hallucination':>16} {'error':>16}",
+             f"{'strict':<8} " + " ".join(f"{strict[o + '_n']:>5} ({100 * strict[k]:6.2f}%)".rjust(16) for o, k in
+                                          (("correct", "accuracy"), ("hallucination", "hallucination"),
+                                           ("error", "error"))),
+             f"arguments: required present {arguments['required_present_n']} ({100 * arguments['required_present']:.2f}%), "
+             f"values equal {arguments['values_equal_n']} ({100 * arguments['values_equal']:.2f}%) of {n}",
+             "(no gorilla metric: it is APIBench's)"]
+    print("\n".join(lines))
     return 0
 
 

@@ -234,3 +234,25 @@ def test_curve_row_and_files_of_a_catalog_cell_leave_gorilla_blank(tmp_path):
     assert curve_markdown([row]).splitlines()[2] == "| 4 | 1 | oracle | 6 | 3 (50.0) [18.8-81.2] | 16.7 | - | - |"
     assert curve_csv([row]).splitlines()[1].endswith(",,,,")  # the four gorilla columns
     assert plot_curve([row], tmp_path / "c.png").stat().st_size > 0
+
+
+def test_eval_score_cli_scores_a_catalog_response_file(catalog, tmp_path, capsys):
+    path = tmp_path / "responses.jsonl"
+    path.write_text("".join(json.dumps({"question_id": q, "text": _answer(c[0])}) + "\n" for q, c in CASES.items()))
+    capsys.readouterr()
+    assert main(["eval", "score", "--hub", str(catalog), "--responses", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hub"] == "petstore" and result["n"] == 6 and "gorilla" not in result
+    assert (result["strict"]["correct_n"], result["strict"]["error_n"], result["strict"]["hallucination_n"]) == (3, 2, 1)
+    assert (result["arguments"]["required_present_n"], result["arguments"]["values_equal_n"]) == (2, 1)
+    assert main(["eval", "score", "--hub", str(catalog), "--responses", str(path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"catalog petstore, 6 responses ({path})"
+    assert table[2].replace("( ", "(").split() == ["strict", "3", "(50.00%)", "1", "(16.67%)", "2", "(33.33%)"]
+    assert table[3] == "arguments: required present 2 (33.33%), values equal 1 (16.67%) of 6"
+    assert main(["eval", "score", "--hub", str(catalog), "--responses", str(path), "--metric", "gorilla"]) == 2
+    assert "--metric gorilla: the gorilla metric" in capsys.readouterr().err
+    path.write_text(json.dumps({"question_id": 9, "text": "x"}) + "\n")
+    assert main(["eval", "score", "--hub", str(catalog), "--responses", str(path)]) == 2
+    assert "responses.jsonl:1: field 'question_id': question_id 9 is not a line of catalog petstore's eval pairs" \
+        in capsys.readouterr().err
