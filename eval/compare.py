@@ -104,7 +104,9 @@ def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metr
                   scorer=None) -> dict:
     """Score two response files (or eval cell folders) for ``hub`` and compare them paired
     (``scorer``: the hub's :class:`~ratune.eval.scoring.Scorer` when the caller already has one;
-    else it is built from ``apibench_dir``).
+    else it is built from ``apibench_dir``). ``hub`` may be a catalog folder: its answers are
+    scored by :class:`~ratune.eval.catalog_scorer.CatalogEvalScorer` and compared by the strict
+    metric (``metric="gorilla"`` is refused: that metric is APIBench's).
 
     Returns:
         :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
@@ -113,10 +115,19 @@ def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metr
         RatuneError / InputError: unknown hub, missing files, malformed lines, ids out of range,
             a file for another hub (unless ``hub_check`` is False), unpaired question sets.
     """
-    from ratune.data.apibench import check_hub
+    from ratune.data.apibench import HUBS, check_hub
     from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
 
-    check_hub(hub)
+    if scorer is None and str(hub) not in HUBS:  # a catalog folder
+        from ratune.data.hubs import resolve_hub
+        from ratune.eval.catalog_scorer import GORILLA_APIBENCH_ONLY, CatalogEvalScorer
+
+        if metric == "gorilla":
+            raise RatuneError(f"--metric gorilla: {GORILLA_APIBENCH_ONLY}; compare with --metric strict")
+        scorer = CatalogEvalScorer.from_source(resolve_hub(hub))
+        hub, hub_check = scorer.hub, False  # the APIBench hub check reads loader calls
+    else:
+        check_hub(hub)
     scorer = scorer or Scorer.from_apibench(hub, apibench_dir)
     paths, scored = [], []
     for given in (responses_a, responses_b):
@@ -179,11 +190,14 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="response JSONL file, or an eval cell folder holding responses.jsonl")
     parser.add_argument("responses_b", metavar="RESPONSES_B", type=input_path,
                         help="the same for B (same questions)")
-    parser.add_argument("--hub", required=True, choices=HUBS, help="the APIBench hub")
+    from ratune.data.hubs import check_hub_ref
+
+    parser.add_argument("--hub", required=True, type=check_hub_ref, metavar="HUB",
+                        help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder")
     parser.add_argument("--apibench", default=None, type=input_dir,
                         help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
-    parser.add_argument("--metric", choices=COMPARE_METRICS, default="gorilla",
-                        help="which outcome counts as correct (default gorilla)")
+    parser.add_argument("--metric", choices=COMPARE_METRICS, default=None,
+                        help="which outcome counts as correct (default gorilla; strict on a catalog)")
     parser.add_argument("--resamples", type=bounded(resamples, "resamples"), default=DEFAULT_RESAMPLES,
                         help=f"paired bootstrap resamples, 1 to {MAX_RESAMPLES} (default {DEFAULT_RESAMPLES})")
     parser.add_argument("--seed", type=bounded(Seed), default=DEFAULT_SEED,
@@ -213,9 +227,12 @@ def cli_compare(args) -> int:
     if resamples < 1:
         raise RatuneError(f"--resamples must be at least 1, got {resamples}")
     seed = getattr(args, "seed", None)
+    from ratune.data.apibench import HUBS
+
+    metric = getattr(args, "metric", None) or ("gorilla" if args.hub in HUBS else "strict")
     result = compare_files(args.responses_a, args.responses_b, hub=args.hub,
                            apibench_dir=getattr(args, "apibench", None),
-                           metric=getattr(args, "metric", None) or "gorilla", resamples=resamples,
+                           metric=metric, resamples=resamples,
                            seed=DEFAULT_SEED if seed is None else seed,
                            hub_check=not getattr(args, "no_hub_check", False))
     if getattr(args, "json", False):

@@ -256,3 +256,33 @@ def test_eval_score_cli_scores_a_catalog_response_file(catalog, tmp_path, capsys
     assert main(["eval", "score", "--hub", str(catalog), "--responses", str(path)]) == 2
     assert "responses.jsonl:1: field 'question_id': question_id 9 is not a line of catalog petstore's eval pairs" \
         in capsys.readouterr().err
+
+
+def test_compare_two_catalog_response_files_by_the_strict_metric(catalog, tmp_path, capsys):
+    from ratune.data.hubs import resolve_hub
+
+    gold = {e.line: e.answer.api_call for e in resolve_hub(catalog).load_examples("eval")}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"question_id": q, "text": _answer(c[0])}) + "\n" for q, c in CASES.items()))
+    b.write_text("".join(json.dumps({"question_id": q, "text": _answer(call)}) + "\n" for q, call in gold.items()))
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--hub", str(catalog), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hub"] == "petstore" and result["metric"] == "strict" and result["n"] == 6
+    # A is right on questions 1-3, B on all six: 3 discordant, all "only B"; exact McNemar p = 2 x 0.5^3
+    assert result["contingency"] == {"both": 3, "only_a": 0, "only_b": 3, "neither": 0}
+    assert result["mcnemar_p"] == pytest.approx(0.25)
+    assert result["difference"]["value"] == pytest.approx(-0.5)
+    assert main(["compare", str(a), str(b), "--hub", str(catalog), "--metric", "gorilla"]) == 2
+    assert "--metric gorilla: the gorilla metric" in capsys.readouterr().err
+
+
+def test_worst_case_table_of_catalog_cells_has_strict_columns_only():
+    from ratune.eval.robustness import worst_case, worst_case_markdown
+
+    cells = [{"train_retriever": "oracle", "test_retriever": s, "n": 6,
+              "strict": {"accuracy": k / 6, "accuracy_ci": [0.0, 1.0]}} for s, k in (("0_shot", 0), ("oracle", 6))]
+    md = worst_case_markdown(worst_case(cells)).splitlines()
+    assert md[0] == "| train | worst strict (setting) | mean strict | settings |"
+    assert md[1] == "|---|---|---|---|"
+    assert md[2] == "| oracle | 0.0 [0-100] (0_shot) | 50.0 | 2 |"
