@@ -240,6 +240,14 @@ def check_hub_ref(text: str) -> str:
     return text
 
 
+def hub_argument_type():
+    """The argparse type of every ``--hub`` that takes an APIBench hub or a catalog folder:
+    :func:`check_hub_ref` at the edge, keeping the text (:func:`ratune.args.checked`)."""
+    from ratune.args import checked
+
+    return checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder"))
+
+
 def as_hub_source(hub: "str | HubSource", apibench_dir: str | os.PathLike | None = None) -> HubSource:
     """``hub`` itself when it is a :class:`HubSource`, else :func:`resolve_hub` of it (callers
     that take a hub name or a source)."""

@@ -190,9 +190,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="response JSONL file, or an eval cell folder holding responses.jsonl")
     parser.add_argument("responses_b", metavar="RESPONSES_B", type=input_path,
                         help="the same for B (same questions)")
-    from ratune.data.hubs import check_hub_ref
+    from ratune.data.hubs import hub_argument_type
 
-    parser.add_argument("--hub", required=True, type=check_hub_ref, metavar="HUB",
+    parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
                         help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder")
     parser.add_argument("--apibench", default=None, type=input_dir,
                         help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")

@@ -6,7 +6,9 @@ Output folder (one per checkpoint)::
     {setting}/responses.jsonl   {"question_id", "text", "model", "setting"} per line, appended and
                                 flushed per batch; a rerun continues after the last complete line
     {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions,
-                                each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings
+                                each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings;
+                                on a catalog the top-level rates are its strict metric's (``"metric": "strict"``),
+                                with its argument score and no gorilla block (eval/catalog_scorer.py)
     {setting}/identity.json     checkpoint, questions and generation settings (device and dtype
                                 included); a rerun with different ones is refused instead of
                                 mixing answers

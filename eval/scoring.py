@@ -887,9 +887,9 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add the arguments of ``ratune eval score`` to ``parser`` (see :func:`cli_score`)."""
     from ratune.args import input_dir, input_file
 
-    from ratune.data.hubs import check_hub_ref
+    from ratune.data.hubs import hub_argument_type
 
-    parser.add_argument("--hub", required=True, type=check_hub_ref, metavar="HUB",
+    parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
                         help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder (its strict metric and "
                              "argument score; docs/catalogs.md)")
     parser.add_argument("--responses", required=True, type=input_file,

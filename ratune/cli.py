@@ -426,11 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     backend = registered("BM25 backend", BM25_BACKENDS)
     finetuned = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
-    from ratune.data.hubs import check_hub_ref, hub_choices_text
+    from ratune.data.hubs import check_hub_ref, hub_argument_type, hub_choices_text
 
-    # --hub of data build and retrieval: an APIBench hub or a catalog folder (data/hubs.py)
-    hub_ref = {"type": checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder")),
-               "metavar": "HUB"}
+    # --hub of every stage: an APIBench hub or a catalog folder (data/hubs.py)
+    hub_ref = {"type": hub_argument_type(), "metavar": "HUB"}
     hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
                                   bad=("no_such_hub", "folder")), "metavar": "HUB"}
     mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
