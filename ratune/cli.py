@@ -33,6 +33,13 @@ from typing import Callable
 TRACEBACK_ENV = "RATUNE_TRACEBACK"
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write: the ranks of a launch share stderr, and print's separate
+    write of the newline let two ranks' lines run together on one line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
     """Run ``fn`` behind ratune's one error boundary (every ``ratune`` command and
     ``python -m ratune.train``, under accelerate or not).
@@ -65,7 +72,7 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except RatuneError as exc:
         if debug:
             raise
-        print(f"ratune: error: {exc}", file=sys.stderr)
+        _say(f"ratune: error: {exc}")
         return 2
     except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -74,7 +81,7 @@ def run_guarded(fn: Callable[[], int]) -> int:
         if debug or not exc.filename:
             raise
         where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
-        print(f"ratune: error: {where}: {exc.strerror or exc}", file=sys.stderr)
+        _say(f"ratune: error: {where}: {exc.strerror or exc}")
         return 2
     except KeyboardInterrupt:
         print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
