@@ -17,13 +17,14 @@ import os
 from pathlib import Path
 
 from ratune.errors import RatuneError
+from ratune.eval.scoring.scorer import METRICS
 from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
                                wilson_interval)
 
 #: Name of the responses file inside an eval cell folder (``{eval_dir}/{setting}/``).
 CELL_RESPONSES = "responses.jsonl"
 
-COMPARE_METRICS = ("gorilla", "strict")
+COMPARE_METRICS = METRICS
 
 
 def resolve_responses_path(path: str | os.PathLike) -> Path:

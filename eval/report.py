@@ -236,13 +236,13 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     out = []
-    for _, metric, pick in _present_metrics(cells):
-        out += [f"## {metric}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name in cell_metrics(cells):
+        out += [f"## {METRIC_TITLES[name]}", "", "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for r in rows:
             line = [r]
             for s in cols:
                 c = index.get((r, s))
-                m = pick(c) if has_result(c) else None
+                m = metric_block(c, name) if has_result(c) else None
                 if m and "accuracy" in m:
                     text = accuracy_text(c, m)
                     if "hallucination" in m:
@@ -255,14 +255,40 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     return out
 
 
-#: The metrics of a table, in report order: ``(name, title, pick)``, ``pick(cell)`` its block.
-_METRICS = (("gorilla", "gorilla (official)", lambda c: c), ("strict", "strict (exact API)", lambda c: c.get("strict") or {}))
+#: The metrics a table cell can hold, headline first, with their table titles: the official
+#: gorilla metric (the cell's top-level rates) and the strict one (its ``"strict"`` block). A
+#: catalog's cells have the strict metric only (:func:`make_cell`).
+METRIC_TITLES = {"gorilla": "gorilla (official)", "strict": "strict (exact API)"}
 
 
-def _present_metrics(cells: Sequence[dict]) -> list[tuple[str, str, object]]:
-    """The :data:`_METRICS` some cell has: the gorilla metric (top-level rates; absent in a
-    catalog's cells), the strict metric (``"strict"``); the strict one alone when none has either."""
-    return [m for m in _METRICS if any(has_result(c) and "accuracy" in m[2](c) for c in cells)] or list(_METRICS[1:])
+def metric_block(cell: dict | None, metric: str) -> dict:
+    """A cell's block of one metric (``accuracy``, counts, intervals): ``gorilla`` its top-level
+    rates, ``strict`` its ``"strict"`` block; {} when the cell has none (no cell, or a catalog's
+    cell and ``gorilla``).
+
+    Raises:
+        KeyError: ``metric`` is not one of :data:`METRIC_TITLES`.
+    """
+    METRIC_TITLES[metric]
+    if not cell:
+        return {}
+    if metric == "gorilla":
+        return cell if "accuracy" in cell else {}
+    return cell.get("strict") or {}
+
+
+def cell_metrics(cells: Sequence[dict]) -> tuple[str, ...]:
+    """The metrics some scored cell holds, headline first (:data:`METRIC_TITLES` order); the
+    strict metric alone when none holds either. Every table, plot, worst case and export of a
+    report reads its metrics from here, so no stage tests the hub's kind."""
+    present = tuple(m for m in METRIC_TITLES if any(has_result(c) and "accuracy" in metric_block(c, m) for c in cells))
+    return present or ("strict",)
+
+
+def headline_metric(cells: Sequence[dict]) -> str:
+    """The metric a choice among ``cells`` is made by (the best cell to export, a model card's
+    table): the gorilla metric when every cell holds it (APIBench), else the strict one."""
+    return "gorilla" if cells and all("accuracy" in metric_block(c, "gorilla") for c in cells) else "strict"
 
 
 def _arguments_table(cells: Sequence[dict]) -> list[str]:
@@ -388,15 +414,15 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
     cells = table["cells"]
     rows, cols = _axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
-    panels = [(f"{name} accuracy %", pick) for name, _, pick in _present_metrics(cells)]
+    panels = [(f"{name} accuracy %", name) for name in cell_metrics(cells)]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.0 + 1.3 * len(cols) * len(panels), 1.5 + 0.7 * len(rows)),
                              squeeze=False)
-    for ax, (title, pick) in zip(axes[0], panels):
+    for ax, (title, name) in zip(axes[0], panels):
         grid = np.full((len(rows), len(cols)), np.nan)
         for i, r in enumerate(rows):
             for j, s in enumerate(cols):
                 c = index.get((r, s))
-                m = pick(c) if has_result(c) else None
+                m = metric_block(c, name) if has_result(c) else None
                 if m and "accuracy" in m:
                     grid[i, j] = 100 * m["accuracy"]
         ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=100, cmap="viridis")
@@ -432,7 +458,7 @@ def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | 
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table = {"hub": hub, "model": model, "metric": _present_metrics(cells)[0][0], "interval": INTERVAL,
+    table = {"hub": hub, "model": model, "metric": cell_metrics(cells)[0], "interval": INTERVAL,
              "cells": [_complete(c) for c in cells], "versions": package_versions()}
     if replicates is not None:
         table["replicates"] = replicates

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-METRICS = ("gorilla", "strict")
+from ratune.eval.report import METRIC_TITLES, metric_block
+
+METRICS = tuple(METRIC_TITLES)
 
 
 def _accuracy(cell: dict, metric: str) -> tuple[float | None, list | None]:
-    block = cell if metric == "gorilla" else (cell.get("strict") or {})
+    block = metric_block(cell, metric)
     return block.get("accuracy"), block.get("accuracy_ci")
 
 

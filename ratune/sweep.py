@@ -70,6 +70,7 @@ from ratune.data.apibench import HUBS
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
 from ratune.eval.run import BACKENDS, DEVICES, DTYPES
+from ratune.eval.report import headline_metric, metric_block
 from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep_pairs import ComparePair
 
@@ -1185,11 +1186,10 @@ def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
         by_group.setdefault(group_of(record), []).append((record, c))
     best, no_best = {}, {}
     for group, cells in by_group.items():
-        # the gorilla metric on APIBench; a catalog's cells have only the strict one
-        metric = "gorilla" if all("accuracy" in c for _, c in cells) else "strict"
+        metric = headline_metric([c for _, c in cells])  # gorilla on APIBench; a catalog's cells: strict
 
         def accuracy(c: dict) -> float:
-            return c["accuracy"] if metric == "gorilla" else (c.get("strict") or {}).get("accuracy", 0.0)
+            return metric_block(c, metric).get("accuracy", 0.0)
 
         top = max(accuracy(c) for _, c in cells)
         if top <= 0:
@@ -1201,7 +1201,7 @@ def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
         cell_dir = sweep_dir / "cells" / record["name"]
         best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
                        "test_retriever": c["test_retriever"], "metric": metric, "accuracy": accuracy(c),
-                       "accuracy_ci": (c if metric == "gorilla" else c["strict"]).get("accuracy_ci"), "n": c["n"],
+                       "accuracy_ci": metric_block(c, metric).get("accuracy_ci"), "n": c["n"],
                        "tied_with": others,
                        "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
                                        f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}

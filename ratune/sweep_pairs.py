@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ratune.errors import RatuneError
+from ratune.eval.scoring.scorer import METRICS
 from ratune.io import read_json_object
 
 #: Dimensions every eval cell has besides the sweep axes.
@@ -150,10 +151,10 @@ def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: i
                 continue
             try:
                 # a catalog's cells have no gorilla outcomes (eval/catalog_scorer.py): its strict only
-                metrics = [m for m in ("gorilla", "strict") if all(m in q for q in (*per_q[0], *per_q[1]))]
+                metrics = [m for m in METRICS if all(m in q for q in (*per_q[0], *per_q[1]))]
                 entry["metrics"] = {m: compare_outcomes(per_q[0], per_q[1], metric=m, resamples=resamples,
                                                         labels=(entry["a_cell"], entry["b_cell"]))
-                                    for m in metrics or ("gorilla", "strict")}
+                                    for m in metrics or METRICS}
             except RatuneError as err:
                 results.append({**entry, "status": "refused", "reason": str(err)})
                 continue
@@ -165,7 +166,7 @@ def comparisons_markdown(results: list[dict]) -> str:
     """The comparisons as one markdown table per metric (percent; intervals 95 %)."""
     lines = []
     ok = [r for r in results if r["status"] == "ok"]
-    present = [m for m in ("gorilla", "strict") if any(m in r["metrics"] for r in ok)] or ["gorilla", "strict"]
+    present = [m for m in METRICS if any(m in r["metrics"] for r in ok)] or list(METRICS)
     for metric in present:
         lines += [f"### {metric} metric", "",
                   "| pair | context | A | B | n | A acc | B acc | both / only A / only B / neither "
@@ -206,7 +207,7 @@ def comparisons_csv_rows(results: list[dict]) -> list[list]:
         if r["status"] != "ok":
             rows.append([*head, "", "", "", *[""] * (len(header) - 8)])
             continue
-        for metric in ("gorilla", "strict"):
+        for metric in METRICS:
             m = r["metrics"].get(metric)
             if m is None:  # a catalog's pair: no gorilla metric
                 continue

@@ -182,3 +182,25 @@ def test_sweep_report_names_ties_and_no_best_when_every_cell_is_zero(tmp_path, c
     assert summary["no_best"] == {"torchhub": "every one of its 2 cells scored 0.0 % (gorilla); nothing to choose"}
     out = capsys.readouterr().out
     assert "no best cell in torchhub: every one of its 2 cells" in out and "best in torchhub:" not in out
+
+
+def test_cell_metrics_come_from_the_cells_not_the_hub():
+    from ratune.eval.report import cell_metrics, headline_metric, metric_block
+
+    apibench = make_cell("oracle", "0_shot", {"n": 4, "accuracy": 0.5, "hallucination": 0.25, "error": 0.25,
+                                              "strict": {"accuracy": 0.25, "hallucination": 0.25, "error": 0.5}})
+    catalog = make_cell("oracle", "oracle", {"n": 4, "metric": "strict",
+                                             "strict": {"accuracy": 0.75, "hallucination": 0.0, "error": 0.25}})
+    assert metric_block(apibench, "gorilla")["correct_n"] == 2
+    assert metric_block(apibench, "strict")["correct_n"] == 1
+    assert metric_block(catalog, "gorilla") == {}
+    assert metric_block(catalog, "strict")["correct_n"] == 3
+    assert metric_block(None, "strict") == {}
+    with pytest.raises(KeyError):
+        metric_block(apibench, "exact")
+    assert cell_metrics([apibench]) == ("gorilla", "strict")
+    assert cell_metrics([catalog]) == ("strict",)
+    assert cell_metrics([]) == ("strict",)
+    assert headline_metric([apibench]) == "gorilla"
+    assert headline_metric([catalog]) == "strict"
+    assert headline_metric([apibench, catalog]) == "strict"  # the metric every cell holds

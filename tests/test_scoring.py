@@ -283,3 +283,21 @@ def test_every_released_file_scores_without_error(hub):
             result = scored(hub, mode, setting)
             for metric in ("gorilla", "strict"):
                 assert sum(counts(result[metric])) == result["n"]
+
+
+def test_hub_rules_are_one_object_per_hub_and_own_each_difference():
+    from ratune.data.apibench import HUBS
+    from ratune.errors import RatuneError
+    from ratune.eval.scoring import HUB_LOADERS, HUB_RULES, rules_for
+
+    assert tuple(HUB_RULES) == HUBS
+    assert [rules_for(h).name for h in HUBS] == list(HUBS)
+    with pytest.raises(RatuneError, match="unknown hub 'pytorch'"):
+        rules_for("pytorch")
+    # semantics §2: only TorchHub refuses to parse a text without the literal api_call
+    assert [HUB_RULES[h].parses_text_without_marker for h in HUBS] == [False, True, True]
+    assert extract_api_call("torch.hub.load('a/b', 'c')", "torchhub") is None
+    assert extract_api_call("hub.load('u')", "tensorflowhub") == "hub.load('u')"
+    # the hub check reads each hub's evidence pattern
+    assert HUB_LOADERS == {h: HUB_RULES[h].evidence for h in HUBS}
+    assert [bool(HUB_LOADERS[h].search("m = torch.hub.load('a/b', 'c')")) for h in HUBS] == [True, False, False]

@@ -119,7 +119,7 @@ def test_torchhub_variant_table_and_database_keys():
     # meal_v2(model_name, pretrained=True, progress=True, exportable=False).
     assert TORCHHUB_VARIANT_ENTRY_POINTS == {(b"szq0214/MEAL-V2", b"meal_v2"): b"model_name"}
     sc = scorer("torchhub")
-    keys = [sc._identity_of_reference(doc["api_call"])[0] for doc in sc.api_database]
+    keys = [sc.api_key(doc["api_call"]) for doc in sc.api_database]
     # Database lines 88-94 (0-based 87-93) name MEAL-V2 by the variant in model=.
     assert keys[87:94] == [("th", b"szq0214/MEAL-V2", v) for v in (
         b"mealv2_resnest50", b"mealv2_resnest50_cutmix", b"mealv2_resnest50_380x380",
@@ -260,14 +260,14 @@ def test_strict_counts_released_torchhub():
     # RT/0_shot, are regression values, as listed in docs/scoring.md.
     # FT/oracle was (144, 18, 24) under the old last-positional-string rule; issue 21 moved q92
     # from error to hallucination (test_argument_order_changes_one_released_verdict pins q92).
-    want = {("FT", "0_shot"): (18, 14, 154),  # regression value: eval/scoring.py Scorer.score (issue 21)
-            ("FT", "bm25"): (13, 8, 165),  # regression value: eval/scoring.py Scorer.score (issue 21)
-            ("FT", "gpt_index"): (17, 5, 164),  # regression value: eval/scoring.py Scorer.score (issue 21)
-            ("FT", "oracle"): (144, 19, 23),  # regression value: eval/scoring.py Scorer.score (issue 21)
+    want = {("FT", "0_shot"): (18, 14, 154),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("FT", "bm25"): (13, 8, 165),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("FT", "gpt_index"): (17, 5, 164),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("FT", "oracle"): (144, 19, 23),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
             ("RT", "0_shot"): (0, 0, 186),  # by hand: no text contains api_call (checked below): all errors
-            ("RT", "bm25"): (14, 2, 170),  # regression value: eval/scoring.py Scorer.score (issue 21)
-            ("RT", "gpt_index"): (17, 0, 169),  # regression value: eval/scoring.py Scorer.score (issue 21)
-            ("RT", "oracle"): (182, 0, 4)}  # regression value: eval/scoring.py Scorer.score (issue 21)
+            ("RT", "bm25"): (14, 2, 170),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("RT", "gpt_index"): (17, 0, 169),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("RT", "oracle"): (182, 0, 4)}  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
     sc = scorer("torchhub")
     for (mode, setting), expected in want.items():
         path = APIBENCH / "responses" / f"response_torchhub_Gorilla_{mode}_{setting}.jsonl"

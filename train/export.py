@@ -206,7 +206,9 @@ def _results_hub(table_hub: str | None, recipe: dict) -> tuple[str | None, bool]
 def _main_block(cell: dict) -> dict:
     """A cell's headline metric: the gorilla rates at its top level (APIBench), else its ``strict``
     block (a catalog's cell has no gorilla metric: eval/report.py ``make_cell``)."""
-    return cell if "accuracy" in cell else (cell.get("strict") or {})
+    from ratune.eval.report import headline_metric, metric_block
+
+    return metric_block(cell, headline_metric([cell]))
 
 
 def _table_row_markdown(cells: list[dict], hub: str | None, catalog: bool = False) -> str:
