@@ -45,80 +45,21 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
-from ratune.config import Count, Threads, check_fields
 from ratune.errors import RatuneError
+from ratune.eval.settings import BACKENDS, DEVICES, DTYPES, EvalSettings
 from ratune.locks import locked_output
 from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
-from ratune.registry import (CONSTRAINTS_PREFIX, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS, TEST_SETTINGS,
+from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS, TEST_SETTINGS,
                              setting_retriever, unknown_name)
 
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
 # --settings the eval runs DEFAULT_SETTINGS (the paper's columns but released_bm25, plus dense).
-#: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
-BACKENDS = ("hf", "vllm")
-#: Where the model generates: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``.
-DEVICES = ("auto", "cpu", "cuda")
-#: The weights' dtype while generating: ``auto`` is ``bfloat16`` on CUDA and ``float32`` on CPU.
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: What cells made before devices and dtypes were recorded ran with (every one of them loaded the
 #: model in float32 and never moved it off the CPU; vLLM ran on CUDA in its float32 default).
 _LEGACY_PLACEMENT = {"hf": {"device": "cpu", "dtype": "float32"}, "vllm": {"device": "cuda", "dtype": "float32"}}
-
-
-@dataclass
-class EvalSettings:
-    """How a checkpoint is evaluated.
-
-    Attributes:
-        settings: test-time settings to run (names of ratune/registry.py EVAL_SETTINGS).
-        n_questions: evaluate the first N eval questions (None = all); the same in every cell.
-        batch_size: prompts per generate call.
-        max_new_tokens: generation limit.
-        stop_after_api_call: stop once the api_call/api_provider fields are complete.
-        max_document_tokens: document budget (None = read from the checkpoint's manifest).
-        torch_threads: intra-op threads.
-        backend: ``hf`` (batched HF ``generate``, :mod:`ratune.eval.generate`; CPU or GPU) or
-            ``vllm`` (:mod:`ratune.eval.vllm_backend`; optional extra, CUDA only; same prompt ids,
-            greedy decoding, limit and answer cut). Recorded in each cell's identity when not
-            ``hf``, so a cell is never continued with the other backend.
-        trust_remote_code: let the checkpoint's own modeling code run (only for a model trained
-            with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
-        dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
-            retrieval train``); recorded in those cells' identity.
-        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/retrievers.py).
-        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` for the prompts;
-            None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
-            the tokenizer's own. A named one is recorded in each cell's identity.
-        device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
-            (:func:`resolve_placement`).
-        dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
-            ``float16``. The resolved device and dtype are recorded in each cell's identity and
-            metrics (``generation.device``, ``generation.dtype``).
-    """
-
-    settings: Sequence[str] = DEFAULT_SETTINGS
-    n_questions: Count | None = None
-    batch_size: Count = 8
-    max_new_tokens: Count = 256
-    stop_after_api_call: bool = False
-    max_document_tokens: Count | None = None
-    torch_threads: Threads | None = None
-    backend: str = "hf"
-    trust_remote_code: bool = False
-    dense_model: str | None = None
-    bm25_backend: str = DEFAULT_BM25_BACKEND
-    chat_template: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    retriever_cache: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        check_fields(self)  # the bounds of ratune.config (Count, Threads), before any work starts
 
 
 def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:

@@ -28,6 +28,9 @@ import json
 import sys
 from typing import Callable
 
+from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.options import add_arguments, values_from_args
+
 
 #: Set to 1 to see the traceback of an error the boundary reports in one line.
 TRACEBACK_ENV = "RATUNE_TRACEBACK"
@@ -293,17 +296,13 @@ def _train(args) -> int:
 def _eval_run(args) -> int:
     from ratune.data.apibench import HUBS, resolve_apibench_dir
     from ratune.eval.curve import curve_markdown, evaluate_curve
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.eval.run import evaluate_checkpoint
 
     from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS
 
-    names = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
-    settings = EvalSettings(settings=names, n_questions=args.n_questions, batch_size=args.batch_size,
-                            max_new_tokens=args.max_new_tokens, stop_after_api_call=args.stop_after_api_call,
-                            max_document_tokens=args.max_document_tokens, torch_threads=args.threads,
-                            backend=args.backend, trust_remote_code=args.trust_remote_code,
-                            dense_model=args.dense_model, bm25_backend=args.bm25_backend,
-                            device=args.device, dtype=args.dtype, chat_template=args.chat_template)
+    values = values_from_args(args, EVAL_OPTIONS)
+    values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
+    settings = EvalSettings(**values)
     apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
     if args.all_checkpoints:
         rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
@@ -416,16 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
     from ratune.data.prompt import CHAT_TEMPLATE_NAMES
     from ratune.data.validate import LEAKAGE_POLICIES
-    from ratune.eval.run import BACKENDS, DEVICES, DTYPES
     from ratune.eval.scoring import add_score_arguments
     from ratune.args import (RatuneArgumentParser, bounded, checked, input_dir, input_file, key_equals_dir,
                              latest_or_dir, model_ref, output_dir, registered, setting)
     from ratune.config import Count, FiniteFloat
     from ratune.data.build import BuildSettings
     from ratune.data.mixture import Mixture
-    from ratune.eval.run import EvalSettings
-    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES,
-                                 CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES)
+    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES,
+                                 RETRIEVERS, TRAIN_MODES)
     from ratune.sweep_pairs import parse_selector
     from ratune.train.model import DEMO_MODEL_ALIAS
 
@@ -551,32 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "argument score, docs/catalog_scoring.md)")
     e.add_argument("--apibench", type=input_dir)
     e.add_argument("--out", required=True, type=output_dir)
-    e.add_argument("--settings", nargs="+", default=None, **registered("test setting", EVAL_SETTINGS),
-                   help=f"retrieval settings (default {' '.join(DEFAULT_SETTINGS)}; on a catalog "
-                        f"{' '.join(CATALOG_DEFAULT_SETTINGS)}; {finetuned} needs --dense-model) "
-                        "and/or experiments: swap, irrelevant, constraints_SETTING (docs/experiments.md)")
-    e.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
-                   help=f"finetuned retriever folder (`ratune retrieval train`) of the {finetuned} settings")
-    e.add_argument("--bm25-backend", **backend, default=DEFAULT_BM25_BACKEND,
-                   help="BM25 implementation (same rankings; bm25s is faster)")
-    e.add_argument("--n-questions", type=setting(EvalSettings, "n_questions"), default=None,
-                   help="the first N eval questions (default all)")
-    e.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
-    e.add_argument("--max-new-tokens", type=setting(EvalSettings, "max_new_tokens"), default=256)
-    e.add_argument("--stop-after-api-call", action="store_true")
-    e.add_argument("--max-document-tokens", type=setting(EvalSettings, "max_document_tokens"), default=None)
-    e.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None)
-    e.add_argument("--backend", choices=BACKENDS, default="hf",
-                   help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only")
-    e.add_argument("--device", choices=DEVICES, default="auto",
-                   help="where to generate (default auto: cuda when torch sees a GPU, else cpu)")
-    e.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="weights' dtype while generating (default auto: bfloat16 on cuda, float32 on cpu)")
-    e.add_argument("--trust-remote-code", action="store_true",
-                   help="run the checkpoint's own modeling code (only for models trained with trust_remote_code)")
-    e.add_argument("--chat-template", choices=CHAT_TEMPLATE_NAMES, default=None,
-                   help="prompt chat template (default: the one the checkpoint was trained with, from its run "
-                        "manifest; give it for a model trained elsewhere whose tokenizer has none)")
+    add_arguments(e, EvalSettings, EVAL_OPTIONS)
     e.add_argument("--all-checkpoints", action="store_true",
                    help="a learning curve: evaluate every Trainer checkpoint of the run folder --checkpoint "
                         "(trainer/checkpoint-STEP) into OUT/stepSTEP/ and write OUT/curve.{json,csv,md,png} "

@@ -15,10 +15,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, TestSettingName, Threads, TrainModeName, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, TrainModeName, load_yaml, validate
 from ratune.data.apibench import HUBS
-from ratune.eval.run import DEVICES, DTYPES
-from ratune.registry import DEFAULT_SETTINGS
+from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.options import config_model, config_values
 from ratune.train.model import DEMO_MODEL_ALIAS
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -30,15 +30,11 @@ class DemoData(BaseModel):
     max_document_tokens: Count | None = 128
 
 
-class DemoEval(BaseModel):
-    model_config = SCHEMA_CONFIG
-    settings: list[TestSettingName] = list(DEFAULT_SETTINGS)  # configs/demo.yaml names its own
-    n_questions: Count | None = 50
-    batch_size: Count = 8
-    max_new_tokens: Count = 80
-    stop_after_api_call: bool = True
-    device: Literal[DEVICES] = "auto"   # auto: cuda when torch sees a GPU, else cpu
-    dtype: Literal[DTYPES] = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+#: The demo's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS), with the demo's
+#: own defaults (configs/demo.yaml names its settings); ``threads`` defaults to the top-level
+#: ``torch_threads``.
+DemoEval = config_model("DemoEval", EvalSettings, EVAL_OPTIONS, doc="The demo's eval settings.",
+                        defaults={"n_questions": 50, "max_new_tokens": 80, "stop_after_api_call": True})
 
 
 class DemoConfig(BaseModel):
@@ -92,7 +88,7 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     from ratune.data.apibench import resolve_apibench_dir
     from ratune.data.build import BuildSettings, build_dataset
     from ratune.eval.report import make_cell, table2_markdown, write_table2
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.eval.run import evaluate_checkpoint
     from ratune.locks import output_lock
     from ratune.manifest import is_complete, require_owned
     from ratune.train.config import TrainConfig
@@ -138,11 +134,8 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
         t0 = time.time()
         results = evaluate_checkpoint(
             run_dir, hub=cfg.hub, apibench_dir=apibench, out_dir=out / f"eval_{arm}", model_name=f"train_{arm}",
-            settings=EvalSettings(settings=cfg.eval.settings, n_questions=cfg.eval.n_questions,
-                                  batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
-                                  stop_after_api_call=cfg.eval.stop_after_api_call,
-                                  torch_threads=cfg.torch_threads, device=cfg.eval.device,
-                                  dtype=cfg.eval.dtype))
+            settings=EvalSettings(**{**config_values(cfg.eval, EVAL_OPTIONS),
+                                     "torch_threads": cfg.eval.threads or cfg.torch_threads}))
         times[f"eval {arm}"] = time.time() - t0
         cells += [make_cell(arm, setting, metrics) for setting, metrics in results.items()]
 

@@ -64,14 +64,15 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName, Threads,
+from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName,
                            Top1RetrieverName, load_yaml, validate)
 from ratune.data.apibench import HUBS
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.errors import RatuneError
-from ratune.eval.run import BACKENDS, DEVICES, DTYPES
 from ratune.eval.report import headline_metric, metric_block
-from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
+from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.options import command_arguments, config_model
+from ratune.registry import DEFAULT_BM25_BACKEND, EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep_pairs import ComparePair
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
@@ -102,28 +103,15 @@ class SweepData(BaseModel):
     bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
 
 
-class SweepEval(BaseModel):
-    """Arguments of ``ratune eval run`` for every cell."""
-
-    model_config = SCHEMA_CONFIG
-    settings: list[TestSettingName] = list(DEFAULT_SETTINGS)
-    n_questions: Count | None = None
-    batch_size: Count = 8
-    max_new_tokens: Count = 256
-    stop_after_api_call: bool = False
-    max_document_tokens: Count | None = None
-    threads: Threads | None = None
-    backend: Literal[BACKENDS] = "hf"
-    dense_model: str | None = Field(None, description="finetuned retriever folder of the dense_ft settings")
-    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
-    device: Literal[DEVICES] = Field("auto", description="auto: cuda when torch sees a GPU, else cpu")
-    dtype: Literal[DTYPES] = Field(
-        "auto", description="auto: bfloat16 on cuda, float32 on cpu")
-    curve_settings: list[TestSettingName] = Field(
+#: A sweep file's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS) under its
+#: flag's name, plus the learning curve's settings.
+SweepEval = config_model(
+    "SweepEval", EvalSettings, EVAL_OPTIONS, doc="Arguments of ``ratune eval run`` for every cell.",
+    extra={"curve_settings": (list[TestSettingName], Field(
         default_factory=list,
         description="a learning curve: after training, every Trainer checkpoint of a cell is evaluated under "
                     "these settings (cells/NAME/curve/); the base config must save checkpoints (save_strategy: "
-                    "epoch or save_steps) and keep them all (no save_total_limit)")
+                    "epoch or save_steps) and keep them all (no save_total_limit)"))})
 
 
 class SlurmSettings(BaseModel):
@@ -455,29 +443,11 @@ def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
     CURVE_SETTINGS`` (same generation settings)."""
     e = sweep.config.eval
     out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
-    cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub,
-           "--out", str(out), "--settings", *settings, "--batch-size", str(e.batch_size),
-           "--max-new-tokens", str(e.max_new_tokens)]
+    cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub, "--out", str(out),
+           *command_arguments(e.model_copy(update={"settings": settings}), EvalSettings, EVAL_OPTIONS, policy="always")]
     if curve:
         cmd += ["--all-checkpoints"]
-    if e.n_questions is not None:
-        cmd += ["--n-questions", str(e.n_questions)]
-    if e.stop_after_api_call:
-        cmd += ["--stop-after-api-call"]
-    if e.max_document_tokens is not None:
-        cmd += ["--max-document-tokens", str(e.max_document_tokens)]
-    if e.threads is not None:
-        cmd += ["--threads", str(e.threads)]
-    if e.backend != "hf":
-        cmd += ["--backend", e.backend]
-    if e.dense_model:
-        cmd += ["--dense-model", e.dense_model]
-    if e.bm25_backend != DEFAULT_BM25_BACKEND:
-        cmd += ["--bm25-backend", e.bm25_backend]
-    if e.device != "auto":
-        cmd += ["--device", e.device]
-    if e.dtype != "auto":
-        cmd += ["--dtype", e.dtype]
+    cmd += command_arguments(e, EvalSettings, EVAL_OPTIONS, policy="changed")
     if cell.config.get("trust_remote_code"):
         cmd += ["--trust-remote-code"]
     if sweep.config.apibench:

@@ -1,0 +1,112 @@
+"""The eval stage's settings, defined once: :class:`EvalSettings` (what
+:func:`ratune.eval.run.evaluate_checkpoint` takes) and :data:`EVAL_OPTIONS`, from which
+``ratune eval run``'s flags (ratune/cli.py), a sweep file's ``eval:`` section and the eval
+commands a sweep runs (ratune/sweep.py) and the demo's ``eval:`` section (ratune/demo.py) are
+derived (ratune/options.py). A new eval option is one field below, one :class:`Option` and its
+use in eval/run.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from ratune.args import input_dir, registered
+from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
+from ratune.data.prompt import CHAT_TEMPLATE_NAMES
+from ratune.options import Option
+from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
+                             RETRIEVERS, TEST_SETTINGS)
+
+#: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
+BACKENDS = ("hf", "vllm")
+#: Where the model generates: ``auto`` is ``cuda`` when torch sees a CUDA GPU, else ``cpu``.
+DEVICES = ("auto", "cpu", "cuda")
+#: The weights' dtype while generating: ``auto`` is ``bfloat16`` on CUDA and ``float32`` on CPU.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EvalSettings:
+    """How a checkpoint is evaluated.
+
+    Attributes:
+        settings: test-time settings to run (names of ratune/registry.py EVAL_SETTINGS).
+        n_questions: evaluate the first N eval questions (None = all); the same in every cell.
+        batch_size: prompts per generate call.
+        max_new_tokens: generation limit.
+        stop_after_api_call: stop once the api_call/api_provider fields are complete.
+        max_document_tokens: document budget (None = read from the checkpoint's manifest).
+        torch_threads: intra-op threads.
+        backend: ``hf`` (batched HF ``generate``, :mod:`ratune.eval.generate`; CPU or GPU) or
+            ``vllm`` (:mod:`ratune.eval.vllm_backend`; optional extra, CUDA only; same prompt ids,
+            greedy decoding, limit and answer cut). Recorded in each cell's identity when not
+            ``hf``, so a cell is never continued with the other backend.
+        trust_remote_code: let the checkpoint's own modeling code run (only for a model trained
+            with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
+        dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
+            retrieval train``); recorded in those cells' identity.
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/retrievers.py).
+        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` for the prompts;
+            None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
+            the tokenizer's own. A named one is recorded in each cell's identity.
+        device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
+            (:func:`resolve_placement`).
+        dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
+            ``float16``. The resolved device and dtype are recorded in each cell's identity and
+            metrics (``generation.device``, ``generation.dtype``).
+    """
+
+    settings: Sequence[TestSettingName] = DEFAULT_SETTINGS
+    n_questions: Count | None = None
+    batch_size: Count = 8
+    max_new_tokens: Count = 256
+    stop_after_api_call: bool = False
+    max_document_tokens: Count | None = None
+    torch_threads: Threads | None = None
+    backend: Literal[BACKENDS] = "hf"
+    trust_remote_code: bool = False
+    dense_model: str | None = None
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
+    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
+    device: Literal[DEVICES] = "auto"
+    dtype: Literal[DTYPES] = "auto"
+    retriever_cache: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_fields(self)  # the bounds of ratune.config (Count, Threads), before any work starts
+
+
+#: The test settings whose retriever needs a finetuned retriever folder (``--dense-model``).
+_FINETUNED = " ".join(s.name for s in TEST_SETTINGS.values() if RETRIEVERS[s.retriever].needs_model)
+
+#: Every eval option, in the order flags are listed and a sweep writes them (ratune/options.py).
+#: ``settings``, ``batch_size`` and ``max_new_tokens`` are always written into a sweep's eval
+#: command, the others when they are not the default.
+EVAL_OPTIONS: tuple[Option, ...] = (
+    Option("settings", "--settings", cli=registered("test setting", EVAL_SETTINGS),
+           cli_default=None, command="always",
+           help=f"retrieval settings (default {' '.join(DEFAULT_SETTINGS)}; on a catalog "
+                f"{' '.join(CATALOG_DEFAULT_SETTINGS)}; {_FINETUNED} needs --dense-model) "
+                "and/or experiments: swap, irrelevant, constraints_SETTING (docs/experiments.md)"),
+    Option("n_questions", "--n-questions", help="the first N eval questions (default all)"),
+    Option("batch_size", "--batch-size", command="always", help="prompts per generate call"),
+    Option("max_new_tokens", "--max-new-tokens", command="always", help="generation limit (tokens)"),
+    Option("stop_after_api_call", "--stop-after-api-call",
+           help="stop generating once the api_call and api_provider fields are complete"),
+    Option("max_document_tokens", "--max-document-tokens",
+           help="document budget in tokens (default: the trained model's, from its data manifest)"),
+    Option("torch_threads", "--threads", help="torch intra-op threads"),
+    Option("backend", "--backend", help="hf: batched HF generate (CPU or GPU); vllm: optional extra, CUDA only"),
+    Option("dense_model", "--dense-model", cli={"metavar": "DIR", "type": input_dir},
+           help=f"finetuned retriever folder (`ratune retrieval train`) of the {_FINETUNED} settings"),
+    Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS), help="BM25 implementation (same rankings; bm25s is faster)"),
+    Option("device", "--device", help="where to generate (default auto: cuda when torch sees a GPU, else cpu)"),
+    Option("dtype", "--dtype",
+           help="weights' dtype while generating (default auto: bfloat16 on cuda, float32 on cpu)"),
+    Option("trust_remote_code", "--trust-remote-code", config=False,
+           help="run the checkpoint's own modeling code (only for models trained with trust_remote_code)"),
+    Option("chat_template", "--chat-template", config=False,
+           help="prompt chat template (default: the one the checkpoint was trained with, from its run "
+                "manifest; give it for a model trained elsewhere whose tokenizer has none)"),
+)
