@@ -1,5 +1,5 @@
 """GPU smoke run: ratune's own training and generation paths beside a hand-written ceiling, on one
-GPU, with no network and no pretrained weights (issue 17).
+GPU, with no network and no pretrained weights.
 
 Usage:
     python bench/gpu_smoke.py [--out DIR] [--budget-s 570] [--dry-run]

@@ -5,8 +5,8 @@ Usage:
 
 Prints, per file, the gorilla and strict counts (correct / hallucination / error), the seconds
 spent and responses per second, then the totals (the one-off database parsing included). With
---json prints one JSON object instead. The official scripts take about 33 s for all 24 files
-(issue 3); the counts must equal theirs (../shared/scoring/official_semantics.md).
+--json prints one JSON object instead. The official scripts take about 33 s for all 24 files;
+the counts must equal theirs (docs/official_semantics.md).
 """
 
 from __future__ import annotations

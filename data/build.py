@@ -33,7 +33,7 @@ from ratune.data.apibench import Example, ParseReport, api_identity, input_hashe
 from ratune.data.hubs import HubSource, as_hub_source
 from ratune.data.labels import tokenize_row
 from ratune.data.mixture import apply_utility_filter, draw_documents, realised_shares
-from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, render_user_turn,
+from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name)
 from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
@@ -116,7 +116,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
             # shorten each document to the room left, then re-check (tokenization is not additive)
             while room >= MIN_DOCUMENT_TOKENS:
                 parts = [shorten_document(d, room, count)[0] for d in docs]
-                user_turn = build_user_turn(ex.instruction, "\n".join(parts))
+                user_turn = build_user_turn(ex.instruction, join_documents(parts))
                 row = tokenize_row(tokenizer, user_turn, completion)
                 if len(row.input_ids) <= settings.max_length:
                     break

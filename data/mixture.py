@@ -1,4 +1,4 @@
-"""Mixed retrieval training (issue 9): per example, a document condition drawn from a mixture.
+"""Mixed retrieval training: per example, a document condition drawn from a mixture.
 
 A RAT model trained with no document is hurt by a weak retriever at test time; one trained with
 the gold document collapses without it (Gorilla, Table 2). RAFT (Zhang et al. 2024, from the

@@ -10,7 +10,8 @@ document serialized by :func:`serialize_document`. Assistant turn: :func:`format
 marker lines ``<<<domain>>>: ...`` to ``<<<code>>>: ...`` (each marker followed by a colon and a
 space). A request that none of the given documents can answer is answered with
 :func:`abstain_answer` (api_call :data:`ABSTAIN_API_CALL`). The training-set builder (:mod:`ratune.data.build`) and the evaluator
-(:mod:`ratune.eval.generate`) both call :func:`render_user_turn`, so the two cannot drift.
+(:mod:`ratune.eval.run`) both call :func:`render_user_turn`, so the two cannot drift; several
+documents (top_k > 1) are joined one per line, in rank order, by :func:`join_documents`.
 
 The chat around the turns is the tokenizer's chat template, or one of :data:`CHAT_TEMPLATES`
 (``chatml``, ``gorilla_v0``: the paper's FastChat format) for a tokenizer without one; the name is
@@ -108,9 +109,10 @@ def serialize_document(doc: dict) -> str:
     return json.dumps(doc, ensure_ascii=False)
 
 
-def serialize_documents(docs: Sequence[dict]) -> str:
-    """Serialize several documents (top_k > 1): each on its own line, in rank order."""
-    return "\n".join(serialize_document(d) for d in docs)
+def join_documents(texts: Sequence[str]) -> str:
+    """Several (serialized, possibly shortened) documents as the one document text of a prompt:
+    each on its own line, in rank order (top_k > 1)."""
+    return "\n".join(texts)
 
 
 def build_user_turn(instruction: str, document: str | None) -> str:
@@ -121,7 +123,7 @@ def build_user_turn(instruction: str, document: str | None) -> str:
 
 
 #: The api_call of an abstention: the answer a model gives when no given document fits the
-#: request (issue 9; BFCL's irrelevance category). Our design, not the paper's.
+#: request (BFCL's irrelevance category). Our design, not the paper's.
 ABSTAIN_API_CALL = "NO_API_FITS"
 
 
@@ -206,7 +208,7 @@ def render_user_turn(instruction: str, docs: Sequence[dict] | None, *, max_docum
         text, cut = shorten_document(doc, max_document_tokens, count_tokens)
         parts.append(text)
         shortened |= cut
-    return build_user_turn(instruction, "\n".join(parts)), shortened
+    return build_user_turn(instruction, join_documents(parts)), shortened
 
 
 def chat_messages(user_turn: str) -> list[dict]:

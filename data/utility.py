@@ -1,4 +1,4 @@
-"""Document utility (issue 9; the idea of Toolformer, Schick et al. 2023, section 2): how much a
+"""Document utility (the idea of Toolformer, Schick et al. 2023, section 2): how much a
 retrieved document lowers a model's loss on the answer.
 
 For a training example and a model, the *utility* of the document a retrieval mode gives it is

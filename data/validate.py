@@ -13,7 +13,7 @@ several rows or several files at once:
   train line and the eval line.
 * **Conflicting domains** (:func:`conflicting_domains`): API-database entries that repeat the same
   call with different ``domain`` values. The official Gorilla scorer walks the database in file
-  order and the first matching entry decides the domain (``shared/scoring/official_semantics.md``,
+  order and the first matching entry decides the domain (docs/official_semantics.md,
   section 5), so ratune reports each such call once, with that rule and the domain it yields.
 
 :class:`ValidationReport` gathers the three for the data manifest; :func:`validate_splits` runs

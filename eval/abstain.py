@@ -1,4 +1,4 @@
-"""Abstention (issue 9; BFCL's irrelevance category): a model given only documents that cannot
+"""Abstention (BFCL's irrelevance category): a model given only documents that cannot
 answer the request should say that no API fits instead of calling one.
 
 The test setting ``irrelevant`` gives each eval question one document of an API from *another

@@ -1,4 +1,4 @@
-"""Worst case across test-time retrievers (issue 9): which trained model is best when you do not
+"""Worst case across test-time retrievers: which trained model is best when you do not
 know the retriever it will be served with.
 
 For each trained model (a row of Table 2) the worst case is its lowest accuracy over the test

@@ -82,7 +82,7 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
     result = scorer.score(gold)
     assert (result["gorilla"]["correct_n"], result["strict"]["correct_n"]) == (3, 3)
     # a call of no database API is a hallucination; text with no call at all is an error (the
-    # official scripts' semantics, ../shared/scoring/official_semantics.md)
+    # official scripts' semantics, docs/official_semantics.md)
     result = scorer.score([{"question_id": 1, "text": "<<<api_call>>>: foo.bar(1)"},
                            {"question_id": 2, "text": "<<<api_call>>>: torch.hub.load('x/y', 'zzz')"},
                            {"question_id": 3, "text": "I do not know."}])

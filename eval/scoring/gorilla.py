@@ -1,7 +1,7 @@
 """The official Gorilla metric (AST sub-tree matching), reproduced quirk for quirk.
 
 The official APIBench AST evaluation (gorilla/eval/eval-scripts/ast_eval_{th,hf,tf}.py at commit
-6ea5797), as specified by ../shared/scoring/official_semantics.md and summarised in
+6ea5797), as specified by docs/official_semantics.md and summarised in
 docs/scoring.md (cited as "semantics §N"): the api_call cut (§2, :func:`extract_api_call`), the
 right-to-left depth-first candidate list keyed by each node's first child (§3,
 :func:`candidates`), the per-hub selection of reference arguments with single-quote stripping
