@@ -24,17 +24,19 @@ percentiles, the over-length counts, the settings and the input files' sha256.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from ratune.config import Count, MaxLength, check_fields
-from ratune.data.apibench import Example, ParseReport, api_identity, input_hashes
-from ratune.data.hubs import HubSource, as_hub_source
+from ratune.data.apibench import HUBS, Example, ParseReport, api_identity, input_hashes, resolve_apibench_dir
+from ratune.data.hubs import HubSource, as_hub_source, resolve_hub
 from ratune.data.labels import tokenize_row
-from ratune.data.mixture import apply_utility_filter, draw_documents, realised_shares
+from ratune.data.mixture import Mixture, apply_utility_filter, draw_documents, realised_shares
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name)
+from ratune.data.utility import load_utility
 from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, write_json
@@ -351,3 +353,46 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
     write_json(out / "manifest.json", manifest)
     mark_complete(out)
     return manifest
+
+
+def cli_build(args) -> int:
+    """``ratune data build``: build the chats of a hub (``args`` from its parser, ratune/cli.py); prints a summary (``--json``: one object). Returns 0.
+
+    Raises:
+        RatuneError: nothing to build, ``--utility-file`` without ``--min-utility`` or ``--mixture``; as :func:`build_dataset`.
+    """
+    from ratune.train.model import load_tokenizer, resolve_model_path  # the tokenizer that measures lengths
+
+    # an APIBench hub needs the APIBench folder; a catalog folder does not
+    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
+    mixtures = [Mixture.parse(spec, top1_retriever=args.top1_retriever, distractors=args.distractors,
+                              seed=args.mixture_seed) for spec in args.mixture or []]
+    if not args.modes and not mixtures:
+        raise RatuneError("nothing to build: give --modes and/or --mixture")
+    utility_keep = utility_meta = None
+    if args.utility_file:
+        if args.min_utility is None or not mixtures:
+            raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")
+        utility_keep = load_utility(args.utility_file, min_utility=args.min_utility)
+        utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
+    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
+    manifest = build_dataset(
+        hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
+        modes=args.modes, settings=BuildSettings(max_length=args.max_length,
+                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k,
+                                                 force_gold=args.force_gold, dense_model=args.dense_model,
+                                                 bm25_backend=args.bm25_backend),
+        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
+        mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
+    summary = {"hub": source.name, "out": args.out, "splits": manifest["splits"],
+               "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
+                                  for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
+               "rejects": manifest["rejects"]}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        for split, modes in summary["counts"].items():
+            for mode, c in modes.items():
+                print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}")
+        print(f"wrote {args.out}")
+    return 0

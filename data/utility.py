@@ -24,7 +24,10 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from ratune.data.prompt import require_chat_template
 from ratune.errors import RatuneError
+from ratune.io import read_json_object
+from ratune.manifest import base_manifest
 
 #: Which data-build mode measures the utility of each mixture component's document.
 COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_retriever mode
@@ -190,3 +193,27 @@ def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(path, lineno, "utility", f"expected line, mode and utility: {exc}") from None
     return keep
+
+
+def cli_utility(args) -> int:
+    """``ratune data utility``: measure each built row's document utility with a model and write it (``args`` from its parser, ratune/cli.py). Returns 0."""
+    from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
+
+    set_torch_threads(args.threads)
+    model_path = resolve_model_path(args.model)
+    built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
+    chat_template = (read_json_object(built).get("settings") or {}).get("chat_template") if built.exists() else None
+    tokenizer = load_tokenizer(model_path, chat_template=chat_template)
+    require_chat_template(tokenizer, source=str(model_path), hint="build the data with --chat-template (the "
+                          "manifest gives it to this command)")
+    model = load_model(model_path)
+    records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
+                              max_examples=args.max_examples, batch_size=args.batch_size)
+    meta = {**base_manifest("data utility"), "data": args.data, "model": str(model_path), "split": args.split,
+            "max_examples": args.max_examples}
+    summary = write_utility(records, args.out, meta=meta)
+    for mode, s in summary.items():
+        print(f"{mode:8s} n {s['n']:4d}  mean {s['mean']:+.3f}  p10 {s['p10']:+.3f}  p50 {s['p50']:+.3f}  "
+              f"p90 {s['p90']:+.3f}  > 0: {100 * s['share_positive']:.1f} %")
+    print(f"wrote {args.out}")
+    return 0

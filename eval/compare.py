@@ -181,7 +181,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     from pydantic import Field
 
-    from ratune.args import bounded, input_dir, input_path
+    from ratune.args import add_apibench_argument, bounded, input_path
     from ratune.config import Seed
     from ratune.data.apibench import HUBS
 
@@ -195,8 +195,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
                         help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder")
-    parser.add_argument("--apibench", default=None, type=input_dir,
-                        help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    add_apibench_argument(parser)
     parser.add_argument("--metric", choices=COMPARE_METRICS, default=None,
                         help="which outcome counts as correct (default gorilla; strict on a catalog)")
     parser.add_argument("--resamples", type=bounded(resamples, "resamples"), default=DEFAULT_RESAMPLES,

@@ -47,12 +47,14 @@ import json
 import os
 from pathlib import Path
 
+from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
 from ratune.errors import RatuneError
-from ratune.eval.settings import BACKENDS, DEVICES, DTYPES, EvalSettings
+from ratune.eval.settings import BACKENDS, DEVICES, DTYPES, EVAL_OPTIONS, EvalSettings
 from ratune.locks import locked_output
+from ratune.options import values_from_args
+from ratune.registry import (CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS,
+                             TEST_SETTINGS, setting_retriever, unknown_name)
 from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
-from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS, TEST_SETTINGS,
-                             setting_retriever, unknown_name)
 
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
@@ -346,7 +348,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
 
     require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
     positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-    from ratune.data.apibench import input_hashes
     from ratune.io import sha256_file
 
     inputs = input_hashes(hub_source.input_files(["eval"]))
@@ -505,3 +506,23 @@ def _write_eval_manifest(out: Path, *, checkpoint: Path, hub: str, inputs: dict,
     cells.update({s: sha256_file(out / s / "metrics.json") for s in results})
     write_json(path, {**base_manifest("eval run"), "checkpoint": str(checkpoint.resolve()), "hub": hub,
                       "inputs": inputs, "generation": generation, "cells": dict(sorted(cells.items()))})
+
+
+def cli_run(args) -> int:
+    """``ratune eval run``: evaluate a checkpoint (or, with ``--all-checkpoints``, every checkpoint of a run: a learning curve) under the test settings (``args`` from its parser, ratune/cli.py); prints each setting's rates (or the curve). Returns 0."""
+    from ratune.eval.curve import curve_markdown, evaluate_curve  # it calls this module
+
+    values = values_from_args(args, EVAL_OPTIONS)
+    values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
+    settings = EvalSettings(**values)
+    apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
+    if args.all_checkpoints:
+        rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+                              settings=settings)
+        print(curve_markdown(rows), end="")
+        return 0
+    results = evaluate_checkpoint(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+                                  settings=settings)
+    print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
+                      for s, m in results.items()}, sort_keys=True))
+    return 0

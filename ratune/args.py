@@ -207,3 +207,19 @@ def _latest_or_dir(text: str) -> str:
 
 #: ``latest`` or an existing checkpoint folder.
 latest_or_dir = _typed(_latest_or_dir, "checkpoint", good="latest", bad=("missing", "file"))
+
+
+#: Where ``--apibench`` looks when it is not given (data/apibench.py ``resolve_apibench_dir``).
+APIBENCH_DEFAULT = "$RATUNE_APIBENCH or ../shared/apibench"
+
+
+def add_apibench_argument(parser: argparse.ArgumentParser, *, default_text: str = APIBENCH_DEFAULT) -> None:
+    """Add ``--apibench DIR`` (an existing folder; None when not given, which
+    ``resolve_apibench_dir`` turns into the default folder), the one definition of that flag.
+
+    Args:
+        default_text: what the help says is used without the flag (the demo: its config key first).
+    """
+    parser.add_argument("--apibench", default=None, type=input_dir, metavar="DIR",
+                        help=f"APIBench folder (default: {default_text})")
+

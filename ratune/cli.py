@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from typing import Callable
 
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
-from ratune.options import add_arguments, values_from_args
+from ratune.options import add_arguments
 
 
 #: Set to 1 to see the traceback of an error the boundary reports in one line.
@@ -91,199 +90,16 @@ def run_guarded(fn: Callable[[], int]) -> int:
         return 130
 
 
-def _data_build(args) -> int:
-    from ratune.data.apibench import HUBS, resolve_apibench_dir
-    from ratune.data.build import BuildSettings, build_dataset
-    from ratune.data.hubs import resolve_hub
-    from ratune.train.model import load_tokenizer, resolve_model_path
+def _handler(target: str) -> Callable[[argparse.Namespace], int]:
+    """The handler ``"module:function"`` of a sub-command, imported only when the command runs (the
+    stages import torch and transformers; ``ratune --help`` should not)."""
+    module, name = target.split(":")
 
-    from ratune.data.mixture import Mixture
-    from ratune.errors import RatuneError
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(args)
 
-    # an APIBench hub needs the APIBench folder; a catalog folder does not
-    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
-    mixtures = [Mixture.parse(spec, top1_retriever=args.top1_retriever, distractors=args.distractors,
-                              seed=args.mixture_seed) for spec in args.mixture or []]
-    if not args.modes and not mixtures:
-        raise RatuneError("nothing to build: give --modes and/or --mixture")
-    utility_keep = utility_meta = None
-    if args.utility_file:
-        from ratune.data.utility import load_utility
-
-        if args.min_utility is None or not mixtures:
-            raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")
-        utility_keep = load_utility(args.utility_file, min_utility=args.min_utility)
-        utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
-    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
-    manifest = build_dataset(
-        hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
-        modes=args.modes, settings=BuildSettings(max_length=args.max_length,
-                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k,
-                                                 force_gold=args.force_gold, dense_model=args.dense_model,
-                                                 bm25_backend=args.bm25_backend),
-        lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
-        mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
-    summary = {"hub": source.name, "out": args.out, "splits": manifest["splits"],
-               "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
-                                  for mode, c in modes.items()} for split, modes in manifest["counts"].items()},
-               "rejects": manifest["rejects"]}
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        for split, modes in summary["counts"].items():
-            for mode, c in modes.items():
-                print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}")
-        print(f"wrote {args.out}")
-    return 0
-
-
-def _data_utility(args) -> int:
-    from ratune.data.utility import measure_utility, write_utility
-    from ratune.manifest import base_manifest
-    from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
-
-    set_torch_threads(args.threads)
-    model_path = resolve_model_path(args.model)
-    from pathlib import Path
-
-    from ratune.io import read_json_object
-
-    built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
-    chat_template = (read_json_object(built).get("settings") or {}).get("chat_template") if built.exists() else None
-    tokenizer = load_tokenizer(model_path, chat_template=chat_template)
-    from ratune.data.prompt import require_chat_template
-
-    require_chat_template(tokenizer, source=str(model_path), hint="build the data with --chat-template (the "
-                          "manifest gives it to this command)")
-    model = load_model(model_path)
-    records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
-                              max_examples=args.max_examples, batch_size=args.batch_size)
-    meta = {**base_manifest("data utility"), "data": args.data, "model": str(model_path), "split": args.split,
-            "max_examples": args.max_examples}
-    summary = write_utility(records, args.out, meta=meta)
-    for mode, s in summary.items():
-        print(f"{mode:8s} n {s['n']:4d}  mean {s['mean']:+.3f}  p10 {s['p10']:+.3f}  p50 {s['p50']:+.3f}  "
-              f"p90 {s['p90']:+.3f}  > 0: {100 * s['share_positive']:.1f} %")
-    print(f"wrote {args.out}")
-    return 0
-
-
-def _retrieval_eval(args) -> int:
-    from pathlib import Path
-
-    from ratune.data.apibench import HUBS, resolve_apibench_dir
-    from ratune.errors import RatuneError
-    from ratune.io import write_json, write_text
-    from ratune.manifest import package_versions
-    from ratune.retrieval.metrics import retrieval_chart
-    from ratune.registry import BM25_RETRIEVERS, RETRIEVERS
-
-    from ratune.data.hubs import resolve_hub
-
-    hubs = list(HUBS) if args.hub == "all" else [args.hub]
-    # an APIBench hub needs the APIBench folder; a catalog folder does not
-    apibench = resolve_apibench_dir(args.apibench) if any(h in HUBS for h in hubs) else None
-    sources = [resolve_hub(h, apibench) for h in hubs]
-    finetuned = [r.name for r in RETRIEVERS.values() if r.needs_model]
-    names = [r.name for r in RETRIEVERS.values() if r.name != "none" and not r.needs_model] \
-        if args.retriever == "all" else [args.retriever]
-    if args.dense_model and not any(n in finetuned for n in names):  # the folder's own retriever joins the report
-        names += finetuned if args.retriever == "all" else [n for n in finetuned if RETRIEVERS[n].kind == "dense"]
-    if any(n in finetuned for n in names) and not args.dense_model:
-        raise RatuneError(f"--retriever {args.retriever} needs --dense-model DIR (a `ratune retrieval train` output)")
-    if any(n in finetuned for n in names) and len(hubs) > 1:
-        raise RatuneError("a finetuned retriever (--dense-model) serves the one hub it was trained for: give --hub")
-    if args.bm25_index and not any(n in BM25_RETRIEVERS for n in names):
-        raise RatuneError(f"--bm25-index is for the BM25 retrievers ({', '.join(BM25_RETRIEVERS)}), "
-                          f"not {', '.join(names)}")
-    if args.bm25_index and len(hubs) > 1:
-        raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
-    index_variant = _index_variant(args.bm25_index)
-    reports = {s.name: _retrieval_report(args, s, names, index_variant) for s in sources}
-    hubs = list(reports)  # the hubs' names (a catalog's name, not its path)
-    if args.out:
-        out = Path(args.out)
-        versions = package_versions()
-        for hub, (results, agreement, markdown, inputs) in reports.items():
-            write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement, "inputs": inputs,
-                                                       "versions": versions})
-            write_text(out / f"retrieval_{hub}.md", markdown)
-        chart = out / ("retrieval.png" if len(hubs) > 1 else f"retrieval_{hubs[0]}.png")
-        retrieval_chart({hub: r[0] for hub, r in reports.items()}, chart)
-        if len(hubs) > 1:
-            write_text(out / "retrieval.md", "\n".join(r[2] for r in reports.values()))
-    if args.json:
-        slim = {hub: [{k: v for k, v in r.items() if k != "misses"} for r in results]
-                for hub, (results, agreement, _, _) in reports.items()}
-        if len(hubs) == 1:
-            results, agreement = slim[hubs[0]], reports[hubs[0]][1]
-            print(json.dumps(results[0] if len(results) == 1 else {"results": results, "agreement": agreement},
-                             sort_keys=True))
-        else:
-            print(json.dumps({hub: {"results": slim[hub], "agreement": reports[hub][1]} for hub in hubs},
-                             sort_keys=True))
-    else:
-        print("\n".join(r[2] for r in reports.values()))
-    return 0
-
-
-def _retrieval_report(args, source, names: list[str], index_variant: str | None
-                      ) -> tuple[list, list, str, dict]:
-    """One hub's (a :class:`ratune.data.hubs.HubSource`) retrieval results, paper-BM25
-    agreement, markdown and input hashes. With ``--retriever all`` a catalog leaves out the
-    precomputed retrievers (APIBench only); naming one is make_retriever's error."""
-    from ratune.data.apibench import input_hashes
-    from ratune.retrieval.metrics import evaluate_retriever, retrieval_markdown, top1_agreement
-    from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
-    from ratune.retrieval.retrievers import make_retriever
-
-    if args.retriever == "all" and not source.has_precomputed:
-        names = [n for n in names if RETRIEVERS[n].kind != "precomputed"]
-    examples = source.load_examples("eval")
-    retrievers = {}
-    for n in names:
-        # a named BM25 retriever takes the index (refused if built for another variant); with
-        # --retriever all, the index serves the variant it was built for
-        index = args.bm25_index if n in BM25_RETRIEVERS and (
-            args.retriever != "all" or index_variant == n) else None
-        retrievers[n] = make_retriever(n, hub=source, bm25_backend=args.bm25_backend, bm25_index=index,
-                                       **({"dense_model": args.dense_model} if RETRIEVERS[n].needs_model else {}))
-    results = [evaluate_retriever(r, examples) for r in retrievers.values()]
-    agreement = [top1_agreement(retrievers[n], retrievers[RELEASED_BM25], examples)
-                 for n in BM25_RETRIEVERS if n in retrievers and RELEASED_BM25 in retrievers]
-    markdown = retrieval_markdown(results, hub=source.name) + "".join(
-        f"\nTop-1 agreement of `{a['a']}` with the paper's BM25 documents: {a['agree']} of {a['n']} "
-        f"({100 * a['rate']:.1f} %)." for a in agreement) + ("\n" if agreement else "")
-    files = source.input_files(["eval"])
-    if source.has_precomputed:
-        files += [p for p in (source.questions_file(r.source) for r in RETRIEVERS.values()
-                              if r.kind == "precomputed") if p.exists()]
-    return results, agreement, markdown, input_hashes(files)
-
-
-def _index_variant(index_dir) -> str | None:
-    """The BM25 variant a saved index folder was built for (None without a folder)."""
-    if not index_dir:
-        return None
-    from ratune.retrieval.retrievers import saved_index_metadata
-
-    return saved_index_metadata(index_dir).get("variant")
-
-
-def _retrieval_index(args) -> int:
-    import time
-
-    from ratune.data.apibench import HUBS, resolve_apibench_dir
-    from ratune.data.hubs import resolve_hub
-    from ratune.retrieval.retrievers import BM25Retriever
-
-    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
-    start = time.perf_counter()
-    retriever = BM25Retriever(source.load_api_database(), hub=source.name, variant=args.retriever, backend="bm25s")
-    out = retriever.save(args.out)
-    print(f"indexed {len(retriever.corpus)} {source.name} API documents ({args.retriever}, bm25s) in "
-          f"{time.perf_counter() - start:.2f} s; wrote {out}")
-    return 0
+    run.__name__ = name
+    return run
 
 
 def _train(args) -> int:
@@ -293,42 +109,8 @@ def _train(args) -> int:
     return main(argv)
 
 
-def _eval_run(args) -> int:
-    from ratune.data.apibench import HUBS, resolve_apibench_dir
-    from ratune.eval.curve import curve_markdown, evaluate_curve
-    from ratune.eval.run import evaluate_checkpoint
-
-    from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS
-
-    values = values_from_args(args, EVAL_OPTIONS)
-    values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
-    settings = EvalSettings(**values)
-    apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
-    if args.all_checkpoints:
-        rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
-                              settings=settings)
-        print(curve_markdown(rows), end="")
-        return 0
-    results = evaluate_checkpoint(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
-                                  settings=settings)
-    print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
-                      for s, m in results.items()}, sort_keys=True))
-    return 0
-
-
-def _eval_score(args) -> int:
-    from ratune.eval.scoring import cli_score
-
-    return cli_score(args)
-
-
 def _report(args) -> int:
-    from pathlib import Path
-
-    from ratune.data.apibench import HUBS
     from ratune.errors import RatuneError
-    from ratune.eval.report import make_cell, read_metrics, table2_markdown, write_table2
-    from ratune.manifest import is_complete
 
     if args.sweep_dir:
         from ratune.sweep import cli_report_sweep
@@ -336,79 +118,9 @@ def _report(args) -> int:
         if args.eval:
             raise RatuneError("give either SWEEP_DIR or --eval folders, not both")
         return cli_report_sweep(args.sweep_dir, out=args.out, pair_args=args.pair)
-    if args.pair:
-        raise RatuneError("--pair compares cells of a sweep: give SWEEP_DIR (for two response files use "
-                          "`ratune compare`)")
-    if not (args.eval and args.model and args.out):
-        raise RatuneError("ratune report needs SWEEP_DIR, or --eval TRAIN=DIR (repeatable) with --model and --out")
-    from ratune.registry import EXPERIMENT_SETTINGS
+    from ratune.eval.report import cli_report
 
-    cells, experiments = [], []  # experiment settings (swap, irrelevant, constraints_*) go beside Table 2
-    hubs = {}  # the hub each cell records -> one cell of it, for the message when they differ
-    false_abstention = {}  # abstaining under oracle, where the document answers (as in sweep reports)
-    for spec in args.eval:
-        if "=" not in spec:
-            raise RatuneError(f"--eval {spec!r}: expected TRAIN_RETRIEVER=EVAL_DIR")
-        train_retriever, folder = spec.split("=", 1)
-        if not Path(folder).is_dir():
-            raise RatuneError(f"--eval {spec!r}: {folder}: no such eval folder")
-        for cell in sorted(Path(folder).iterdir()):
-            if cell.is_dir() and is_complete(cell):
-                metrics = read_metrics(cell / "metrics.json")
-                if isinstance(metrics.get("hub"), str):
-                    hubs.setdefault(metrics["hub"], cell)
-                if cell.name in EXPERIMENT_SETTINGS:
-                    experiments.append({"cell": train_retriever, "axes": {}, "setting": cell.name,
-                                        "train_retriever": train_retriever, "metrics": metrics})
-                else:
-                    cells.append(make_cell(train_retriever, cell.name, metrics))
-                    if cell.name == "oracle" and metrics.get("abstention"):
-                        false_abstention[train_retriever] = metrics["abstention"]
-    if not cells:
-        raise RatuneError("no complete eval cells found in the --eval folders")
-    if len(hubs) > 1:  # one table, one hub: the cells' own metrics.json say which
-        raise RatuneError("the --eval cells are of different hubs: " + "; ".join(
-            f"{cell}: {hub}" for hub, cell in sorted(hubs.items())))
-    given = None
-    if args.hub is not None:
-        from ratune.data.hubs import resolve_hub
-
-        given = args.hub if args.hub in HUBS else resolve_hub(args.hub).name
-    if not hubs and given is None:
-        raise RatuneError("the --eval cells do not record their hub (made by hand?): give --hub")
-    hub, first = next(iter(hubs.items())) if hubs else (given, None)
-    if given is not None and given != hub:
-        raise RatuneError(f"--hub {args.hub}: the cells were evaluated on {hub} ({first / 'metrics.json'})")
-    table = write_table2(cells, hub=hub, model=args.model, out_dir=args.out)
-    print(table2_markdown(table))
-    if experiments:
-        from ratune.eval.robustness import experiment_rows, experiments_markdown
-        from ratune.io import write_json, write_text
-
-        rows = experiment_rows(experiments, false_abstention)
-        write_json(Path(args.out) / "experiments.json", {"experiments": rows})
-        write_text(Path(args.out) / "experiments.md", experiments_markdown(rows))
-        print("Experiments (beside Table 2, not in it):\n")
-        print(experiments_markdown(rows))
-    return 0
-
-
-def _demo(args) -> int:
-    from ratune.demo import run_demo
-
-    return run_demo(args.config, out_dir=args.out, apibench=args.apibench)
-
-
-def _catalog_import(args) -> int:
-    from ratune.catalog.folder import cli_import
-
-    return cli_import(args)
-
-
-def _catalog_pairs(args) -> int:
-    from ratune.catalog.pairs import cli_pairs
-
-    return cli_pairs(args)
+    return cli_report(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -416,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.prompt import CHAT_TEMPLATE_NAMES
     from ratune.data.validate import LEAKAGE_POLICIES
     from ratune.eval.scoring import add_score_arguments
-    from ratune.args import (RatuneArgumentParser, bounded, checked, input_dir, input_file, key_equals_dir,
-                             latest_or_dir, model_ref, output_dir, registered, setting)
+    from ratune.args import (APIBENCH_DEFAULT, RatuneArgumentParser, add_apibench_argument, bounded, checked, input_dir,
+                             input_file, key_equals_dir, latest_or_dir, model_ref, output_dir, registered, setting)
     from ratune.config import Count, FiniteFloat
     from ratune.data.build import BuildSettings
     from ratune.data.mixture import Mixture
     from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES,
                                  RETRIEVERS, TRAIN_MODES)
-    from ratune.sweep_pairs import parse_selector
+    from ratune.sweep.pairs import parse_selector
     from ratune.train.model import DEMO_MODEL_ALIAS
 
     mode = registered("train-time retrieval mode", TRAIN_MODES)
@@ -444,8 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = stages.add_parser("data", help="build training chats").add_subparsers(dest="action", required=True)
     b = data.add_parser("build", help="APIBench -> chats per train-time retrieval mode")
-    b.add_argument("--apibench", type=input_dir,
-                   help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    add_apibench_argument(b)
     b.add_argument("--hub", required=True, **hub_ref,
                    help=f"{hub_choices_text()}, with its pairs split (`ratune catalog pairs`)")
     b.add_argument("--out", required=True, type=output_dir, help="output folder")
@@ -491,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "where its utility exceeds --min-utility")
     b.add_argument("--min-utility", type=bounded(FiniteFloat), default=None,
                    help="threshold in nats per answer token")
-    b.set_defaults(func=_data_build)
+    b.set_defaults(func=_handler("ratune.data.build:cli_build"))
 
     u = data.add_parser("utility", help="document utility: answer loss without minus with the document")
     u.add_argument("--data", required=True, type=input_dir,
@@ -505,11 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--max-examples", type=bounded(Count), default=None, help="the first N examples only")
     u.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
     u.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None, help="torch threads")
-    u.set_defaults(func=_data_utility)
+    u.set_defaults(func=_handler("ratune.data.utility:cli_utility"))
 
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
-    r.add_argument("--apibench", type=input_dir)
+    add_apibench_argument(r)
     r.add_argument("--hub", required=True, **hub_or_all,
                    help=f"{hub_choices_text()}; or all: the report for the three APIBench hubs (retrieval.md, "
                         "retrieval.png)")
@@ -523,13 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "refused when built for another hub, variant or corpus")
     r.add_argument("--out", type=output_dir, help="also write retrieval_{hub}.json, .md and a bar chart (.png) here")
     r.add_argument("--json", action="store_true")
-    r.set_defaults(func=_retrieval_eval)
+    r.set_defaults(func=_handler("ratune.retrieval.cli:cli_eval"))
     ri = retrieval.add_parser("index", help="build and save a BM25 index (bm25s) for a hub's API database")
-    ri.add_argument("--apibench", type=input_dir)
+    add_apibench_argument(ri)
     ri.add_argument("--hub", required=True, **hub_ref, help=hub_choices_text())
     ri.add_argument("--retriever", **registered("BM25 variant", BM25_RETRIEVERS), default="bm25", help="BM25 variant")
     ri.add_argument("--out", required=True, type=output_dir, help="index folder (arrays.npz + ratune_bm25_index.json)")
-    ri.set_defaults(func=_retrieval_index)
+    ri.set_defaults(func=_handler("ratune.retrieval.cli:cli_index"))
     from ratune.retrieval.finetune import add_train_arguments, run_train
 
     rt = retrieval.add_parser("train", help="finetune the dense retriever on a hub's training split (in-batch negatives)")
@@ -546,17 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True, type=input_dir, help="a ratune train run folder or a model folder")
     e.add_argument("--hub", required=True, **hub_ref, help=f"{hub_choices_text()} (a catalog: strict metric and "
                                                           "argument score, docs/catalog_scoring.md)")
-    e.add_argument("--apibench", type=input_dir)
+    add_apibench_argument(e)
     e.add_argument("--out", required=True, type=output_dir)
     add_arguments(e, EvalSettings, EVAL_OPTIONS)
     e.add_argument("--all-checkpoints", action="store_true",
                    help="a learning curve: evaluate every Trainer checkpoint of the run folder --checkpoint "
                         "(trainer/checkpoint-STEP) into OUT/stepSTEP/ and write OUT/curve.{json,csv,md,png} "
                         "(eval/curve.py)")
-    e.set_defaults(func=_eval_run)
+    e.set_defaults(func=_handler("ratune.eval.run:cli_run"))
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
-    s.set_defaults(func=_eval_score)
+    s.set_defaults(func=_handler("ratune.eval.scoring:cli_score"))
 
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
@@ -591,9 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
     d.add_argument("--config", default=None, type=input_file, help="demo config (default configs/demo.yaml)")
     d.add_argument("--out", default=None, type=output_dir, help="output folder (default from the config: runs/demo)")
-    d.add_argument("--apibench", default=None, type=input_dir, help="APIBench folder (default: the config's apibench key, "
-                   "$RATUNE_APIBENCH or ../shared/apibench)")
-    d.set_defaults(func=_demo)
+    add_apibench_argument(d, default_text=f"the config's apibench key, {APIBENCH_DEFAULT}")
+    d.set_defaults(func=_handler("ratune.demo:cli_demo"))
 
     from ratune.catalog.folder import add_import_arguments
 
@@ -602,13 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     ci = catalog.add_parser("import", help="a JSON-lines file, an OpenAPI 3 document or a Python module -> a "
                                            "catalog folder (apis.jsonl + manifest.json)")
     add_import_arguments(ci)
-    ci.set_defaults(func=_catalog_import)
+    ci.set_defaults(func=_handler("ratune.catalog.folder:cli_import"))
     from ratune.catalog.pairs import add_pairs_arguments
 
     cp = catalog.add_parser("pairs", help="your instruction pairs, validated against a catalog and split into "
                                           "CATALOG/pairs/train.jsonl and eval.jsonl")
     add_pairs_arguments(cp)
-    cp.set_defaults(func=_catalog_pairs)
+    cp.set_defaults(func=_handler("ratune.catalog.pairs:cli_pairs"))
     from ratune.catalog.instruct import add_instruct_arguments, cli_instruct
     from ratune.train.model import resolve_model_path  # the model alias; the data stage does not import train
 

@@ -149,3 +149,9 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     print(f"  {'total':16s} {sum(times.values()):8.1f}")
     print(f"Wrote {out}/table2.md, table2.csv, table2.json, table2.png")
     return 0
+
+
+def cli_demo(args) -> int:
+    """``ratune demo [--config FILE] [--out DIR] [--apibench DIR]``: :func:`run_demo` (``args`` from its
+    parser, ratune/cli.py). Returns 0."""
+    return run_demo(args.config, out_dir=args.out, apibench=args.apibench)

@@ -272,11 +272,10 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubS
 
 def add_train_arguments(parser) -> None:
     """Arguments of ``ratune retrieval train`` (added to an argparse sub-parser)."""
-    from ratune.args import bounded, checked, input_dir, output_dir, setting
+    from ratune.args import add_apibench_argument, bounded, checked, output_dir, setting
 
     d = FinetuneSettings()
-    parser.add_argument("--apibench", type=input_dir,
-                        help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    add_apibench_argument(parser)
     parser.add_argument("--hub", required=True, metavar="HUB",
                         type=checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder")),
                         help=f"{hub_choices_text()}: trains on its training split (a catalog: pairs/train.jsonl)")

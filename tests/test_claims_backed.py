@@ -284,10 +284,10 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
     none's train/, eval/ (with everything inside), error.txt and cell.json; none's logs/,
     train.yaml and your file stay byte-identical, and so does everything of oracle (your file
     included) and the shared data. Then only none runs again, and oracle is still untouched."""
-    monkeypatch.setattr(sw, "run_command", _PartialEval(fail_eval=True))
+    monkeypatch.setattr("ratune.sweep.local.run_command", _PartialEval(fail_eval=True))
     assert sw.cli_sweep(args(write_sweep(tmp_path, axes={"train_retriever": ["none"]}))) == 1
     new_base = {**BASE, "learning_rate": 1e-3}
-    monkeypatch.setattr(sw, "run_command", _PartialEval())
+    monkeypatch.setattr("ratune.sweep.local.run_command", _PartialEval())
     assert sw.cli_sweep(args(write_sweep(tmp_path, axes={"train_retriever": ["oracle"]}, base=new_base))) == 0
     path = write_sweep(tmp_path, axes={"train_retriever": ["none", "oracle"]}, base=new_base)
     cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}
@@ -315,9 +315,9 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
         after_check.update(_listing(sweep_dir))
         return names
 
-    monkeypatch.setattr(sw, "check_changed", check_then_look)
+    monkeypatch.setattr("ratune.sweep.local.check_changed", check_then_look)
     runner = _PartialEval()
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path, rerun_changed=True)) == 0
     assert after_check == {k: v for k, v in before.items() if k not in deleted}
     out = capsys.readouterr().out

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -170,7 +171,7 @@ def test_sweep_runs_and_reports_the_curve(tmp_path, capsys, monkeypatch):
         def __call__(self, cmd, log_path):
             if "--all-checkpoints" in cmd:
                 self.calls.append(cmd)
-                out = sw.Path(cmd[cmd.index("--out") + 1])
+                out = Path(cmd[cmd.index("--out") + 1])
                 out.mkdir(parents=True, exist_ok=True)
                 strict = 1 if "oracle" in out.parent.name else 0
                 rows = [{"step": s, "epoch": float(s), "setting": "0_shot", "n": 5, "strict_correct": strict * s,
@@ -190,12 +191,12 @@ def test_sweep_runs_and_reports_the_curve(tmp_path, capsys, monkeypatch):
     assert f"--out {cells[0].dir / 'curve'} --settings 0_shot" in printed and "--all-checkpoints" in printed
 
     runner = CurveRunner()
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0
     assert sum("--all-checkpoints" in c for c in runner.calls) == 2
     assert all(sw.is_finished(sweep, c) for c in cells)
     runner = CurveRunner()  # finished cells: nothing runs again
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0 and runner.calls == []
     # a new curve setting is not a changed config: only the curve runs again
     path = _sweep_file(tmp_path, {"save_strategy": "epoch"}, curve_settings=["0_shot", "oracle"])

@@ -14,7 +14,7 @@ from ratune import registry
 from ratune.errors import RatuneError
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [p for d in ("ratune", "data", "retrieval", "train", "eval") for p in sorted((ROOT / d).glob("*.py"))]
+SOURCES = [p for d in ("ratune", "data", "retrieval", "train", "eval") for p in sorted((ROOT / d).rglob("*.py"))]
 
 
 def _help(argv: list[str], capsys) -> str:

@@ -109,7 +109,7 @@ def test_shipped_sweeps_load_and_expand(monkeypatch):
 
 
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sw, "run_command", lambda *a: pytest.fail("dry run ran a command"))
+    monkeypatch.setattr("ratune.sweep.local.run_command", lambda *a: pytest.fail("dry run ran a command"))
     assert sw.cli_sweep(args(write_sweep(tmp_path), dry_run=True)) == 0
     out = capsys.readouterr().out
     cells = sw.expand(sw.load_sweep(tmp_path / "sweep.yaml"))
@@ -204,7 +204,7 @@ class FakeRunner:
 def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
     path = write_sweep(tmp_path)
     runner = FakeRunner(fail_on=("train_retriever-oracle",))
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 1  # one cell failed, the other finished
     out = capsys.readouterr().out
     cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}
@@ -216,7 +216,7 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
 
     # rerun: the finished cell is skipped, the failed one retried; data is not rebuilt
     runner = FakeRunner()
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0
     out = capsys.readouterr().out
     assert f"[skip] {cells['none'].name}: finished" in out
@@ -233,7 +233,7 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
 
     # a third run does nothing
     runner = FakeRunner()
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0 and runner.calls == []
 
     # the resolved config changed: refused before anything runs, unless --rerun-changed
@@ -250,14 +250,15 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
 def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
     path = write_sweep(tmp_path)
     cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}
-    monkeypatch.setattr(sw, "run_command", FakeRunner(interrupt_on=(f"{cells['oracle'].name}/train.yaml",)))
+    monkeypatch.setattr("ratune.sweep.local.run_command",
+                        FakeRunner(interrupt_on=(f"{cells['oracle'].name}/train.yaml",)))
     with pytest.raises(KeyboardInterrupt):
         sw.cli_sweep(args(path))
     assert f"interrupted during {cells['oracle'].name}" in capsys.readouterr().out
     # a partly trained cell with a checkpoint resumes from it
     (cells["oracle"].dir / "train" / "trainer" / "checkpoint-1").mkdir(parents=True)
     runner = FakeRunner()
-    monkeypatch.setattr(sw, "run_command", runner)
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0
     train_cmds = [c for c in runner.calls if c[0] == "accelerate"]
     assert len(train_cmds) == 1 and train_cmds[0][-2:] == ["--resume-from", "latest"]

@@ -1,4 +1,4 @@
-"""Chosen-pair comparisons inside sweep reports (ratune/sweep_pairs.py, issue 10), on hand-made
+"""Chosen-pair comparisons inside sweep reports (ratune/sweep/pairs.py, issue 10), on hand-made
 finished cell folders whose per-question outcomes give contingencies worked out by hand."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sweep_cells import finished_cell
 from ratune import sweep as sw
 from ratune.cli import main as cli_main
 from ratune.errors import RatuneError
-from ratune.sweep_pairs import ComparePair, parse_selector
+from ratune.sweep.pairs import ComparePair, parse_selector
 
 
 def outcomes(correct: set[int], n: int = 10, strict_wrong: set[int] = frozenset()) -> dict:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from ratune.args import input_dir, input_file
+from ratune.args import add_apibench_argument, input_file
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import hub_argument_type, resolve_hub
 from ratune.errors import InputError, RatuneError
@@ -27,8 +27,7 @@ def add_score_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "argument score; docs/catalogs.md)")
     parser.add_argument("--responses", required=True, type=input_file,
                         help="response JSONL file (question_id, text per line)")
-    parser.add_argument("--apibench", default=None, type=input_dir,
-                        help="APIBench folder (default: $RATUNE_APIBENCH or ../shared/apibench)")
+    add_apibench_argument(parser)
     parser.add_argument("--metric", choices=METRIC_CHOICES, default="both",
                         help="which metric to print (default both)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,4 +1,4 @@
-"""Chosen-pair comparisons inside a sweep report (issue 10): paired tests between finished cells.
+"""Chosen-pair comparisons inside a sweep report: paired tests between finished cells.
 
 A sweep file (or ``ratune report SWEEP_DIR --pair A B``) names pairs of *selectors*::
 

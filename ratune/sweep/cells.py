@@ -1,0 +1,240 @@
+"""A sweep's cells: the grid of axes and groups expanded into named, validated training configs,
+and the shared data build per hub they need (:func:`data_plan`)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ratune.config import validate
+from ratune.data.apibench import HUBS
+from ratune.errors import RatuneError
+from ratune.registry import TEST_SETTINGS
+from ratune.sweep.schema import Sweep, SweepConfig
+
+
+#: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
+OWNED_KEYS = ("data_dir", "output_dir")
+
+
+@dataclass
+class Cell:
+    """One point of the sweep grid.
+
+    Attributes:
+        name: stable folder name (axis slug + hash of the axis values).
+        axes: ``{dotted key: value}`` of this cell.
+        config: the resolved TrainConfig as a dict (``data_dir`` and ``output_dir`` inside the sweep folder).
+    """
+
+    name: str
+    axes: dict
+    config: dict
+    dir: Path = field(default=Path("."))
+
+    @property
+    def hub(self) -> str:
+        """The cell's hub."""
+        return self.config["hub"]
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _slug_value(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def cell_name(axes: dict) -> str:
+    """``key-value__key-value-HASH``: sorted axis values (at most 80 characters) plus the first 8 hex
+    digits of the sha256 of the axis values, so truncated or sanitised slugs stay unique."""
+    digest = hashlib.sha256(json.dumps(axes, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    slug = "__".join(f"{k.replace('.', '-')}-{_slug_value(v)}" for k, v in sorted(axes.items())) or "base"
+    return f"{slug[:80]}-{digest}"
+
+
+def config_hash(config: dict) -> str:
+    """Short sha256 of a resolved config (sorted JSON)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _check_axes(cfg: SweepConfig, source: str) -> list[list[dict]]:
+    """The sweep's dimensions: per axis and per group, the list of ``{key: value}`` choices."""
+    dims: list[list[dict]] = []
+    seen: set[str] = set()
+
+    def claim(key: str, where: str) -> None:
+        if key in OWNED_KEYS:
+            raise RatuneError(f"{source}: {where}: {key!r} is set by the sweep (inside its out_dir); it cannot vary")
+        if key in seen:
+            raise RatuneError(f"{source}: {where}: key {key!r} appears in more than one axis or group")
+        seen.add(key)
+
+    for key, values in cfg.axes.items():
+        claim(key, f"axes.{key}")
+        if not values:
+            raise RatuneError(f"{source}: axes.{key}: needs at least one value")
+        dims.append([{key: v} for v in values])
+    for i, group in enumerate(cfg.groups):
+        if not group:
+            raise RatuneError(f"{source}: groups[{i}]: empty group")
+        lengths = {k: len(v) for k, v in group.items()}
+        for key in group:
+            claim(key, f"groups[{i}].{key}")
+        if len(set(lengths.values())) != 1 or 0 in lengths.values():
+            raise RatuneError(f"{source}: groups[{i}]: keys that vary together need the same (non-zero) number "
+                              f"of values; got {', '.join(f'{k}: {n}' for k, n in lengths.items())}")
+        keys = list(group)
+        dims.append([dict(zip(keys, values)) for values in zip(*(group[k] for k in keys))])
+    return dims
+
+
+def expand(sweep: Sweep) -> list[Cell]:
+    """The sweep's cells: the Cartesian product of the axes and the groups (a group's keys take
+    their i-th values together), each with its stable name and validated TrainConfig dict.
+
+    Raises:
+        RatuneError: a key that is not a TrainConfig field, a value of the wrong type (naming the
+            cell), duplicate keys, groups of unequal length.
+    """
+    from ratune.train.config import TrainConfig
+
+    cfg = sweep.config
+    dims = _check_axes(cfg, sweep.source)
+    cells = []
+    for combo in itertools.product(*dims):
+        axes: dict = {}
+        for part in combo:
+            axes.update(part)
+        name = cell_name(axes)
+        cell_dir = sweep.out_dir / "cells" / name
+        data = copy.deepcopy(sweep.base)
+        for key, value in axes.items():
+            _set_dotted(data, key, value)
+        hub = data.get("hub", "torchhub")
+        # named by the hub's name: a catalog's folder path would not make a folder name
+        data["data_dir"] = str(sweep.out_dir / "data" / _hub_name(hub, f"{sweep.source}: cell {name}"))
+        data["output_dir"] = str(cell_dir / "train")
+        data.setdefault("train_retriever", "none")
+        if cfg.data.max_length is not None and "max_length" not in axes:
+            data["max_length"] = cfg.data.max_length
+        resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
+        if resolved["hub"] not in HUBS:
+            _check_catalog_settings(cfg.eval, f"{sweep.source}: cell {name} (catalog {hub})")
+        if cfg.eval.curve_settings:
+            _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
+        cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
+    return cells
+
+
+def _hub_name(hub: str, where: str) -> str:
+    """:func:`ratune.data.hubs.hub_name` of a cell's ``hub`` (an APIBench name or a catalog folder).
+
+    Raises:
+        RatuneError: naming ``where``: a folder that is not (or is no longer) a catalog.
+    """
+    from ratune.data.hubs import hub_name
+
+    try:
+        return hub_name(hub)
+    except RatuneError as exc:
+        raise RatuneError(f"{where}: {exc}") from None
+
+
+def _check_catalog_settings(evaluation, where: str) -> None:
+    """A catalog cell's eval settings must exist for a catalog: no precomputed documents
+    (``gpt_index``, ``released_bm25``: APIBench only) and no ``constraints_*`` (TorchHub only).
+
+    Raises:
+        RatuneError: naming ``where`` and the settings, with the ones a catalog has.
+    """
+    from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, setting_retriever
+
+    asked = [*evaluation.settings, *(evaluation.curve_settings or [])]
+    bad = [s for s in dict.fromkeys(asked) if s.startswith(CONSTRAINTS_PREFIX)
+           or (s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed)]
+    if bad:
+        raise RatuneError(f"{where}: eval settings {', '.join(bad)} exist for the APIBench hubs only (the paper's "
+                          "precomputed documents, the constrained TorchHub questions); set eval.settings, e.g. "
+                          f"[{', '.join(CATALOG_DEFAULT_SETTINGS)}]")
+
+
+def _check_curve_saves(config: dict, where: str) -> None:
+    """A cell with a learning curve must keep a Trainer checkpoint per save (``eval.curve_settings``).
+
+    Raises:
+        RatuneError: naming ``where``: the config saves no checkpoints, or deletes old ones.
+    """
+    strategy = config.get("save_strategy") or ("steps" if config.get("save_steps") else "no")
+    if strategy == "no":
+        raise RatuneError(f"{where}: eval.curve_settings evaluates the cell's Trainer checkpoints, but its training "
+                          "config saves none: set save_strategy: epoch (or save_steps: N) in base")
+    if config.get("save_total_limit") is not None:
+        raise RatuneError(f"{where}: eval.curve_settings needs every Trainer checkpoint, but save_total_limit: "
+                          f"{config['save_total_limit']} deletes older ones: remove it")
+
+
+def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
+    """``{hub: {"dir", "modes", "tokenizer", "max_length", "chat_template"}}``: one shared data
+    build per hub (built with the cells' ``chat_template``, which training checks).
+
+    Raises:
+        RatuneError: cells of one hub with different models (set data.tokenizer), max_length
+            (set data.max_length) or chat_template.
+    """
+    plan: dict[str, dict] = {}
+    for cell in cells:
+        c = cell.config
+        entry = plan.setdefault(c["hub"], {"dir": c["data_dir"], "modes": [], "tokenizer": set(), "max_length": set(),
+                                           "chat_template": set()})
+        if c["train_retriever"] not in entry["modes"]:
+            entry["modes"].append(c["train_retriever"])
+        entry["tokenizer"].add(sweep.config.data.tokenizer or c["model"])
+        entry["max_length"].add(c["max_length"])
+        entry["chat_template"].add(c.get("chat_template"))
+    defined = {m.mode for m in sweep_mixtures(sweep)}
+    for hub, entry in plan.items():
+        undefined = [m for m in entry["modes"] if m.startswith("mix-") and m not in defined]
+        if undefined:
+            raise RatuneError(f"{sweep.source}: train_retriever {', '.join(undefined)} names a mixture that "
+                              f"data.mixtures does not define (defined: {', '.join(sorted(defined)) or 'none'})")
+        for key, hint in (("tokenizer", "data.tokenizer"), ("max_length", "data.max_length"),
+                          ("chat_template", "one chat_template for the hub's cells")):
+            if len(entry[key]) > 1:
+                values = sorted(map(str, entry[key]))
+                raise RatuneError(f"{sweep.source}: cells of hub {hub} differ in {key} ({values}); "
+                                  f"the shared data build needs one: set {hint}")
+            entry[key] = entry[key].pop()
+    return plan
+
+
+def sweep_mixtures(sweep: Sweep) -> list:
+    """The sweep's ``data.mixtures`` as :class:`ratune.data.mixture.Mixture` objects.
+
+    Raises:
+        RatuneError: a malformed or invalid mixture spec (naming the sweep file).
+    """
+    from ratune.data.mixture import Mixture
+
+    d = sweep.config.data
+    try:
+        return [Mixture.parse(spec, top1_retriever=d.top1_retriever, distractors=d.distractors,
+                              seed=d.mixture_seed) for spec in d.mixtures]
+    except RatuneError as err:
+        raise RatuneError(f"{sweep.source}: data.mixtures: {err}") from None

@@ -1,0 +1,35 @@
+"""``ratune sweep FILE [--dry-run] [--launcher local|slurm] [--out DIR] [--rerun-changed]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ratune.sweep.cells import expand
+from ratune.sweep.local import dry_run, run_local
+from ratune.sweep.schema import load_sweep
+from ratune.sweep.slurm import write_slurm
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed."""
+    from ratune.args import input_file, output_dir
+
+    parser.add_argument("file", type=input_file, help="sweep file (YAML)")
+    parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="local: run the commands here; slurm: write sbatch scripts and submit.sh")
+    parser.add_argument("--out", default=None, type=output_dir, help="sweep folder (default: the file's out_dir)")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="delete and rerun cells whose resolved config changed since they ran")
+
+
+def cli_sweep(args: argparse.Namespace) -> int:
+    """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit status."""
+    sweep = load_sweep(args.file, args.out)
+    cells = expand(sweep)
+    if args.dry_run:
+        return dry_run(sweep, cells)
+    if args.launcher == "slurm":
+        write_slurm(sweep, cells, rerun_changed=args.rerun_changed)
+        return 0
+    return run_local(sweep, cells, rerun_changed=args.rerun_changed)

@@ -1,0 +1,76 @@
+"""The commands a sweep runs: the shared ``ratune data build``, each cell's ``accelerate launch``
+training and ``ratune eval run``."""
+
+from __future__ import annotations
+
+import shlex
+
+from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.options import command_arguments
+from ratune.registry import DEFAULT_BM25_BACKEND
+from ratune.sweep.cells import Cell, sweep_mixtures
+from ratune.sweep.schema import Sweep
+
+
+def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
+    """The ``ratune data build`` command of one hub's shared data folder."""
+    d = sweep.config.data
+    mixtures = {m.mode: spec for m, spec in zip(sweep_mixtures(sweep), d.mixtures)}
+    plain = [m for m in entry["modes"] if m not in mixtures]
+    cmd = ["ratune", "data", "build", "--hub", hub, "--out", entry["dir"], "--tokenizer", entry["tokenizer"],
+           "--modes", *plain, "--max-length", str(entry["max_length"]), "--top-k", str(d.top_k),
+           "--leakage", d.leakage, "--overwrite"]
+    needed = [spec for mode, spec in mixtures.items() if mode in entry["modes"]]
+    for spec in needed:
+        cmd += ["--mixture", spec]
+    if needed:
+        cmd += ["--mixture-seed", str(d.mixture_seed), "--distractors", str(d.distractors),
+                "--top1-retriever", d.top1_retriever]
+    if d.max_document_tokens is not None:
+        cmd += ["--max-document-tokens", str(d.max_document_tokens)]
+    if entry.get("chat_template") is not None:
+        cmd += ["--chat-template", entry["chat_template"]]
+    if d.dense_model:
+        cmd += ["--dense-model", d.dense_model]
+    if d.bm25_backend != DEFAULT_BM25_BACKEND:
+        cmd += ["--bm25-backend", d.bm25_backend]
+    if sweep.config.apibench:
+        cmd += ["--apibench", sweep.config.apibench]
+    return cmd
+
+
+def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args: list[str] | None = None) -> list[str]:
+    """``accelerate launch -q [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml``.
+
+    ``-q``: a failed single process ends with ratune's one-line error, without accelerate's
+    ``CalledProcessError`` traceback after it (accelerate 1.15 simple and DeepSpeed launchers).
+    """
+    cmd = ["accelerate", "launch", "-q"]
+    if sweep.config.accelerate_config:
+        cmd += ["--config_file", sweep.config.accelerate_config]
+    cmd += list(launch_args or []) + ["-m", "ratune.train", "--config", str(cell.dir / "train.yaml")]
+    if resume:
+        cmd += ["--resume-from", "latest"]
+    return cmd
+
+
+def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
+    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings;
+    with ``curve``, the learning curve's ``--all-checkpoints --out CELL/curve --settings
+    CURVE_SETTINGS`` (same generation settings)."""
+    e = sweep.config.eval
+    out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
+    cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub, "--out", str(out),
+           *command_arguments(e.model_copy(update={"settings": settings}), EvalSettings, EVAL_OPTIONS, policy="always")]
+    if curve:
+        cmd += ["--all-checkpoints"]
+    cmd += command_arguments(e, EvalSettings, EVAL_OPTIONS, policy="changed")
+    if cell.config.get("trust_remote_code"):
+        cmd += ["--trust-remote-code"]
+    if sweep.config.apibench:
+        cmd += ["--apibench", sweep.config.apibench]
+    return cmd
+
+
+def _fmt(cmd: list[str]) -> str:
+    return shlex.join(cmd)

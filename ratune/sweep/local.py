@@ -1,0 +1,187 @@
+"""The local launcher: run a sweep's commands on this machine (:func:`run_local`), or print them
+(:func:`dry_run`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ratune.errors import RatuneError
+from ratune.sweep.cells import Cell, data_plan
+from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
+from ratune.sweep.schema import Sweep
+from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
+
+
+def run_command(cmd: list[str], log_path: Path) -> None:
+    """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
+
+    Raises:
+        RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
+            any (a launcher's report of the failed process comes after them in the log), else the
+            last 20 lines of its log.
+    """
+    sibling = Path(sys.executable).parent / cmd[0]  # the same environment's ratune / accelerate first
+    exe = str(sibling) if sibling.exists() else (shutil.which(cmd[0]) or cmd[0])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {_fmt(cmd)}\n")
+        log.flush()
+        start = log.tell()
+        try:
+            rc = subprocess.run([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT).returncode
+        except OSError as exc:
+            raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
+    if rc != 0:
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            lines = log.read().decode("utf-8", errors="replace").splitlines(True)
+        errors = list(dict.fromkeys(line.strip() for line in lines if line.startswith("ratune: error:")))
+        shown = "\n".join(errors) + "\n" if errors else "".join(lines[-20:])
+        raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{shown}")
+
+
+def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
+    """Make the run folder ready; returns whether training resumes from the latest checkpoint."""
+    run_dir = cell.dir / "train"
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return False
+    if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
+        return True
+    from ratune.manifest import require_owned
+
+    require_owned(run_dir, "train", action="delete")  # only an unfinished ratune training run is restarted
+    shutil.rmtree(run_dir)
+    return False
+
+
+def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, out) -> None:
+    """Run one step of a cell, saying which cell of how many, where its log goes, and how long it took."""
+    import time
+
+    log = cell.dir / "logs" / f"{step}.log"
+    print(f"[{step}] {cell.name} {progress}: {_fmt(cmd)}\n  log: {log} (follow it with: tail -f {log})",
+          file=out, flush=True)
+    start = time.monotonic()
+    runner(cmd, log)
+    print(f"[{step}] {cell.name} {progress}: done in {time.monotonic() - start:.0f} s", file=out, flush=True)
+
+
+def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
+              runner: Callable[[list[str], Path], None] | None = None, out=None) -> int:
+    """Run the sweep on this machine: shared data build per hub, then train and evaluate each cell.
+
+    Finished cells are skipped; a cell whose stored config differs is refused (before anything
+    runs) unless ``rerun_changed``, which deletes its results first; a failing cell's error goes to
+    ``cell/error.txt`` and the sweep continues. Returns 0 when every cell finished, else 1.
+
+    Raises:
+        RatuneError: changed cells without ``rerun_changed``.
+        KeyboardInterrupt: after printing where it stopped (a rerun continues).
+    """
+    out = out or sys.stdout
+    from ratune.io import read_json_object, write_json
+    from ratune.manifest import is_complete
+
+    runner = runner or run_command
+    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    save_sweep_file(sweep)
+
+    plan = data_plan(sweep, cells)
+    status: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    data_errors: dict[str, str] = {}
+    current = "data"
+    try:
+        for hub, entry in plan.items():
+            if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
+                continue
+            manifest = Path(entry["dir"]) / "manifest.json"
+            have = set(read_json_object(manifest).get("modes", [])) if manifest.exists() else set()
+            if is_complete(entry["dir"]) and set(entry["modes"]) <= have:
+                continue
+            current = f"data {hub}"
+            print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
+            try:
+                runner(data_command(sweep, hub, entry), sweep.out_dir / "logs" / f"data_{hub}.log")
+            except RatuneError as exc:
+                data_errors[hub] = str(exc)
+        for number, cell in enumerate(cells, start=1):
+            current = cell.name
+            progress = f"({number}/{len(cells)})"
+            if is_finished(sweep, cell):
+                status[cell.name] = "skipped (finished)"
+                print(f"[skip] {cell.name}: finished", file=out)
+                continue
+            cell.dir.mkdir(parents=True, exist_ok=True)
+            write_json(cell.dir / "cell.json", cell_record(sweep, cell))
+            (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+            error_file = cell.dir / "error.txt"
+            try:
+                if cell.hub in data_errors:
+                    raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
+                if not is_complete(cell.dir / "train"):
+                    resume = _prepare_training(sweep, cell)
+                    cmd = train_command(sweep, cell, resume=resume)
+                    _run_step(runner, "train", cell, cmd, progress, out)
+                cmd = eval_command(sweep, cell)
+                _run_step(runner, "eval", cell, cmd, progress, out)
+                if not is_curve_finished(sweep, cell):
+                    _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
+                if not is_finished(sweep, cell):
+                    raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
+            except RatuneError as exc:
+                error_file.write_text(f"{exc}\n", encoding="utf-8")
+                status[cell.name] = "failed"
+                errors[cell.name] = str(exc).splitlines()[0]
+                print(f"[fail] {cell.name}: {errors[cell.name]} (see {error_file})", file=out)
+                continue
+            error_file.unlink(missing_ok=True)
+            status[cell.name] = "finished"
+    except KeyboardInterrupt:
+        print(f"[stop] interrupted during {current}; rerun the same command to continue", file=out)
+        raise
+    done = sum(1 for s in status.values() if s != "failed")
+    print(f"sweep {sweep.out_dir}: {done}/{len(cells)} cells finished, {len(errors)} failed", file=out)
+    for name, err in errors.items():
+        print(f"  FAILED {name}: {err}", file=out)
+    return 1 if errors else 0
+
+
+def save_sweep_file(sweep: Sweep) -> Path:
+    """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` (what ``report_sweep`` reads its
+    chosen ``compare`` pairs from); returns its path."""
+    from ratune.io import write_text
+
+    path = sweep.out_dir / "sweep.yaml"
+    write_text(path, _yaml({"source": sweep.source, **sweep.config.model_dump(mode="json")}))
+    return path
+
+
+def _yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+def dry_run(sweep: Sweep, cells: list[Cell], out=None) -> int:
+    """Print the cells (with their status) and the exact commands, running nothing; returns 0."""
+    out = out or sys.stdout
+    plan = data_plan(sweep, cells)
+    print(f"sweep {sweep.source}: {len(cells)} cells -> {sweep.out_dir}", file=out)
+    for hub, entry in plan.items():
+        print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
+    for cell in cells:
+        keys = changed_keys(sweep, cell)
+        state = ("finished" if is_finished(sweep, cell) else "changed: " + ", ".join(keys) if keys
+                 else "partial" if cell.dir.exists() else "new")
+        axes = " ".join(f"{k}={v}" for k, v in cell.axes.items())
+        print(f"cell {cell.name} [{state}] {axes}", file=out)
+        print(f"  train: {_fmt(train_command(sweep, cell))}", file=out)
+        print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
+        if sweep.config.eval.curve_settings:
+            print(f"  curve: {_fmt(eval_command(sweep, cell, curve=True))}", file=out)
+    return 0

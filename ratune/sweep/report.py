@@ -1,0 +1,358 @@
+"""The report of a sweep folder (``ratune report SWEEP_DIR``): Table 2 per hub, sweep.csv, replicates,
+learning curves, chosen-pair comparisons and the best cell to export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from ratune.config import load_yaml
+from ratune.data.apibench import HUBS
+from ratune.errors import RatuneError
+from ratune.eval.report import headline_metric, metric_block
+from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
+from ratune.sweep.cells import _hub_name, _slug_value
+from ratune.sweep.commands import _fmt
+from ratune.sweep.pairs import ComparePair, compare_pairs, comparisons_csv_rows, comparisons_markdown, parse_selector
+from ratune.sweep.state import _read_cell_record
+
+
+def _flat(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
+                 pairs: list[ComparePair] | None = None) -> dict[str, dict]:
+    """Collect every finished eval cell of a sweep folder into Table 2 per hub (and per value of
+    the axes other than hub and train_retriever), written to ``out_dir`` (default SWEEP_DIR/report)
+    as ``{group}/table2.{json,csv,md,png}``, plus ``sweep.csv`` (one row per cell and test setting,
+    the axis values as columns) and ``sweep.json``. Unfinished cells are missing, never zero.
+
+    Replicates: when several finished cells differ only in ``seed`` (a sweep axis ``seed: [1, 2,
+    3]``, i.e. TrainConfig.seed), seed is not a table: each table's cells are
+    :func:`ratune.eval.report.aggregate_replicates` of the seeds that finished (mean accuracy,
+    hallucination, error and strict ones; sample sd and min-max across seeds; ``n_seeds``,
+    ``seeds``; each seed's own Wilson interval in ``accuracy_run_ci``), table2.md shows
+    ``51.3 ±4.2 sd (3 seeds)``, table2.json records ``"replicates": {"seeds", ...}``, and
+    ``replicates.csv`` has one row per (cell, seed, test setting); ``sweep.json`` gets ``seeds``.
+    Generation is greedy, so the seeds vary training only. Sweeps without such replicates
+    (including a one-value seed axis) are reported exactly as without this rule.
+
+    Chosen pairs (``pairs``, default the ``compare`` list of ``SWEEP_DIR/sweep.yaml``) are
+    compared with paired tests by :func:`ratune.sweep.pairs.compare_pairs` and written as
+    ``comparisons.{md,csv,json}``; ``sweep.json`` gets ``comparisons`` (the count per status).
+    Per table, ``worst_case.md`` and ``sweep.json``'s ``worst_case`` give each trained model's
+    lowest accuracy across its test settings (:mod:`ratune.eval.robustness`).
+    Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
+    accuracy over train x test settings; ties listed in ``tied_with``; a table whose cells all
+    scored 0 has none, under ``no_best``) with its ``ratune export`` command (:func:`best_cells`).
+
+    Returns:
+        ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
+        without ``seed`` when replicates are aggregated).
+    Raises:
+        RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
+            several cells in one context.
+    """
+    from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, read_metrics,
+                                    write_table2)
+    from ratune.io import write_json, write_text
+    from ratune.manifest import is_complete
+
+    sweep_dir = Path(sweep_dir)
+    experiments: list[dict] = []  # experiment settings (docs/experiments.md): beside Table 2, never in it
+    experiment_paths: list[Path] = []  # their metrics.json files (listed in sweep.json sources)
+    abstention_by_cell = {}  # false abstention: abstaining under oracle, where the document answers
+    out = Path(out_dir) if out_dir else sweep_dir / "report"
+    rows = []
+    finished = []  # dimensions and metrics.json of each finished eval cell (chosen-pair comparisons)
+    axis_keys: list[str] = []
+    if not sweep_dir.is_dir():
+        raise RatuneError(f"{sweep_dir}: no such sweep folder")
+    for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
+        record = _read_cell_record(cell_json)
+        for k in record.get("axes", {}):
+            if k not in axis_keys:
+                axis_keys.append(k)
+        config = record["config"]
+        eval_dir = cell_json.parent / "eval"
+        settings = [s for s in TABLE_SETTINGS if (eval_dir / s).is_dir()]
+        settings += sorted(p.name for p in eval_dir.glob("*") if p.is_dir() and p.name not in settings) \
+            if eval_dir.is_dir() else []
+        for setting in settings:
+            folder = eval_dir / setting
+            if not (is_complete(folder) and (folder / "metrics.json").exists()):
+                continue
+            if setting in EXPERIMENT_SETTINGS:
+                experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
+                                    "train_retriever": config["train_retriever"],
+                                    "metrics": read_metrics(folder / "metrics.json")})
+                experiment_paths.append(folder / "metrics.json")
+                continue
+            cell_metrics = read_metrics(folder / "metrics.json")
+            if setting == "oracle" and cell_metrics.get("abstention"):
+                abstention_by_cell[record["name"]] = cell_metrics["abstention"]
+            table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
+            rows.append((record, table_cell))
+            finished.append({"dims": {**record.get("axes", {}), "hub": _hub_name(config["hub"], record["name"]),
+                                      "train_retriever": config["train_retriever"], "test_retriever": setting},
+                             "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
+    if not rows:
+        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+
+
+    def group_of(record: dict, drop_seed: bool) -> str:
+        others = {k: v for k, v in record.get("axes", {}).items()
+                  if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
+        return _hub_name(record["config"]["hub"], record["name"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
+                                                      for k, v in sorted(others.items()))
+
+    def seed_of(record: dict) -> Any:
+        return record.get("axes", {}).get("seed", record["config"].get("seed"))
+
+    # replicates: finished cells that land on the same table cell once seed is ignored
+    buckets: dict[tuple, list] = {}
+    for record, c in rows:
+        buckets.setdefault((group_of(record, True), c["train_retriever"], c["test_retriever"]), []).append(
+            (record, c))
+    replicate = any(len(v) > 1 for v in buckets.values())
+
+    groups: dict[str, dict] = {}
+    if replicate:
+        for (group, _, _), runs in buckets.items():
+            g = groups.setdefault(group, {"hub": _hub_name(runs[0][0]["config"]["hub"], runs[0][0]["name"]),
+                                          "cells": [], "seeds": [],
+                                          "model": Path(str(runs[0][0]["config"]["model"])).name})
+            seeds = [seed_of(r) for r, _ in runs]
+            agg = aggregate_replicates([c for _, c in runs], seeds)
+            by_seed = {json.dumps(seed_of(r), default=str): r["name"] for r, _ in runs}
+            agg["run_cells"] = [by_seed.get(json.dumps(s, default=str)) for s in agg["seeds"]]
+            g["cells"].append(agg)
+            g["seeds"] += [s for s in agg["seeds"] if s not in g["seeds"]]
+    else:
+        for record, c in rows:
+            config = record["config"]
+            g = groups.setdefault(group_of(record, False),
+                                  {"hub": _hub_name(config["hub"], record["name"]),
+                                   "model": Path(str(config["model"])).name, "cells": []})
+            g["cells"].append(c)
+
+    def replicates_info(seeds: list) -> dict:
+        return {"seeds": _sorted_seeds(seeds), "aggregate": "mean over seeds", "spread": SPREAD,
+                "run_interval": INTERVAL, "generation": GENERATION, "runs": "replicates.csv"}
+
+    if replicate:
+        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
+                                     replicates=replicates_info(g["seeds"]))
+                  for name, g in sorted(groups.items())}
+    else:
+        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name)
+                  for name, g in sorted(groups.items())}
+    rates = ("accuracy", "hallucination", "error")
+    rate_columns = [*(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
+                    *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
+    header = ["cell", *axis_keys, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
+
+    def values(m: dict) -> list[str]:
+        vals = []
+        for r in rates:
+            ci = m.get(f"{r}_ci")
+            vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
+        return vals
+
+    def run_row(record: dict, c: dict, keys: list[str] = axis_keys) -> list:
+        config = record["config"]
+        return [record["name"], *(_flat(record["axes"].get(k, "")) for k in keys), config["hub"],
+                config["model"], c["train_retriever"], c["test_retriever"], c["n"],
+                *values(c), *values(c.get("strict") or {})]
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for record, c in rows:
+        writer.writerow(run_row(record, c))
+    write_text(out / "sweep.csv", buf.getvalue())
+    summary: dict = {"axes": axis_keys, "tables": tables}
+    from ratune.io import sha256_file
+
+    curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
+    summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
+                          for path in [*(f["metrics_path"] for f in finished), *experiment_paths, *curve_paths]}
+    if curve_paths:  # learning curves, labelled by the cell's axis values
+        from ratune.eval.curve import read_curve, write_curves_report
+
+        curves = {}
+        for path in curve_paths:
+            record = _read_cell_record(path.parent.parent / "cell.json")
+            label = " ".join(f"{k}={_flat(v)}" for k, v in record.get("axes", {}).items()) or record["name"]
+            curves[label] = read_curve(path.parent)
+        write_curves_report(curves, out)
+        summary["learning_curves"] = list(curves)
+    if replicate:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        other_keys = [k for k in axis_keys if k != "seed"]
+        writer.writerow(["group", "seed", *(k for k in header if k != "seed")])
+        for record, c in sorted(rows, key=lambda rc: (group_of(rc[0], True), rc[1]["train_retriever"],
+                                                      rc[1]["test_retriever"], _seed_key(seed_of(rc[0])))):
+            writer.writerow([group_of(record, True), _flat(seed_of(record)), *run_row(record, c, other_keys)])
+        write_text(out / "replicates.csv", buf.getvalue())
+        summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
+        summary["replicates"] = replicates_info(summary["seeds"])
+    from ratune.eval.robustness import worst_case, worst_case_markdown
+
+    summary["worst_case"] = {}
+    for name, table in tables.items():  # each trained model's lowest accuracy across test settings
+        summary["worst_case"][name] = worst_case(table["cells"])
+        write_text(out / name / "worst_case.md", worst_case_markdown(summary["worst_case"][name]))
+    if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table
+        summary["best"], summary["no_best"] = best_cells(sweep_dir, rows, lambda record: group_of(record, False))
+    if experiments:
+        from ratune.eval.robustness import experiments_markdown, experiment_rows
+
+        exp_rows = experiment_rows(experiments, abstention_by_cell)
+        write_json(out / "experiments.json", {"experiments": exp_rows})
+        write_text(out / "experiments.md", experiments_markdown(exp_rows))
+        summary["experiments"] = len(exp_rows)
+    if pairs is None:
+        pairs = load_compare_pairs(sweep_dir)
+    if pairs:
+        results = compare_pairs(finished, pairs)
+        write_json(out / "comparisons.json", {"comparisons": results})
+        write_text(out / "comparisons.md", comparisons_markdown(results))
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(comparisons_csv_rows(results))
+        write_text(out / "comparisons.csv", buf.getvalue())
+        summary["comparisons"] = {status: sum(r["status"] == status for r in results)
+                                  for status in ("ok", "missing", "refused")}
+    released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
+                       "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
+                       "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
+                      if f["dims"]["hub"] in HUBS]  # released Gorilla-7B responses exist for APIBench only
+    if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
+        from ratune.eval.compare import released_comparisons, released_markdown
+
+        results, skipped = released_comparisons(released_cells, _sweep_apibench(sweep_dir))
+        if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
+            write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
+            write_text(out / "released.md", released_markdown(results))
+            summary["released"] = {"comparisons": len(results), "skipped": skipped}
+    write_json(out / "sweep.json", summary)
+    return tables
+
+
+def _sweep_apibench(sweep_dir: Path) -> str | None:
+    """The ``apibench`` folder the sweep file saved in SWEEP_DIR/sweep.yaml names (None: the default)."""
+    path = sweep_dir / "sweep.yaml"
+    return load_yaml(path).get("apibench") if path.is_file() else None
+
+
+def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
+    """The ``compare`` pairs of ``SWEEP_DIR/sweep.yaml`` (empty when the file or the key is absent).
+
+    Raises:
+        RatuneError: the stored pairs do not validate (naming the file).
+    """
+    from pydantic import ValidationError
+
+    path = Path(sweep_dir) / "sweep.yaml"
+    if not path.is_file():
+        return []
+    data = load_yaml(path)
+    try:
+        return [ComparePair.model_validate(p) for p in data.get("compare") or []]
+    except ValidationError as err:
+        raise RatuneError(f"{path}: compare: {err}") from None
+
+
+def _seed_key(seed: Any) -> tuple:
+    return (0, seed, "") if isinstance(seed, (int, float)) and not isinstance(seed, bool) else (1, 0, str(seed))
+
+
+def _sorted_seeds(seeds: list) -> list:
+    unique: list = []
+    for s in seeds:
+        if s not in unique:
+            unique.append(s)
+    return sorted(unique, key=_seed_key)
+
+
+def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[list[str]] | None = None) -> int:
+    """``ratune report SWEEP_DIR [--out DIR] [--pair A B ...]``: write the sweep report and print
+    each table (and the chosen-pair comparisons); returns 0.
+
+    ``pair_args``: ``[[selector A, selector B], ...]`` as ``key=value,key=value`` text; when given
+    they replace the sweep file's ``compare`` list.
+    """
+    from ratune.eval.report import table2_markdown
+
+    pairs = None
+    if pair_args:
+        pairs = [ComparePair(a=parse_selector(a), b=parse_selector(b)) for a, b in pair_args]
+    tables = report_sweep(sweep_dir, out, pairs=pairs)
+    report_dir = Path(out or Path(sweep_dir) / "report")
+    for name, table in tables.items():
+        print(f"<!-- {name} -->")
+        print(table2_markdown(table))
+        print("Worst case across test settings:\n")
+        print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
+    if pairs is not None or load_compare_pairs(sweep_dir):
+        print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
+    from ratune.io import read_json_object
+
+    summary = read_json_object(report_dir / "sweep.json")
+    for name, b in summary.get("best", {}).items():
+        where = f"(train {b['train_retriever']}, test {b['test_retriever']}, accuracy {100 * b['accuracy']:.1f} %, " \
+                f"n = {b['n']})"
+        if b.get("tied_with"):
+            print(f"no single best in {name}: {b['cell']} {where} ties with {', '.join(b['tied_with'])}; export the "
+                  f"one you want, e.g.:\n  {b['export']}")
+        else:
+            print(f"best in {name}: {b['cell']} {where}; export it with:\n  {b['export']}")
+    for name, reason in summary.get("no_best", {}).items():
+        print(f"no best cell in {name}: {reason}")
+    print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
+    return 0
+
+
+def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
+    """The cell to export per table: the highest gorilla accuracy over train x test settings.
+
+    Args:
+        sweep_dir: the sweep folder (the export command names the cell's folders in it).
+        rows: ``(cell record, table cell)`` of every finished Table 2 cell.
+        group_of: the table a cell record belongs to.
+    Returns:
+        ``(best, no_best)``: ``best[table]`` is the first cell (in cell order) with the highest
+        accuracy, with ``tied_with`` listing the other cells (other checkpoints) that reach
+        exactly that accuracy under some test setting (a tie is reported, never broken silently); ``no_best[table]`` says why a table has none (every
+        cell scored 0: there is nothing to choose).
+    """
+    by_group: dict[str, list] = {}
+    for record, c in rows:
+        by_group.setdefault(group_of(record), []).append((record, c))
+    best, no_best = {}, {}
+    for group, cells in by_group.items():
+        metric = headline_metric([c for _, c in cells])  # gorilla on APIBench; a catalog's cells: strict
+
+        def accuracy(c: dict) -> float:
+            return metric_block(c, metric).get("accuracy", 0.0)
+
+        top = max(accuracy(c) for _, c in cells)
+        if top <= 0:
+            no_best[group] = f"every one of its {len(cells)} cells scored 0.0 % ({metric}); nothing to choose"
+            continue
+        tied = [(r, c) for r, c in cells if accuracy(c) == top]
+        record, c = tied[0]
+        others = list(dict.fromkeys(r["name"] for r, _ in tied if r["name"] != record["name"]))
+        cell_dir = sweep_dir / "cells" / record["name"]
+        best[group] = {"cell": record["name"], "train_retriever": c["train_retriever"],
+                       "test_retriever": c["test_retriever"], "metric": metric, "accuracy": accuracy(c),
+                       "accuracy_ci": metric_block(c, metric).get("accuracy_ci"), "n": c["n"],
+                       "tied_with": others,
+                       "export": _fmt(["ratune", "export", str(cell_dir / "train"), "--out",
+                                       f"exports/{record['name']}", "--eval", str(cell_dir / "eval")])}
+    return best, no_best

@@ -1,0 +1,113 @@
+"""The sweep file's schema (see ratune/sweep/__init__.py): the validated sections and :func:`load_sweep`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName,
+                           Top1RetrieverName, load_yaml, validate)
+from ratune.data.validate import LEAKAGE_POLICIES
+from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.options import config_model
+from ratune.registry import DEFAULT_BM25_BACKEND
+from ratune.sweep.pairs import ComparePair
+
+
+class SweepData(BaseModel):
+    """Settings of the shared ``ratune data build`` (one build per hub).
+
+    ``max_length`` defaults to the cells' ``max_length`` (which must then agree within a hub);
+    ``tokenizer`` defaults to the cells' ``model``.
+    """
+
+    model_config = SCHEMA_CONFIG
+    max_length: MaxLength | None = None
+    max_document_tokens: Count | None = None
+    top_k: Count = 1
+    tokenizer: str | None = None
+    leakage: Literal[LEAKAGE_POLICIES] = "error"
+    mixtures: list[str] = Field(default_factory=list,
+                                description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
+                                            "trains on one with train_retriever: mix-NAME")
+    mixture_seed: Seed = 0
+    distractors: Count = 3
+    top1_retriever: Top1RetrieverName = "bm25"
+    dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
+                                                      "(and top1_retriever dense_ft)")
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
+
+
+#: A sweep file's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS) under its
+#: flag's name, plus the learning curve's settings.
+SweepEval = config_model(
+    "SweepEval", EvalSettings, EVAL_OPTIONS, doc="Arguments of ``ratune eval run`` for every cell.",
+    extra={"curve_settings": (list[TestSettingName], Field(
+        default_factory=list,
+        description="a learning curve: after training, every Trainer checkpoint of a cell is evaluated under "
+                    "these settings (cells/NAME/curve/); the base config must save checkpoints (save_strategy: "
+                    "epoch or save_steps) and keep them all (no save_total_limit)"))})
+
+
+class SlurmSettings(BaseModel):
+    """Resources of each training job (eval jobs take one node and one GPU)."""
+
+    model_config = SCHEMA_CONFIG
+    nodes: Count = 1
+    gpus_per_node: Count = 1
+    time: str = "24:00:00"
+    partition: str | None = None
+    eval_time: str | None = None
+    main_process_port: Port = 29500
+    setup: list[str] = Field(default_factory=list, description="shell lines run first (module load, venv)")
+    extra_sbatch: list[str] = Field(default_factory=list, description="extra #SBATCH options, e.g. --account=x")
+
+
+class SweepConfig(BaseModel):
+    """A sweep file (see the package docstring, ratune/sweep/__init__.py)."""
+
+    model_config = SCHEMA_CONFIG
+    name: str | None = None
+    out_dir: str | None = None
+    apibench: str | None = None
+    base: str | dict
+    data: SweepData = SweepData()
+    eval: SweepEval = SweepEval()
+    axes: dict[str, list] = Field(default_factory=dict)
+    groups: list[dict[str, list]] = Field(default_factory=list)
+    accelerate_config: str | None = None
+    on_unfinished: Literal["resume", "restart"] = "resume"
+    slurm: SlurmSettings = SlurmSettings()
+    compare: list[ComparePair] = Field(default_factory=list)
+
+
+@dataclass
+class Sweep:
+    """A loaded sweep: the validated file, where it came from and its output folder."""
+
+    config: SweepConfig
+    source: str
+    out_dir: Path
+    base: dict
+
+
+def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
+    """Read and validate a sweep file; ``out_dir`` overrides the file's ``out_dir``.
+
+    Raises:
+        RatuneError: unknown keys, bad values, a missing base config.
+    """
+    path = Path(path)
+    cfg = validate(SweepConfig, load_yaml(path), str(path))
+    if isinstance(cfg.base, str):
+        base_path = Path(cfg.base)
+        if not base_path.exists() and (path.parent / cfg.base).exists():
+            base_path = path.parent / cfg.base
+        base = load_yaml(base_path)
+    else:
+        base = dict(cfg.base)
+    out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
+    return Sweep(config=cfg, source=str(path), out_dir=out, base=base)

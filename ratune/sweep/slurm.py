@@ -1,0 +1,95 @@
+"""The Slurm launcher: sbatch scripts per hub and cell, and ``slurm/submit.sh`` chaining them."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from ratune.sweep.cells import Cell, data_plan
+from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
+from ratune.sweep.local import _yaml, save_sweep_file
+from ratune.sweep.schema import SlurmSettings, Sweep
+from ratune.sweep.state import cell_record, check_changed, is_finished
+
+
+def _sbatch_header(job: str, log: Path, *, nodes: int, gpus: int, time: str, s: SlurmSettings) -> list[str]:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={gpus}", f"#SBATCH --time={time}", f"#SBATCH --output={log}"]
+    if s.partition:
+        lines.append(f"#SBATCH --partition={s.partition}")
+    lines += [f"#SBATCH {opt}" for opt in s.extra_sbatch]
+    lines += ["set -euo pipefail", f"cd {shlex.quote(str(Path.cwd()))}", *s.setup]
+    return lines
+
+
+def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False, out=None) -> Path:
+    """Write one data sbatch script per hub, ``train.sbatch`` and ``eval.sbatch`` per cell, and
+    ``slurm/submit.sh`` which submits them with ``--dependency=afterok`` chains (data -> train -> eval).
+
+    The training script launches accelerate once per node (``srun``) with the rendezvous taken from
+    SLURM's environment. Finished cells are left out of submit.sh (commented). Changed cells are
+    refused as in :func:`run_local`. Returns the submit.sh path.
+    """
+    out = out or sys.stdout
+    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    from ratune.io import write_json
+
+    s = sweep.config.slurm
+    plan = data_plan(sweep, cells)
+    save_sweep_file(sweep)
+    slurm_dir = sweep.out_dir / "slurm"
+    slurm_dir.mkdir(parents=True, exist_ok=True)
+    submit = ["#!/bin/bash", f"# ratune sweep {sweep.source}: {len(cells)} cells", "set -euo pipefail"]
+    data_jobs = {}
+    for hub, entry in plan.items():
+        script = slurm_dir / f"data_{hub}.sbatch"
+        lines = _sbatch_header(f"ratune-data-{hub}", slurm_dir / f"data_{hub}-%j.out", nodes=1, gpus=1,
+                               time=s.eval_time or s.time, s=s)
+        lines += [f"if [ -f {shlex.quote(entry['dir'])}/.complete ]; then echo 'data already built'; exit 0; fi",
+                  _fmt(data_command(sweep, hub, entry))]
+        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        data_jobs[hub] = f"data_{hub}_jid"
+        submit.append(f"data_{hub}_jid=$(sbatch --parsable {shlex.quote(str(script))})")
+    nprocs = s.nodes * s.gpus_per_node
+    for cell in cells:
+        sdir = cell.dir / "slurm"
+        sdir.mkdir(parents=True, exist_ok=True)
+        write_json(cell.dir / "cell.json", cell_record(sweep, cell))
+        (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+        run_dir = shlex.quote(str(cell.dir / "train"))
+        launch = train_command(sweep, cell, launch_args=[
+            "--num_machines", "$SLURM_NNODES", "--machine_rank", "$SLURM_NODEID",
+            "--main_process_ip", "$MAIN_IP", "--main_process_port", str(s.main_process_port),
+            "--num_processes", str(nprocs)])
+        launch_text = " ".join(a if a.startswith("$") else shlex.quote(a) for a in launch) + " $RESUME"
+        train = _sbatch_header(f"ratune-train-{cell.name}"[:120], sdir / "train-%j.out", nodes=s.nodes,
+                               gpus=s.gpus_per_node, time=s.time, s=s)
+        train += [f"if [ -f {run_dir}/.complete ]; then echo 'cell already trained'; exit 0; fi",
+                  'export MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+                  'RESUME=""']
+        if sweep.config.on_unfinished == "resume":  # as the sweep file says; the log shows the flag
+            train.append(f"if ls -d {run_dir}/trainer/checkpoint-* >/dev/null 2>&1; "
+                         f"then RESUME='--resume-from latest'; else rm -rf {run_dir}; fi")
+        else:
+            train.append(f"rm -rf {run_dir}  # on_unfinished: restart")
+        train += ["export RESUME",
+                  "# one accelerate launcher per node; $SLURM_NODEID is expanded on each node",
+                  f"srun --ntasks-per-node=1 bash -c {shlex.quote(launch_text)}"]
+        (sdir / "train.sbatch").write_text("\n".join(train) + "\n", encoding="utf-8")
+        ev = _sbatch_header(f"ratune-eval-{cell.name}"[:120], sdir / "eval-%j.out", nodes=1, gpus=1,
+                            time=s.eval_time or s.time, s=s)
+        ev.append(_fmt(eval_command(sweep, cell)))
+        if sweep.config.eval.curve_settings:
+            ev.append(_fmt(eval_command(sweep, cell, curve=True)))
+        (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")
+        prefix = "# finished: " if is_finished(sweep, cell) else ""
+        submit += [f"# cell {cell.name}",
+                   f"{prefix}jid=$(sbatch --parsable --dependency=afterok:${data_jobs[cell.hub]} "
+                   f"{shlex.quote(str(sdir / 'train.sbatch'))})",
+                   f"{prefix}sbatch --parsable --dependency=afterok:$jid {shlex.quote(str(sdir / 'eval.sbatch'))}"]
+    path = slurm_dir / "submit.sh"
+    path.write_text("\n".join(submit) + "\n", encoding="utf-8")
+    path.chmod(0o755)
+    print(f"wrote {len(cells)} cells' sbatch scripts; submit with: bash {path}", file=out)
+    return path

@@ -1,0 +1,130 @@
+"""A cell's state: its stored ``cell.json``, what changed since it ran, whether it is finished."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ratune.errors import RatuneError
+from ratune.sweep.cells import Cell, config_hash
+from ratune.sweep.schema import Sweep, SweepData, SweepEval
+
+
+def _read_cell_record(path: Path) -> dict:
+    """A cell's stored ``cell.json`` (written by the sweep), checked to hold what is read from it.
+
+    Raises:
+        InputError: naming the file (and the field): not JSON (a torn write), or not a cell record.
+    """
+    from ratune.errors import InputError
+    from ratune.io import read_json_object
+
+    record = read_json_object(path)
+    config = record.get("config")
+    if not isinstance(record.get("name"), str) or not isinstance(config, dict):
+        raise InputError(str(path), None, "name" if not isinstance(record.get("name"), str) else "config",
+                         "missing: not a sweep cell record (delete the cell's folder to run it again)")
+    for key in ("hub", "train_retriever", "model"):
+        if key not in config:
+            raise InputError(str(path), None, f"config.{key}", "missing: not a sweep cell record (delete the cell's "
+                             "folder to run it again)")
+    return record
+
+
+def cell_record(sweep: Sweep, cell: Cell) -> dict:
+    """What ``cell.json`` stores, and what a rerun compares: axes, resolved config, data and eval settings."""
+    record = {"name": cell.name, "axes": cell.axes, "config": cell.config,
+              "data": sweep.config.data.model_dump(mode="json"), "eval": sweep.config.eval.model_dump(mode="json")}
+    record["config_hash"] = config_hash({k: record[k] for k in ("config", "data", "eval")})
+    return record
+
+
+def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff_keys(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
+    """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or equal).
+
+    The lists of eval settings and curve settings are not compared: each eval setting folder checks
+    its own identity (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs. A top-level key
+    that the stored record lacks and whose new value is the schema's default (a setting added to
+    ratune after the cell ran, at the value that keeps the old behaviour) is not a change.
+    """
+    from ratune.train.config import TrainConfig
+
+    path = cell.dir / "cell.json"
+    if not path.exists():
+        return []
+    old = _read_cell_record(path)
+    new = cell_record(sweep, cell)
+    keys = []
+    for part, schema in (("config", TrainConfig), ("data", SweepData), ("eval", SweepEval)):
+        before, after = old.get(part) or {}, dict(new.get(part) or {})
+        for key, field_info in schema.model_fields.items():
+            if key not in before and key in after and not field_info.is_required() \
+                    and after[key] == _json_default(field_info):
+                del after[key]
+        keys += [f"{part}.{k}" for k in _diff_keys(before, after)]
+    return [k for k in keys if k not in ("eval.settings", "eval.curve_settings")]
+
+
+def _json_default(field_info) -> Any:
+    """A pydantic field's default as it appears in a JSON dump."""
+    default = field_info.get_default(call_default_factory=True)
+    return default.model_dump(mode="json") if isinstance(default, BaseModel) else default
+
+
+def is_finished(sweep: Sweep, cell: Cell) -> bool:
+    """Whether a cell's training run, every eval setting of the sweep and its learning curve (if
+    the sweep asks for one) are complete."""
+    from ratune.manifest import is_complete
+
+    return is_complete(cell.dir / "train") and all(
+        is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
+        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell)
+
+
+def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
+    """Whether the cell's learning curve holds every ``eval.curve_settings`` (True when none is asked)."""
+    wanted = set(sweep.config.eval.curve_settings)
+    if not wanted:
+        return True
+    path = cell.dir / "curve" / "curve.json"
+    if not path.is_file():
+        return False
+    from ratune.eval.curve import read_curve
+
+    return wanted <= {r.get("setting") for r in read_curve(cell.dir / "curve") if isinstance(r, dict)}
+
+
+def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
+    """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
+    delete their train and eval results so they run again. Returns the changed cells' names.
+
+    Raises:
+        RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.
+    """
+    out = out or sys.stdout
+    changed = {c.name: k for c in cells if (k := changed_keys(sweep, c))}
+    if changed and not rerun_changed:
+        lines = [f"  {name}: {', '.join(keys)}" for name, keys in changed.items()]
+        raise RatuneError(f"{sweep.source}: {len(changed)} cell(s) ran with a different resolved config:\n"
+                          + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
+    for cell in cells:
+        if cell.name in changed:
+            for sub in ("train", "eval", "error.txt"):
+                path = cell.dir / sub
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            (cell.dir / "cell.json").unlink(missing_ok=True)
+            print(f"[rerun] {cell.name}: config changed ({', '.join(changed[cell.name])}); results deleted", file=out)
+    return list(changed)
