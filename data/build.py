@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ratune.config import Count, MaxLength, check_fields
+from ratune.args import input_dir, registered
+from ratune.config import BM25BackendName, Count, MaxLength, check_fields
 from ratune.data.apibench import HUBS, Example, ParseReport, api_identity, input_hashes, resolve_apibench_dir
 from ratune.data.hubs import HubSource, as_hub_source, resolve_hub
 from ratune.data.labels import tokenize_row
-from ratune.data.mixture import Mixture, apply_utility_filter, draw_documents, realised_shares
+from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name)
 from ratune.data.utility import load_utility
@@ -41,8 +42,10 @@ from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, write_json
 from ratune.manifest import base_manifest, mark_complete, replacing_folder, require_owned
+from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
-from ratune.registry import DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES, unknown_name
+from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES,
+                             unknown_name)
 
 # The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
 # ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
@@ -78,10 +81,30 @@ class BuildSettings:
     top_k: Count = 1
     force_gold: bool = False
     dense_model: str | None = None
-    bm25_backend: str = DEFAULT_BM25_BACKEND
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
+
+
+#: The modes that need a finetuned retriever folder (``--dense-model``).
+_FINETUNED = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
+
+#: Every option of :class:`BuildSettings`, in the order a sweep writes them (ratune/options.py):
+#: ``ratune data build``'s flags, a sweep file's and the demo's ``data:`` keys and the data command
+#: a sweep runs derive from them. ``max_length`` and ``top_k`` are always written.
+BUILD_OPTIONS: tuple[Option, ...] = (
+    Option("max_length", "--max-length", command="always", help="tokens per row: prompt, answer and EOS (the paper uses 2048)"),
+    Option("max_document_tokens", "--max-document-tokens", help="document budget in tokens"),
+    Option("top_k", "--top-k", command="always", help="documents per prompt for the retrieved modes"),
+    Option("dense_model", "--dense-model", cli={"metavar": "DIR", "type": input_dir},
+           help=f"finetuned retriever folder (`ratune retrieval train`) for the {_FINETUNED} mode / top1 retriever"),
+    Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS),
+           help="BM25 implementation (same rankings; bm25s is faster)"),
+    Option("force_gold", "--force-gold",
+           help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
+                "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
+)
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
@@ -365,8 +388,7 @@ def cli_build(args) -> int:
 
     # an APIBench hub needs the APIBench folder; a catalog folder does not
     source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
-    mixtures = [Mixture.parse(spec, top1_retriever=args.top1_retriever, distractors=args.distractors,
-                              seed=args.mixture_seed) for spec in args.mixture or []]
+    mixtures = [Mixture.parse(spec, **values_from_args(args, MIXTURE_OPTIONS)) for spec in args.mixture or []]
     if not args.modes and not mixtures:
         raise RatuneError("nothing to build: give --modes and/or --mixture")
     utility_keep = utility_meta = None
@@ -378,10 +400,7 @@ def cli_build(args) -> int:
     tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
     manifest = build_dataset(
         hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
-        modes=args.modes, settings=BuildSettings(max_length=args.max_length,
-                                                 max_document_tokens=args.max_document_tokens, top_k=args.top_k,
-                                                 force_gold=args.force_gold, dense_model=args.dense_model,
-                                                 bm25_backend=args.bm25_backend),
+        modes=args.modes, settings=BuildSettings(**values_from_args(args, BUILD_OPTIONS)),
         lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
         mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
     summary = {"hub": source.name, "out": args.out, "splits": manifest["splits"],

@@ -38,8 +38,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ratune.config import Count, Seed, check_fields
+from ratune.args import registered
+from ratune.config import Count, Seed, Top1RetrieverName, check_fields
 from ratune.errors import RatuneError
+from ratune.options import Option
 from ratune.registry import RETRIEVED_MODES, unknown_name
 
 #: The components a mixture draws from, in the order draws use (new ones are appended, so a
@@ -71,7 +73,7 @@ class Mixture:
 
     name: str
     weights: dict = field(default_factory=dict)
-    top1_retriever: str = "bm25"
+    top1_retriever: Top1RetrieverName = "bm25"
     distractors: Count = 3
     seed: Seed = 0
 
@@ -126,6 +128,18 @@ class Mixture:
                 "weights": {c: self.weights.get(c, 0.0) for c in MIXTURE_COMPONENTS},
                 "top1_retriever": self.top1_retriever, "distractors": self.distractors, "seed": self.seed,
                 "draws": "random.Random(f'{seed}:{split}'), one draw per example in file order"}
+
+
+#: The options of ``ratune data build`` that set every mixture's draws (ratune/options.py): the
+#: flags, a sweep file's ``data:`` keys and the data command a sweep runs derive from them. A sweep
+#: writes all three whenever it builds a mixture.
+MIXTURE_OPTIONS: tuple[Option, ...] = (
+    Option("seed", "--mixture-seed", command="always", help="seed of the mixture draws"),
+    Option("distractors", "--distractors", command="always",
+           help="other APIs' documents beside the gold one in the distractors component"),
+    Option("top1_retriever", "--top1-retriever", command="always",
+           cli=registered("top1 retriever", RETRIEVED_MODES), help="retriever of the top1 component"),
+)
 
 
 def is_mixture_mode(mode: str) -> bool:

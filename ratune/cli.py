@@ -131,10 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.args import (APIBENCH_DEFAULT, RatuneArgumentParser, add_apibench_argument, bounded, checked, input_dir,
                              input_file, key_equals_dir, latest_or_dir, model_ref, output_dir, registered, setting)
     from ratune.config import Count, FiniteFloat
-    from ratune.data.build import BuildSettings
-    from ratune.data.mixture import Mixture
-    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES,
-                                 RETRIEVERS, TRAIN_MODES)
+    from ratune.data.build import BUILD_OPTIONS, BuildSettings
+    from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
+    from ratune.registry import BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVERS, TRAIN_MODES
     from ratune.sweep.pairs import parse_selector
     from ratune.train.model import DEMO_MODEL_ALIAS
 
@@ -172,25 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--mixture", action="append", metavar="NAME:COMPONENT=P,...", type=mixture_spec,
                    help="also build the mode mix-NAME, each example's document drawn from the mixture, e.g. "
                         "rat_mix:none=0.25,oracle=0.25,top1=0.25,distractors=0.25 (repeatable; data/mixture.py)")
-    b.add_argument("--mixture-seed", type=setting(Mixture, "seed"), default=0,
-                   help="seed of the mixture draws (default 0)")
-    b.add_argument("--distractors", type=setting(Mixture, "distractors"), default=3,
-                   help="other APIs' documents beside the gold one in the distractors component (default 3)")
-    b.add_argument("--top1-retriever", **registered("top1 retriever", RETRIEVED_MODES), default="bm25",
-                   help="retriever of the top1 component (default bm25)")
-    b.add_argument("--dense-model", default=None, metavar="DIR", type=input_dir,
-                   help=f"finetuned retriever folder (`ratune retrieval train`) for the {finetuned} mode / top1 retriever")
-    b.add_argument("--bm25-backend", **backend, default=DEFAULT_BM25_BACKEND,
-                   help="BM25 implementation (same rankings; bm25s is faster)")
-    b.add_argument("--max-length", type=setting(BuildSettings, "max_length"), default=2048,
-                   help="tokens per row (paper: 2048)")
-    b.add_argument("--max-document-tokens", type=setting(BuildSettings, "max_document_tokens"), default=None,
-                   help="document budget in tokens")
-    b.add_argument("--top-k", type=setting(BuildSettings, "top_k"), default=1,
-                   help="documents per prompt for bm25/dense modes")
-    b.add_argument("--force-gold", action="store_true",
-                   help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the lowest-ranked one when "
-                        "the retriever missed it (counted as forced_gold)")
+    add_arguments(b, Mixture, MIXTURE_OPTIONS)
+    add_arguments(b, BuildSettings, BUILD_OPTIONS)
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     b.add_argument("--leakage", choices=LEAKAGE_POLICIES, default="error",

@@ -15,8 +15,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, MaxLength, Threads, TrainModeName, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Threads, TrainModeName, load_yaml, validate
 from ratune.data.apibench import HUBS
+from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import config_model, config_values
 from ratune.train.model import DEMO_MODEL_ALIAS
@@ -24,10 +25,10 @@ from ratune.train.model import DEMO_MODEL_ALIAS
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
-class DemoData(BaseModel):
-    model_config = SCHEMA_CONFIG
-    max_length: MaxLength = 768
-    max_document_tokens: Count | None = 128
+#: The demo's ``data:`` section: every data build option of :class:`~ratune.data.build.BuildSettings`
+#: (data/build.py BUILD_OPTIONS), with the demo's own defaults.
+DemoData = config_model("DemoData", BuildSettings, BUILD_OPTIONS, doc="The demo's data build settings.",
+                        defaults={"max_length": 768, "max_document_tokens": 128})
 
 
 #: The demo's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS), with the demo's
@@ -86,7 +87,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
 def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     """The body of :func:`run_demo`, run under the output folder's lock."""
     from ratune.data.apibench import resolve_apibench_dir
-    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.data.build import build_dataset
     from ratune.eval.report import make_cell, table2_markdown, write_table2
     from ratune.eval.run import evaluate_checkpoint
     from ratune.locks import output_lock
@@ -108,8 +109,7 @@ def _run_demo(cfg: DemoConfig, path: Path, out: Path) -> int:
     if not is_complete(data_dir):
         build_dataset(apibench_dir=apibench, hub=cfg.hub, out_dir=data_dir, tokenizer=load_tokenizer(model_path),
                       tokenizer_name=cfg.model, modes=cfg.arms, overwrite=True,
-                      settings=BuildSettings(max_length=cfg.data.max_length,
-                                             max_document_tokens=cfg.data.max_document_tokens))
+                      settings=BuildSettings(**config_values(cfg.data, BUILD_OPTIONS)))
     times["build data"] = time.time() - t0
 
     cells = []

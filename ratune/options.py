@@ -123,10 +123,14 @@ def add_arguments(parser: argparse.ArgumentParser, schema: type, options: Sequen
         keywords = _argparse_keywords(schema, option)
         if keywords.get("action") == "store_true" and _default(schema, option.field) is not False:
             raise ValueError(f"{schema.__name__}.{option.field}: a flag's setting defaults to False")
+        text = option.help
         if keywords.get("action") != "store_true":
             keywords["default"] = (_default(schema, option.field) if option.cli_default is FIELD_DEFAULT
                                    else option.cli_default)
-        parser.add_argument(option.flag, dest=option.key, help=option.help, **keywords)
+            if keywords["default"] is not None and text and "default" not in text:
+                shown = keywords["default"]
+                text += f" (default {' '.join(map(str, shown)) if isinstance(shown, (list, tuple)) else shown})"
+        parser.add_argument(option.flag, dest=option.key, help=text, **keywords)
 
 
 def values_from_args(args: argparse.Namespace, options: Sequence[Option]) -> dict:
@@ -134,18 +138,10 @@ def values_from_args(args: argparse.Namespace, options: Sequence[Option]) -> dic
     return {o.field: getattr(args, o.key) for o in options}
 
 
-def config_model(name: str, schema: type, options: Sequence[Option], *, doc: str,
-                 defaults: dict | None = None, extra: dict | None = None) -> type[BaseModel]:
-    """The pydantic model of a config section with one key per option that has :attr:`Option.config`.
-
-    Args:
-        name: the model's class name (``SweepEval``).
-        schema: the stage's settings dataclass (each field's annotation and default).
-        options: the stage's options, in the order the section lists them.
-        doc: the model's docstring.
-        defaults: ``{key: default}`` where this section's default differs from the dataclass's
-            (the demo's ``n_questions: 50``).
-        extra: more fields, ``{key: (annotation, FieldInfo)}`` (a sweep's ``curve_settings``).
+def config_fields(schema: type, options: Sequence[Option], *, defaults: dict | None = None) -> dict:
+    """``{key: (annotation, FieldInfo)}`` of the options that have :attr:`Option.config`: each field's
+    annotation (a sequence as a list), its default or the one ``defaults`` gives (None makes the
+    field optional: "taken from elsewhere"), its help as the description.
 
     Raises:
         KeyError: a key of ``defaults`` that is no option's.
@@ -161,12 +157,38 @@ def config_model(name: str, schema: type, options: Sequence[Option], *, doc: str
         default = defaults.pop(option.key) if option.key in defaults else _default(schema, option.field)
         if isinstance(default, tuple):
             default = list(default)
+        if default is None and not _unwrap(annotation)[1]:
+            annotation = typing.Optional[annotation]
         fields[option.key] = (annotation, Field(default, description=option.help))
     if defaults:
-        raise KeyError(f"{name}: no option {', '.join(defaults)}")
+        raise KeyError(f"no option {', '.join(defaults)}")
+    return fields
+
+
+def config_model(name: str, schema: type, options: Sequence[Option], *, doc: str,
+                 defaults: dict | None = None, extra: dict | None = None) -> type[BaseModel]:
+    """The pydantic model of a config section with one key per option that has :attr:`Option.config`
+    (:func:`config_fields`), in option order, then ``extra``.
+
+    Args:
+        name: the model's class name (``SweepEval``).
+        schema: the stage's settings dataclass (each field's annotation and default).
+        options: the stage's options, in the order the section lists them.
+        doc: the model's docstring.
+        defaults: ``{key: default}`` where this section's default differs from the dataclass's
+            (the demo's ``n_questions: 50``).
+        extra: more fields, ``{key: (annotation, FieldInfo)}`` (a sweep's ``curve_settings``, or
+            :func:`config_fields` of another settings class).
+
+    Raises:
+        KeyError: a key of ``defaults`` that is no option's (naming the model).
+    """
+    try:
+        fields = config_fields(schema, options, defaults=defaults)
+    except KeyError as exc:
+        raise KeyError(f"{name}: {exc.args[0]}") from None
     fields.update(extra or {})
-    model = create_model(name, __config__=SCHEMA_CONFIG, __doc__=doc, **fields)
-    return model
+    return create_model(name, __config__=SCHEMA_CONFIG, __doc__=doc, **fields)
 
 
 def config_values(section: BaseModel, options: Sequence[Option]) -> dict:

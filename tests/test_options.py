@@ -77,3 +77,35 @@ def test_a_new_option_is_one_field_and_one_option():
         add_arguments(argparse.ArgumentParser(), Settings, options)
     with pytest.raises(KeyError, match="no option temperature"):
         config_model("Section", Settings, options, doc="A section.", defaults={"temperature": 1.0})
+
+
+def test_every_data_build_option_is_defined_once_for_the_flags_the_sweep_and_the_demo(tmp_path):
+    from ratune.data.build import BUILD_OPTIONS, BuildSettings
+    from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
+    from ratune.demo import DemoData
+    from ratune.sweep import SweepData
+    from ratune.sweep.commands import data_command
+
+    assert sorted(o.field for o in BUILD_OPTIONS) == sorted(f.name for f in dataclasses.fields(BuildSettings))
+    build_keys, mixture_keys = [o.key for o in BUILD_OPTIONS], [o.key for o in MIXTURE_OPTIONS]
+    assert list(SweepData.model_fields) == [*build_keys, *mixture_keys, "tokenizer", "leakage", "mixtures"]
+    assert list(DemoData.model_fields) == build_keys
+    assert (DemoData().max_length, DemoData().max_document_tokens) == (768, 128)
+    assert SweepData().max_length is None and SweepData(max_length=None).max_length is None  # the cells' own
+    assert (SweepData().top_k, SweepData().force_gold, SweepData().distractors) == (1, False, 3)
+
+    data = SweepData(max_document_tokens=64, top_k=2, dense_model=str(tmp_path), bm25_backend="bm25s",
+                     force_gold=True, mixture_seed=5, distractors=2, top1_retriever="dense_ft",
+                     mixtures=["m:none=0.5,top1=0.5"])
+    sweep = SimpleNamespace(config=SimpleNamespace(data=data, apibench=None))
+    entry = {"dir": str(tmp_path / "d"), "tokenizer": "smollm2-135m-instruct", "modes": ["none", "mix-m"],
+             "max_length": 512}
+    cmd = data_command(sweep, "torchhub", entry)
+    assert cmd[cmd.index("--max-length") + 1] == "512" and cmd[cmd.index("--top-k") + 1] == "2"
+    assert cmd[cmd.index("--modes") + 1:cmd.index("--max-length")] == ["none"]
+    args = build_parser().parse_args([*cmd[1:], "--out", str(tmp_path / "d")])
+    assert BuildSettings(**values_from_args(args, BUILD_OPTIONS)) == BuildSettings(
+        max_length=512, max_document_tokens=64, top_k=2, dense_model=str(tmp_path), bm25_backend="bm25s",
+        force_gold=True)
+    mixture = Mixture.parse(args.mixture[0], **values_from_args(args, MIXTURE_OPTIONS))
+    assert (mixture.seed, mixture.distractors, mixture.top1_retriever) == (5, 2, "dense_ft")

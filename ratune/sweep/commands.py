@@ -7,7 +7,8 @@ import shlex
 
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import command_arguments
-from ratune.registry import DEFAULT_BM25_BACKEND
+from ratune.data.build import BUILD_OPTIONS, BuildSettings
+from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.sweep.cells import Cell, sweep_mixtures
 from ratune.sweep.schema import Sweep
 
@@ -17,23 +18,18 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
     d = sweep.config.data
     mixtures = {m.mode: spec for m, spec in zip(sweep_mixtures(sweep), d.mixtures)}
     plain = [m for m in entry["modes"] if m not in mixtures]
+    build = d.model_copy(update={"max_length": entry["max_length"]})  # the cells' when the file gives none
     cmd = ["ratune", "data", "build", "--hub", hub, "--out", entry["dir"], "--tokenizer", entry["tokenizer"],
-           "--modes", *plain, "--max-length", str(entry["max_length"]), "--top-k", str(d.top_k),
+           "--modes", *plain, *command_arguments(build, BuildSettings, BUILD_OPTIONS, policy="always"),
            "--leakage", d.leakage, "--overwrite"]
     needed = [spec for mode, spec in mixtures.items() if mode in entry["modes"]]
     for spec in needed:
         cmd += ["--mixture", spec]
     if needed:
-        cmd += ["--mixture-seed", str(d.mixture_seed), "--distractors", str(d.distractors),
-                "--top1-retriever", d.top1_retriever]
-    if d.max_document_tokens is not None:
-        cmd += ["--max-document-tokens", str(d.max_document_tokens)]
+        cmd += command_arguments(d, Mixture, MIXTURE_OPTIONS, policy="always")
+    cmd += command_arguments(d, BuildSettings, BUILD_OPTIONS, policy="changed")
     if entry.get("chat_template") is not None:
         cmd += ["--chat-template", entry["chat_template"]]
-    if d.dense_model:
-        cmd += ["--dense-model", d.dense_model]
-    if d.bm25_backend != DEFAULT_BM25_BACKEND:
-        cmd += ["--bm25-backend", d.bm25_backend]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
     return cmd

@@ -8,37 +8,31 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ratune.config import (SCHEMA_CONFIG, BM25BackendName, Count, MaxLength, Port, Seed, TestSettingName,
-                           Top1RetrieverName, load_yaml, validate)
+from ratune.config import SCHEMA_CONFIG, Count, Port, TestSettingName, load_yaml, validate
+from ratune.data.build import BUILD_OPTIONS, BuildSettings
+from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.data.validate import LEAKAGE_POLICIES
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
-from ratune.options import config_model
-from ratune.registry import DEFAULT_BM25_BACKEND
+from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair
 
 
-class SweepData(BaseModel):
-    """Settings of the shared ``ratune data build`` (one build per hub).
-
-    ``max_length`` defaults to the cells' ``max_length`` (which must then agree within a hub);
-    ``tokenizer`` defaults to the cells' ``model``.
-    """
-
-    model_config = SCHEMA_CONFIG
-    max_length: MaxLength | None = None
-    max_document_tokens: Count | None = None
-    top_k: Count = 1
-    tokenizer: str | None = None
-    leakage: Literal[LEAKAGE_POLICIES] = "error"
-    mixtures: list[str] = Field(default_factory=list,
-                                description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
-                                            "trains on one with train_retriever: mix-NAME")
-    mixture_seed: Seed = 0
-    distractors: Count = 3
-    top1_retriever: Top1RetrieverName = "bm25"
-    dense_model: str | None = Field(None, description="finetuned retriever folder for train_retriever dense_ft "
-                                                      "(and top1_retriever dense_ft)")
-    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
+#: A sweep file's ``data:`` section: the settings of the shared ``ratune data build`` (one build per
+#: hub): every data build option (data/build.py BUILD_OPTIONS, data/mixture.py MIXTURE_OPTIONS)
+#: under its flag's name, plus ``tokenizer``, ``leakage`` and the ``mixtures`` to build.
+#: ``max_length`` defaults to the cells' ``max_length`` (which must then agree within a hub);
+#: ``tokenizer`` defaults to the cells' ``model``.
+SweepData = config_model(
+    "SweepData", BuildSettings, BUILD_OPTIONS, doc="Settings of the shared ``ratune data build`` (one build per hub).",
+    defaults={"max_length": None},
+    extra={**config_fields(Mixture, MIXTURE_OPTIONS),
+           "tokenizer": (str | None, Field(None, description="the model whose tokenizer measures lengths "
+                                                             "(default: the cells' model)")),
+           "leakage": (Literal[LEAKAGE_POLICIES], Field("error", description="eval instructions in the training "
+                                                                          "data: error, drop or allow")),
+           "mixtures": (list[str], Field(default_factory=list,
+                                         description="mixture specs NAME:component=p,... (data/mixture.py); a cell "
+                                                     "trains on one with train_retriever: mix-NAME"))})
 
 
 #: A sweep file's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS) under its
