@@ -1,0 +1,77 @@
+"""Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
+same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
+(gpt_index), and (mixture) the mixture against the pure arms, setting by setting."""
+import json, shutil, sys
+from pathlib import Path
+from ratune.eval.compare import compare_files, released_comparisons, released_markdown
+from ratune.data.apibench import released_responses_path, resolve_apibench_dir
+from ratune.eval.scoring import Scorer
+
+apibench = resolve_apibench_dir(None)
+scorer = Scorer.from_apibench("torchhub", apibench)
+ARMS = {"oracle": ("oracle arm, epoch 1", "runs/repro/eval_oracle_step105"),
+        "mix": ("mixture arm, epoch 1", "runs/repro/eval_mix_step105"),
+        "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315")}
+RETRIEVED = ("bm25", "dense", "dense_ft")
+FILES = ("metrics.json", "identity.json", "responses.jsonl")
+
+
+def cells_of(arm):
+    label, *srcs = ARMS[arm]
+    dst = Path("docs/reproduction") / arm
+    out = {}
+    for cell in sorted(c for src in srcs for c in Path(src).iterdir() if c.is_dir()):
+        if cell.name in out:
+            continue
+        if not (cell / ".complete").exists():
+            continue
+        (dst / cell.name).mkdir(parents=True, exist_ok=True)
+        for f in FILES:
+            shutil.copyfile(cell / f, dst / cell.name / f)
+        m = json.loads((cell / "metrics.json").read_text())
+        out[cell.name] = {"cell": label, "path": dst / cell.name, "setting": cell.name, "hub": "torchhub", "n": m["n"],
+                          "metrics": m}
+    return label, dst, out
+
+
+def row(r, label, setting, released):
+    r = dict(r); r["cell"] = label; r["setting"] = setting; r["released"] = released
+    r["a"]["path"] = str(r["a"]["path"]); r["b"]["path"] = str(r["b"]["path"])
+    return r
+
+
+summary = {}
+for arm in [a for a in sys.argv[1:]]:
+    label, dst, cells = cells_of(arm)
+    results, skipped = released_comparisons(list(cells.values()))
+    for r in results:
+        r["a"]["path"] = str(r["a"].get("path", ""))
+    best = []  # our retrieved cells vs each released model's gpt_index cell (their best retrieved, strict 17)
+    for s in RETRIEVED:
+        if s in cells:
+            for model in ("RT", "FT"):
+                for metric in ("gorilla", "strict"):
+                    r = compare_files(cells[s]["path"], released_responses_path(apibench, "torchhub", model, "gpt_index"),
+                                      hub="torchhub", metric=metric, scorer=scorer)
+                    best.append(row(r, label, f"{s} vs released gpt_index", model))
+    doc = {"comparisons": results, "skipped": skipped, "vs_released_best_retrieved": best}
+    md = released_markdown(results)
+    if best:
+        md += "\nOur retrieved cells against each released model's gpt_index cell (its best retrieved cell):\n\n" + released_markdown(best)
+    if arm == "mix":
+        pairs = []
+        for other in ("none", "oracle"):
+            _, _, ocells = cells_of(other)
+            for s in cells:
+                if s in ocells and s not in ("swap", "irrelevant"):
+                    for metric in ("gorilla", "strict"):
+                        r = compare_files(cells[s]["path"], ocells[s]["path"], hub="torchhub", metric=metric, scorer=scorer)
+                        pairs.append(row(r, label, s, ARMS[other][0]))
+        doc["vs_pure_arms"] = pairs
+        md += "\nThe mixture arm against the pure arms, setting by setting (\"released\" column: the other arm):\n\n" + released_markdown(pairs)
+    (dst / "comparisons.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    (dst / "comparisons.md").write_text(md)
+    summary[arm] = {s: (c["metrics"]["gorilla"]["correct_n"], c["metrics"]["strict"]["correct_n"],
+                        c["metrics"]["strict"]["hallucination_n"]) for s, c in cells.items() if "gorilla" in c["metrics"]}
+    print(arm, summary[arm])
+json.dump(summary, open("/tmp/repro_summary.json", "w"), indent=1)
