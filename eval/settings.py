@@ -16,7 +16,7 @@ from ratune.config import BM25BackendName, Count, TestSettingName, Threads, chec
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
-                             RETRIEVERS, TEST_SETTINGS)
+                             RETRIEVERS)
 
 #: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
 BACKENDS = ("hf", "vllm")
@@ -77,8 +77,8 @@ class EvalSettings:
         check_fields(self)  # the bounds of ratune.config (Count, Threads), before any work starts
 
 
-#: The test settings whose retriever needs a finetuned retriever folder (``--dense-model``).
-_FINETUNED = " ".join(s.name for s in TEST_SETTINGS.values() if RETRIEVERS[s.retriever].needs_model)
+#: The retrievers (and test settings) that need a finetuned retriever folder (``--dense-model``).
+_FINETUNED = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
 #: Every eval option, in the order flags are listed and a sweep writes them (ratune/options.py).
 #: ``settings``, ``batch_size`` and ``max_new_tokens`` are always written into a sweep's eval

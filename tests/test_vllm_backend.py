@@ -39,9 +39,9 @@ def test_missing_vllm_is_a_clear_error(monkeypatch, tmp_path):
         evaluate_checkpoint(tmp_path / "no_checkpoint", hub="torchhub", apibench_dir=tmp_path, out_dir=out,
                             settings=EvalSettings(settings=["0_shot"], backend="vllm"), progress=False)
     assert not out.exists()
-    with pytest.raises(RatuneError, match="unknown generation backend 'tgi'"):
-        evaluate_checkpoint(tmp_path, hub="torchhub", apibench_dir=tmp_path, out_dir=out,
-                            settings=EvalSettings(backend="tgi"), progress=False)
+    # an unknown backend is refused where the settings are made, before any eval work
+    with pytest.raises(RatuneError, match=r"EvalSettings\.backend: Input should be 'hf' or 'vllm' \(got 'tgi'\)"):
+        EvalSettings(backend="tgi")
 
 
 def test_no_cuda_is_a_clear_error(monkeypatch):
