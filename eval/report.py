@@ -272,9 +272,10 @@ def metric_block(cell: dict | None, metric: str) -> dict:
     cell and ``gorilla``).
 
     Raises:
-        KeyError: ``metric`` is not one of :data:`METRIC_TITLES`.
+        KeyError: ``metric`` is not one of :data:`METRIC_TITLES` (the message lists them).
     """
-    METRIC_TITLES[metric]
+    if metric not in METRIC_TITLES:
+        raise KeyError(f"unknown metric {metric!r}: expected one of {', '.join(METRIC_TITLES)}")
     if not cell:
         return {}
     if metric == "gorilla":

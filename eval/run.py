@@ -49,7 +49,7 @@ from pathlib import Path
 
 from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
 from ratune.errors import RatuneError
-from ratune.eval.settings import BACKENDS, DEVICES, DTYPES, EVAL_OPTIONS, EvalSettings
+from ratune.eval.settings import DEVICES, DTYPES, EVAL_OPTIONS, EvalSettings
 from ratune.locks import locked_output
 from ratune.options import values_from_args
 from ratune.registry import (CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS,
@@ -306,9 +306,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         from ratune.retrieval.retrievers import require_finetuned_retriever
 
         require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
-    if settings.backend not in BACKENDS:
-        raise RatuneError(f"unknown generation backend {settings.backend!r}: expected one of {', '.join(BACKENDS)}")
-    if settings.backend == "vllm":
+    if settings.backend == "vllm":  # an unknown backend was refused by EvalSettings (eval/settings.py)
         from ratune.eval.vllm_backend import require_vllm
 
         require_vllm()  # before any question is loaded or cell written

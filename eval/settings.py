@@ -46,7 +46,7 @@ class EvalSettings:
             with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
         dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
             retrieval train``); recorded in those cells' identity.
-        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/retrievers.py).
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/bm25.py).
         chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` for the prompts;
             None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
             the tokenizer's own. A named one is recorded in each cell's identity.

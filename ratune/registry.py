@@ -35,7 +35,7 @@ class RetrieverSpec:
     Attributes:
         name: the name users type (CLI, configs, sweep files) and manifests record.
         kind: which implementation builds it: ``none``, ``oracle``, ``bm25`` (a BM25 variant of
-            retrieval/retrievers.py BM25_VARIANTS, keyed by ``name``), ``dense``
+            retrieval/bm25.py BM25_VARIANTS, keyed by ``name``), ``dense``
             (sentence-transformers), ``precomputed`` (the paper's released documents, read from
             ``questions_{hub}_{source}.jsonl``) or ``fusion`` (reciprocal-rank fusion of
             ``components``, retrieval/fusion.py).
@@ -73,7 +73,7 @@ class RetrieverSpec:
         return self.kind != "precomputed"
 
 
-#: Retrievers, in the order reports list them (retrieval/retrievers.py implements each kind).
+#: Retrievers, in the order reports list them (retrieval/retrievers.py builds each kind).
 RETRIEVER_SPECS: tuple[RetrieverSpec, ...] = (
     RetrieverSpec("none", "none", "no document (0-shot)"),
     RetrieverSpec("oracle", "oracle", "the gold API document"),

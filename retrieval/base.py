@@ -1,10 +1,16 @@
 """The retriever interface every retriever implements: :class:`Query` in, ranked API documents
-out (retrieval/retrievers.py and retrieval/fusion.py implement it)."""
+out (retrieval/bm25.py, retrieval/dense.py, retrieval/precomputed.py and retrieval/fusion.py
+implement it; retrieval/retrievers.py builds one by name), the corpus deduplication they share
+(:func:`dedup_corpus`), and the two retrievers that need no index: ``none`` (:class:`NoRetriever`)
+and ``oracle`` (:class:`OracleRetriever`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+
+from ratune.data.apibench import api_identity
+from ratune.errors import RatuneError
 
 
 @dataclass(frozen=True)
@@ -35,3 +41,37 @@ class Retriever:
     def metadata(self) -> dict:
         """What identifies this retriever's index (recorded in manifests)."""
         return {"name": self.name}
+
+
+def dedup_corpus(docs: Sequence[dict]) -> list[dict]:
+    """The API documents with one entry per API identity, first occurrence kept, order kept."""
+    seen, out = set(), []
+    for doc in docs:
+        key = api_identity(doc)
+        if key not in seen:
+            seen.add(key)
+            out.append(doc)
+    return out
+
+
+class NoRetriever(Retriever):
+    """0-shot: no document for any query."""
+
+    name = "none"
+
+    def retrieve(self, queries, top_k=1):
+        return [[] for _ in queries]
+
+
+class OracleRetriever(Retriever):
+    """The gold document of each query (Gorilla's "Oracle" setting)."""
+
+    name = "oracle"
+
+    def retrieve(self, queries, top_k=1):
+        out = []
+        for q in queries:
+            if q.gold is None:
+                raise RatuneError("the oracle retriever needs each query's gold API document")
+            out.append([q.gold])
+        return out

@@ -14,7 +14,8 @@ from ratune.io import write_json, write_text
 from ratune.manifest import package_versions
 from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
 from ratune.retrieval.metrics import evaluate_retriever, retrieval_chart, retrieval_markdown, top1_agreement
-from ratune.retrieval.retrievers import BM25Retriever, make_retriever, saved_index_metadata
+from ratune.retrieval.bm25 import BM25Retriever, saved_index_metadata
+from ratune.retrieval.retrievers import make_retriever
 
 
 def cli_eval(args) -> int:

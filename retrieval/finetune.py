@@ -8,7 +8,7 @@ on CPU:
   ``dense`` retriever's model), mean pooling, cosine similarity.
 * **Pairs**: ``(instruction, dense_document_text(gold API document))`` for every example of the
   hub's *training* split (``apibench/{hub}_train.json``), in file order. The document text is the
-  one the dense retriever indexes (:func:`~ratune.retrieval.retrievers.dense_document_text`).
+  one the dense retriever indexes (:func:`~ratune.retrieval.dense.dense_document_text`).
 * **Loss**: MultipleNegativesRankingLoss (InfoNCE with in-batch negatives, scale 20, cosine), with
   the NO_DUPLICATES batch sampler so two pairs of the same API never share a batch (otherwise the
   gold document would also be a "negative" of its own instruction).
@@ -19,7 +19,7 @@ on CPU:
   :func:`ratune.data.validate.check_leakage`; any pair is a RatuneError that lists them.
 * **Output**: a sentence-transformers folder plus ``ratune_retriever.json`` (hub, base model,
   training file and its sha256, pairs, settings, leakage check, timing, package versions), which
-  :class:`~ratune.retrieval.retrievers.DenseRetriever` reads to refuse use on another hub.
+  :class:`~ratune.retrieval.dense.DenseRetriever` reads to refuse use on another hub.
 
 The shared APIBench copy has a training split for TorchHub only (its README), so only TorchHub can
 be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files. A
@@ -47,7 +47,7 @@ from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leaka
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json
 from ratune.manifest import require_owned
-from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
+from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
 METADATA_FORMAT = "ratune-finetuned-retriever/1"
@@ -89,7 +89,7 @@ class FinetuneSettings:
 def training_pairs(examples: Sequence[Example]) -> list[tuple[str, str]]:
     """``(instruction, document text)`` per training example, in input order.
 
-    The document text is :func:`~ratune.retrieval.retrievers.dense_document_text` of the example's
+    The document text is :func:`~ratune.retrieval.dense.dense_document_text` of the example's
     gold API document, the text the dense retriever indexes.
     """
     return [(ex.instruction, dense_document_text(ex.api)) for ex in examples]
@@ -221,7 +221,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
             "n_pairs": len(pairs),
             "n_apis": len({p[1] for p in pairs}),
             "pairs_sha256": pairs_sha256(pairs),
-            "document_text": "ratune.retrieval.retrievers.dense_document_text (serialize_document: compact JSON)",
+            "document_text": "ratune.retrieval.dense.dense_document_text (serialize_document: compact JSON)",
             "max_seq_length": model.max_seq_length,
             "loss": f"MultipleNegativesRankingLoss(scale={settings.scale}, similarity=cos_sim, in-batch negatives)",
             "batch_sampler": "no_duplicates",

@@ -12,7 +12,7 @@ import math
 from typing import Sequence
 
 from ratune.data.apibench import Example, api_identity
-from ratune.retrieval.retrievers import Query, Retriever
+from ratune.retrieval.base import Query, Retriever
 
 #: The cut-offs reported (recall@k, NDCG@k).
 KS = (1, 3, 5, 10)

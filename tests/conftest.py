@@ -1,5 +1,11 @@
-"""Shared fixtures: the real APIBench folder, the real SmolLM2 tokenizer, a tiny random Llama,
-a LLaMA-1-shaped tokenizer, and the CPU/GPU split of the suite.
+"""Shared fixtures: the real APIBench folder and a synthetic tiny one, the real SmolLM2 tokenizer,
+a tiny random Llama, a LLaMA-1-shaped tokenizer, and the CPU/GPU and real-data splits of the suite.
+
+Real and synthetic data. Tests that need the released APIBench (../shared/apibench, or the
+folder $RATUNE_APIBENCH names) use the ``apibench`` fixture or carry the ``apibench_data``
+marker, and are skipped where it is absent. Unit tests of the stages that need only
+APIBench-shaped input use ``apibench_tiny``: six TorchHub APIs in the released formats, written
+by tests/fixtures/make_apibench_tiny.py, so they run on any machine.
 
 Unit tests never load the 135M model: they use a tiny randomly initialised LlamaForCausalLM
 saved to a temporary folder and loaded back through the same from_pretrained path the real
@@ -31,6 +37,7 @@ own CUDA_VISIBLE_DEVICES, so hiding the devices never takes them away from the `
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -38,10 +45,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from ratune.data.apibench import resolve_apibench_dir  # noqa: E402
+from ratune.data.apibench import APIBENCH_ENV, resolve_apibench_dir  # noqa: E402
+from ratune.errors import RatuneError  # noqa: E402
 from ratune.data.prompt import GORILLA_V0_SYSTEM  # noqa: E402
 from ratune.train.tiny import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
 
+#: The synthetic APIBench of tests/fixtures/make_apibench_tiny.py (the :func:`apibench_tiny` fixture).
+TINY_APIBENCH = Path(__file__).resolve().parent / "fixtures" / "apibench_tiny"
 #: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
 CUDA_AVAILABLE = False
 #: What :func:`_hide_cuda` replaces: torch.cuda.is_available and the CUDA_VISIBLE_DEVICES value (None: unset).
@@ -100,14 +110,45 @@ def _clear_transformers_cuda_cache() -> None:
         clear()
 
 
+def _real_apibench() -> Path | None:
+    """The real APIBench folder (:func:`~ratune.data.apibench.resolve_apibench_dir`), or None where it is absent."""
+    try:
+        return resolve_apibench_dir(None)
+    except RatuneError:
+        return None
+
+
+#: Why an ``apibench_data`` test is skipped where the real APIBench is absent.
+NO_REAL_APIBENCH = f"marker apibench_data: needs the real APIBench (../shared/apibench or ${APIBENCH_ENV}); not found here"
+
+
+def real_apibench_or_skip() -> Path:
+    """The real APIBench folder, for a test module that reads it at import (mark the module
+    ``pytestmark = pytest.mark.apibench_data``); where it is absent the whole module is skipped."""
+    real = _real_apibench()
+    if real is None:
+        pytest.skip(NO_REAL_APIBENCH, allow_module_level=True)
+    return real
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` where torch sees no CUDA device."""
-    if CUDA_AVAILABLE:
-        return
-    skip = pytest.mark.skip(reason="marker gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    """Skip the tests marked ``gpu`` where torch sees no CUDA device, and the tests that need the
+    real APIBench where it is absent.
+
+    A test needs the real APIBench when it is marked ``apibench_data`` or uses the :func:`apibench`
+    fixture (such tests are marked here); tests on the synthetic fixture
+    (tests/fixtures/apibench_tiny, :func:`apibench_tiny`) run everywhere.
+    """
+    skip_gpu = pytest.mark.skip(reason="marker gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    real = _real_apibench()
+    skip_data = pytest.mark.skip(reason=NO_REAL_APIBENCH)
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        if "apibench" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.apibench_data)
+        if not CUDA_AVAILABLE and item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)
+        if real is None and item.get_closest_marker("apibench_data") is not None:
+            item.add_marker(skip_data)
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +177,16 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def apibench():
+    """The real APIBench folder (../shared/apibench or $RATUNE_APIBENCH); a test using it is marked
+    ``apibench_data`` and skipped where the folder is absent (:func:`pytest_collection_modifyitems`)."""
     return resolve_apibench_dir(None)
+
+
+@pytest.fixture(scope="session")
+def apibench_tiny():
+    """The synthetic six-API TorchHub APIBench in tests/fixtures/apibench_tiny (written by
+    tests/fixtures/make_apibench_tiny.py, which documents every count it holds); always present."""
+    return TINY_APIBENCH
 
 
 @pytest.fixture(scope="session")

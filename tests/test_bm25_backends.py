@@ -1,7 +1,7 @@
 """BM25 backends (rank_bm25 and bm25s), saved indexes, and the finetuned retriever (dense_ft) as a
 train-time mode and a test-time setting.
 
-The Okapi numbers below are worked out by hand from the formula in retrieval/retrievers.py
+The Okapi numbers below are worked out by hand from the formula in retrieval/bm25.py
 (k1 = 1.5, b = 0.75, negative idf floored at 0.25 x the mean idf).
 """
 

@@ -281,6 +281,7 @@ def test_config_that_is_a_folder_is_refused_by_the_loader_too(tmp_path):
         load_sweep(sweep)
 
 
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_a_model_that_does_not_exist_is_one_line_before_any_folder(tmp_path, capsys):
     _fake_data(tmp_path)
     for model, what in ((str(tmp_path / "no" / "model"), "no such model folder"),
@@ -335,6 +336,7 @@ def test_deepspeed_json_that_is_not_a_config(tmp_path, capsys, content, what):
     assert what in _main_error(["plan", "--config", str(config), "--gpus", "8"], capsys)
 
 
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_a_tokenizer_without_eos(tmp_path, smol_tokenizer_dir, capsys):
     from ratune.train.model import load_tokenizer
 
@@ -398,6 +400,7 @@ def _checkpoint(tiny_model_dir, tmp_path, name) -> Path:
     ("pickle_as_safetensors", "model.safetensors: not a safetensors file"),
     ("missing_shard", "missing weight shard(s) model-00002-of-00002.safetensors"),
 ])
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_checkpoints_that_cannot_load_safely(tiny_model_dir, tmp_path, capsys, damage, what):
     import pickle
 
@@ -423,6 +426,7 @@ def test_checkpoints_that_cannot_load_safely(tiny_model_dir, tmp_path, capsys, d
     assert not (out / "0_shot").exists()
 
 
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_a_truncated_run_manifest(tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run / "model")
@@ -594,6 +598,7 @@ def test_a_missing_eval_file_does_not_skip_the_leakage_check(small_apibench, smo
     assert manifest["validation"]["leakage"]["policy"] == "allow (not checked: no eval split)"
 
 
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_an_empty_response_file_is_refused(tmp_path, capsys):
     path = tmp_path / "responses.jsonl"
     path.write_text("\n")

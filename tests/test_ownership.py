@@ -212,6 +212,7 @@ def test_eval_run_refuses_to_write_into_a_user_folder(tmp_path, apibench, tiny_m
     assert _snapshot(user) == {"0_shot/responses.jsonl": theirs}
 
 
+@pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_demo_never_deletes_an_unfinished_arm_it_did_not_make(tmp_path, tiny_model_dir, capsys):
     from ratune.cli import main
     from ratune.manifest import claim_folder

@@ -189,8 +189,8 @@ DISTINCT_NAMES = ("0_shot", "gpt_index", "released_bm25", "bm25_replica", "const
 def test_distinct_names_are_typed_only_in_the_registry():
     """The names that mean one thing each appear as string literals only in ratune/registry.py
     (and the implementation of their kind: the finetuned retriever's own module names dense_ft;
-    the BM25 variant table in retrieval/retrievers.py keys its variants)."""
-    allowed = {("retrieval/retrievers.py", "bm25_replica")}
+    the BM25 variant table in retrieval/bm25.py keys its variants)."""
+    allowed = {("retrieval/bm25.py", "bm25_replica")}
     found = []
     for path in SOURCES:
         rel = str(path.relative_to(ROOT))

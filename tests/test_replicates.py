@@ -145,6 +145,7 @@ def test_seed_next_to_other_axes(tmp_path):
     assert c8["seeds"] == [1, 2, 3]
 
 
+@pytest.mark.apibench_data  # its sweep.json has no "released" key only where the real APIBench is found
 def test_single_seed_sweep_unchanged(tmp_path):
     """A one-value seed axis (no replicates) is reported exactly as before: seed in the group name,
     plain cells with Wilson intervals, no replicates.csv."""

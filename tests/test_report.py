@@ -196,7 +196,7 @@ def test_cell_metrics_come_from_the_cells_not_the_hub():
     assert metric_block(catalog, "gorilla") == {}
     assert metric_block(catalog, "strict")["correct_n"] == 3
     assert metric_block(None, "strict") == {}
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="unknown metric 'exact': expected one of gorilla, strict"):
         metric_block(apibench, "exact")
     assert cell_metrics([apibench]) == ("gorilla", "strict")
     assert cell_metrics([catalog]) == ("strict",)

@@ -15,12 +15,14 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import real_apibench_or_skip  # tests/conftest.py
 
-from ratune.data.apibench import HUBS, resolve_apibench_dir
+from ratune.data.apibench import HUBS
 from ratune.eval.scoring import (OUTCOMES, PINNED_PARSER, ResponseScore, Scorer, extract_api_call,
                                  load_responses, parser_versions)
 
-APIBENCH = resolve_apibench_dir(None)
+pytestmark = pytest.mark.apibench_data
+APIBENCH = real_apibench_or_skip()
 QUIRKS = APIBENCH.parent / "scoring" / "quirk_cases.jsonl"
 
 

@@ -8,13 +8,15 @@ import json
 from functools import lru_cache
 
 import pytest
+from conftest import real_apibench_or_skip  # tests/conftest.py
 
-from ratune.data.apibench import HUBS, resolve_apibench_dir
+from ratune.data.apibench import HUBS
 from ratune.errors import InputError, RatuneError
 from ratune.eval.scoring import (Scorer, add_score_arguments, check_hub_matches,
                                  cli_score, hub_evidence, load_responses)
 
-APIBENCH = resolve_apibench_dir(None)
+pytestmark = pytest.mark.apibench_data
+APIBENCH = real_apibench_or_skip()
 
 
 @lru_cache(maxsize=None)

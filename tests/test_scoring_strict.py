@@ -9,12 +9,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 import pytest
+from conftest import real_apibench_or_skip  # tests/conftest.py
 
-from ratune.data.apibench import resolve_apibench_dir
 from ratune.eval.scoring import (TORCHHUB_VARIANT_ENTRY_POINTS, Scorer, load_responses,
                                  normalize_call)
 
-APIBENCH = resolve_apibench_dir(None)
+pytestmark = pytest.mark.apibench_data
+APIBENCH = real_apibench_or_skip()
 
 
 @lru_cache(maxsize=None)

