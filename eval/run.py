@@ -47,14 +47,31 @@ import json
 import os
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
-from ratune.errors import RatuneError
+from ratune.data.hubs import as_hub_source
+from ratune.data.prompt import encode_prompt, render_user_turn, require_chat_template
+from ratune.errors import InputError, RatuneError
+from ratune.eval.abstain import abstention
+from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY, CatalogEvalScorer
+from ratune.eval.constraints import constrained_examples, constraint_metrics
+from ratune.eval.generate import generate_batches, generation_limits, max_positions_of
+from ratune.eval.report import read_metrics
+from ratune.eval.scoring import Scorer
 from ratune.eval.settings import DEVICES, DTYPES, EVAL_OPTIONS, EvalSettings
+from ratune.eval.stats import count_rates, rate_intervals
+from ratune.eval.swap import follow_rates
+from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
 from ratune.locks import locked_output
+from ratune.manifest import OWNER_MARKER, base_manifest, claim_folder, is_complete, mark_complete, package_versions
 from ratune.options import values_from_args
 from ratune.registry import (CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever, unknown_name)
+from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
+from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
+from ratune.train.model import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
 
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
@@ -130,8 +147,6 @@ def _check_cell_identity(cell: Path, identity: dict) -> None:
     Raises:
         RatuneError: naming the cell and the keys that differ.
     """
-    from ratune.io import read_json, write_json
-
     path = cell / "identity.json"
     if path.exists():
         previous, identity = _flat(_with_placement(read_json(path))), _flat(_with_placement(identity))
@@ -157,9 +172,6 @@ def _read_done(path: Path) -> dict[int, dict]:
     if len(keep) != len(data):
         with open(path, "wb") as fh:
             fh.write(keep)
-    from ratune.errors import InputError
-    from ratune.io import iter_jsonl
-
     for number, row in iter_jsonl(path):  # a corrupt line: InputError naming file and line
         qid = row.get("question_id")
         if isinstance(qid, bool) or not isinstance(qid, int):
@@ -179,8 +191,6 @@ def _batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_ne
         return vllm_generate_batches(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                      max_positions=max_positions, stop_after_api_call=stop_after_api_call,
                                      chunk_size=32 * batch_size)
-    from ratune.eval.generate import generate_batches
-
     return generate_batches(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             stop_after_api_call=stop_after_api_call, max_positions=max_positions)
 
@@ -195,8 +205,6 @@ def checkpoint_max_positions(source: Checkpoint, *, trust_remote_code: bool = Fa
             without ``trust_remote_code``.
     """
     from transformers import AutoConfig
-
-    from ratune.eval.generate import max_positions_of
 
     where = source.base or source.folder
     try:  # a config that needs its own code raises transformers' ValueError, as load_model does
@@ -219,18 +227,12 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
     """``(examples, retriever, extra)`` of one setting: the questions it asks, the retriever that
     gives their documents, and what its extra metrics need (``swapped`` / ``constraints``).
     ``source`` is the hub's :class:`~ratune.data.hubs.HubSource`."""
-    from ratune.retrieval.retrievers import Query, make_retriever
-
     def cached(name: str):
         key = (str(source.root.resolve()), source.name, name)
         if key not in settings.retriever_cache:
             if name == "swap":
-                from ratune.retrieval.perturbed import SwapRetriever
-
                 settings.retriever_cache[key] = SwapRetriever(source.load_api_database())
             elif name == "irrelevant":
-                from ratune.retrieval.perturbed import IrrelevantRetriever
-
                 settings.retriever_cache[key] = IrrelevantRetriever(source.load_api_database())
             else:
                 settings.retriever_cache[key] = make_retriever(
@@ -250,8 +252,6 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
         return [e for e in examples if e.line in swapped], retriever, {"swapped": swapped}
     if setting == "irrelevant":
         return examples, cached("irrelevant"), {}
-    from ratune.eval.constraints import constrained_examples
-
     made = constrained_examples(examples, source.load_api_database())
     return [e for e, _ in made], cached(setting_retriever(setting)), {"constraints": {e.line: c for e, c in made}}
 
@@ -262,6 +262,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
     (:func:`ratune.locks.locked_output`) throughout; ``out_dir`` is checked with
     :func:`ratune.manifest.require_owned` before the lock (a quick refusal) and again once it is held.
+
+    Every check that needs no model runs before a cell is written (:func:`_check_request`, the
+    checkpoint's files, its chat template and every prompt's length); the model is loaded once,
+    when the first cell has questions left to answer (:func:`_load_for_generation`). Each cell is
+    generated (:func:`_generate_cell`, resumable) and scored (:func:`_cell_metrics`).
 
     Args:
         hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.data.hubs.HubSource`.
@@ -278,38 +283,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
             ratune eval output (:func:`ratune.manifest.require_owned`).
         LockHeld: another process is writing ``out_dir``.
     """
-    from tqdm.auto import tqdm
-
-    from ratune.data.prompt import encode_prompt, render_user_turn
-    from ratune.eval.abstain import abstention
-    from ratune.eval.scoring import Scorer
-    from ratune.eval.stats import rate_intervals
-    from ratune.io import write_json
-    from ratune.manifest import OWNER_MARKER, claim_folder, is_complete, mark_complete, package_versions
-    from ratune.retrieval.retrievers import Query
-    from ratune.train.model import load_model, load_tokenizer, set_torch_threads
-
-    from ratune.data.hubs import as_hub_source
-
     hub_source = as_hub_source(hub, apibench_dir)
     hub = hub_source.name
-    for s in settings.settings:
-        if s not in EVAL_SETTINGS:
-            raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
-        if s.startswith(CONSTRAINTS_PREFIX) and (hub_source.is_catalog or hub != "torchhub"):
-            raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
-        if hub_source.is_catalog and s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed:
-            raise RatuneError(f"test setting {s}: it replays the paper's precomputed documents, which exist for the "
-                              f"APIBench hubs only, not for catalog {hub} ({hub_source.root})")
-    needs_model = [s for s in settings.settings if _needs_model(s)]
-    if needs_model:
-        from ratune.retrieval.retrievers import require_finetuned_retriever
-
-        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
-    if settings.backend == "vllm":  # an unknown backend was refused by EvalSettings (eval/settings.py)
-        from ratune.eval.vllm_backend import require_vllm
-
-        require_vllm()  # before any question is loaded or cell written
+    _check_request(settings, hub_source)
     device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
     set_torch_threads(settings.torch_threads)
     source = resolve_checkpoint(checkpoint)
@@ -318,8 +294,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (adapter/, no merged model/); the vLLM "
                           "backend loads model folders: merge it first (ratune export RUN --out DIR --merge-lora) "
                           "and evaluate DIR, or use the HF backend")
-    from ratune.train.model import require_model_files
-
     require_model_files(folder)  # weights (safetensors only) and tokenizer, before any cell is written
     if source.base is not None:
         require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
@@ -333,8 +307,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
     out = Path(out_dir)
     if hub_source.is_catalog:
-        from ratune.eval.catalog_scorer import CatalogEvalScorer
-
         scorer = CatalogEvalScorer(hub, hub_source.load_api_database(), all_examples)
     else:
         scorer = Scorer.from_apibench(hub, hub_source.root)
@@ -342,18 +314,12 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     # the prompts are rendered with the template the model was trained with (run manifest)
     chat_template = settings.chat_template or trained_chat_template(described_by)
     tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code, chat_template=chat_template)
-    from ratune.data.prompt import require_chat_template
-
     require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
     positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-    from ratune.io import sha256_file
-
     inputs = input_hashes(hub_source.input_files(["eval"]))
     run_manifest = folder / "ratune_manifest.json"
     if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
         inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
-    model = None
-    results = {}
     generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
                   "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
                   "max_document_tokens": budget, "device": device, "dtype": dtype}
@@ -363,6 +329,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         generation["backend"] = settings.backend
     if not (out / OWNER_MARKER).exists():  # new, empty, or made before the marker (checked by the caller)
         claim_folder(out, "eval run")
+    model = None
+    results = {}
     for setting in settings.settings:
         cell = out / setting
         examples, retriever, extra = _setting_plan(setting, all_examples, source=hub_source, settings=settings)
@@ -380,8 +348,6 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
             identity["step"] = source.step
         _check_cell_identity(cell, identity)
         if is_complete(cell):
-            from ratune.eval.report import read_metrics
-
             results[setting] = read_metrics(cell / "metrics.json")
             continue
         cell.mkdir(parents=True, exist_ok=True)
@@ -391,97 +357,31 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         def count(text: str) -> int:
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        responses_path = cell / "responses.jsonl"
-        done = _read_done(responses_path)
-        todo = [i for i, e in enumerate(examples) if e.line not in done]
-        all_prompts = [encode_prompt(tokenizer, render_user_turn(e.instruction, docs[i], max_document_tokens=budget,
-                                                                 count_tokens=count)[0])
-                       for i, e in enumerate(examples)]
-        prompts = [all_prompts[i] for i in todo]
-        from ratune.eval.generate import generation_limits
-
+        prompts = [encode_prompt(tokenizer, render_user_turn(e.instruction, docs[i], max_document_tokens=budget,
+                                                             count_tokens=count)[0])
+                   for i, e in enumerate(examples)]
         # the length policy of both backends, checked before the model is loaded
-        limits = generation_limits([len(p) for p in all_prompts], max_new_tokens=settings.max_new_tokens,
+        limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
                                    max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
-        if todo:
-            if model is None:
-                if settings.backend == "vllm":
-                    from ratune.eval.vllm_backend import load_llm
-
-                    model = load_llm(folder, dtype=dtype, max_positions=positions,
-                                     trust_remote_code=settings.trust_remote_code)
-                elif source.base is not None:
-                    from ratune.train.model import load_adapter_merged
-
-                    model = load_adapter_merged(source.base, folder, dtype=dtype, device=device,
-                                                trust_remote_code=settings.trust_remote_code)
-                else:
-                    model = load_model(folder, dtype=dtype, device=device,
-                                       trust_remote_code=settings.trust_remote_code)
-            bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=f"{name} {setting}",
-                       disable=not progress)
-            with open(responses_path, "a", encoding="utf-8") as fh:
-                for batch in _batches(settings.backend, model, tokenizer, prompts, batch_size=settings.batch_size,
-                                      max_new_tokens=settings.max_new_tokens,
-                                      stop_after_api_call=settings.stop_after_api_call, max_positions=positions):
-                    for j, text in batch:
-                        ex = examples[todo[j]]
-                        row = {"question_id": ex.line, "text": text, "model": name, "setting": setting}
-                        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                        done[ex.line] = row
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                    bar.update(len(batch))
-            bar.close()
-        responses = [done[e.line] for e in examples]
-        if todo:  # generation wrote in batch order; the final file is in question_id order
-            from ratune.io import atomic_write
-
-            with atomic_write(responses_path) as fh:
-                for row in sorted(done.values(), key=lambda r: r["question_id"]):
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        scored = scorer.score(responses)
-        for metric in ("gorilla", "strict"):  # every rate carries its 95 % Wilson interval
-            if metric in scored:
-                scored[metric].update(rate_intervals(scored[metric], scored["n"]))
-        # the top-level rates: the official gorilla metric on APIBench, a catalog's strict metric
-        main = scored["strict"] if hub_source.is_catalog else scored["gorilla"]
-        metrics = {
-            "hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata(), "n": scored["n"],
-            "accuracy": main["accuracy"], "hallucination": main["hallucination"], "error": main["error"],
-            **{k: main[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
-            **({} if hub_source.is_catalog else {"gorilla": scored["gorilla"]}),
-            "strict": scored["strict"], "parser": scored["parser"],
-            "per_question": scored.get("per_question", []),
-            "generation": generation,
-            "device_name": _device_name(device),
-            "versions": package_versions(),
-            "abstention": abstention(responses),
-            "inputs": inputs,
-            # questions whose prompt left fewer than max_new_tokens positions (ratune.eval.generate.generation_limits)
-            "generation_limit": {"max_positions": positions,
-                                 "capped": [e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens]},
-        }
-        if hub_source.is_catalog:
-            from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY
-            from ratune.eval.stats import count_rates
-
-            args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
-            metrics.update({"metric": CATALOG_METRIC, "hub_kind": "catalog", "catalog": hub_source.manifest_record(),
-                            "arguments": count_rates(args_n, scored["n"]), "gorilla_unavailable": GORILLA_APIBENCH_ONLY})
+        responses_path = cell / "responses.jsonl"
+        if model is None and _unanswered(responses_path, examples):
+            model = _load_for_generation(source, settings, dtype=dtype, device=device, positions=positions)
+        responses = _generate_cell(responses_path, examples, prompts, model=model, tokenizer=tokenizer,
+                                   settings=settings, positions=positions, desc=f"{name} {setting}",
+                                   meta={"model": name, "setting": setting}, progress=progress)
+        metrics = _cell_metrics(scorer.score(responses), hub_source=hub_source, responses=responses,
+                                head={"hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata()},
+                                generation=generation, device=device, inputs=inputs, positions=positions,
+                                capped=[e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens])
         if source.step is not None:
             metrics["train_step"] = source.step
         if source.base is not None:
             metrics["adapter"] = {"base": source.base, "base_trained_in_4bit": source.base_in_4bit,
                                   "evaluated_on": f"the unquantized base in {dtype}, adapter merged"}
         if setting == "swap":
-            from ratune.eval.swap import follow_rates
-
             metrics["document_swap"] = {**follow_rates(scorer, responses, extra["swapped"]),
                                         "left_out": len(all_examples) - len(examples)}
         elif setting.startswith(CONSTRAINTS_PREFIX):
-            from ratune.eval.constraints import constraint_metrics
-
             metrics["constraints"] = {**constraint_metrics(scorer, responses, extra["constraints"]),
                                       "unconstrained_left_out": len(all_examples) - len(examples)}
         write_json(cell / "metrics.json", metrics)
@@ -491,14 +391,124 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     return results
 
 
+def _check_request(settings: EvalSettings, hub_source) -> None:
+    """Refuse, before any file is read or written, a test setting the hub does not have, a
+    ``dense_ft``-style setting without its finetuned retriever folder, and the vLLM backend
+    where vLLM is not installed (an unknown backend, device or dtype is refused by
+    :class:`~ratune.eval.settings.EvalSettings` itself).
+
+    Raises:
+        RatuneError: naming the setting and what it needs.
+    """
+    hub = hub_source.name
+    for s in settings.settings:
+        if s not in EVAL_SETTINGS:
+            raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
+        if s.startswith(CONSTRAINTS_PREFIX) and (hub_source.is_catalog or hub != "torchhub"):
+            raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
+        if hub_source.is_catalog and s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed:
+            raise RatuneError(f"test setting {s}: it replays the paper's precomputed documents, which exist for the "
+                              f"APIBench hubs only, not for catalog {hub} ({hub_source.root})")
+    needs_model = [s for s in settings.settings if _needs_model(s)]
+    if needs_model:
+        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
+    if settings.backend == "vllm":
+        from ratune.eval.vllm_backend import require_vllm  # an optional extra
+
+        require_vllm()  # before any question is loaded or cell written
+
+
+def _unanswered(responses_path: Path, examples: list) -> bool:
+    """Whether some of ``examples`` have no complete line in the cell's responses file yet."""
+    done = _read_done(responses_path)
+    return any(e.line not in done for e in examples)
+
+
+def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: str, device: str, positions):
+    """The model to generate with: a vLLM engine (``backend: vllm``), an adapter merged into its
+    unquantized base (:func:`ratune.train.model.load_adapter_merged`), or the model folder."""
+    if settings.backend == "vllm":
+        from ratune.eval.vllm_backend import load_llm  # an optional extra
+
+        return load_llm(source.folder, dtype=dtype, max_positions=positions, trust_remote_code=settings.trust_remote_code)
+    if source.base is not None:
+        return load_adapter_merged(source.base, source.folder, dtype=dtype, device=device,
+                                   trust_remote_code=settings.trust_remote_code)
+    return load_model(source.folder, dtype=dtype, device=device, trust_remote_code=settings.trust_remote_code)
+
+
+def _generate_cell(responses_path: Path, examples: list, prompts: list, *, model, tokenizer, settings: EvalSettings,
+                   positions, desc: str, meta: dict, progress: bool) -> list[dict]:
+    """Answer the questions of one cell that its responses file does not hold yet, appending and
+    fsyncing each batch (a rerun continues after the last complete line), then rewrite the file in
+    question_id order.
+
+    Args:
+        prompts: the token ids of each example's prompt, in ``examples`` order.
+        meta: the ``model`` and ``setting`` every response line records.
+    Returns:
+        The responses (``{"question_id", "text", "model", "setting"}``), in ``examples`` order.
+    """
+    done = _read_done(responses_path)
+    todo = [i for i, e in enumerate(examples) if e.line not in done]
+    if todo:
+        bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=desc, disable=not progress)
+        with open(responses_path, "a", encoding="utf-8") as fh:
+            for batch in _batches(settings.backend, model, tokenizer, [prompts[i] for i in todo],
+                                  batch_size=settings.batch_size, max_new_tokens=settings.max_new_tokens,
+                                  stop_after_api_call=settings.stop_after_api_call, max_positions=positions):
+                for j, text in batch:
+                    ex = examples[todo[j]]
+                    row = {"question_id": ex.line, "text": text, **meta}
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    done[ex.line] = row
+                fh.flush()
+                os.fsync(fh.fileno())
+                bar.update(len(batch))
+        bar.close()
+        with atomic_write(responses_path) as fh:  # generation wrote in batch order
+            for row in sorted(done.values(), key=lambda r: r["question_id"]):
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return [done[e.line] for e in examples]
+
+
+def _cell_metrics(scored: dict, *, hub_source, responses: list[dict], head: dict, generation: dict, device: str,
+                  inputs: dict, positions, capped: list[int]) -> dict:
+    """A cell's metrics.json from the scorer's result: every rate with its 95 % Wilson interval;
+    the top-level rates the official gorilla metric's on APIBench, a catalog's strict metric's
+    (with its argument score); generation settings, device, versions, abstention, input hashes and
+    the questions whose prompt left fewer than max_new_tokens positions (``capped``)."""
+    for metric in ("gorilla", "strict"):
+        if metric in scored:
+            scored[metric].update(rate_intervals(scored[metric], scored["n"]))
+    main = scored["strict"] if hub_source.is_catalog else scored["gorilla"]
+    metrics = {
+        **head, "n": scored["n"],
+        "accuracy": main["accuracy"], "hallucination": main["hallucination"], "error": main["error"],
+        **{k: main[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
+        **({} if hub_source.is_catalog else {"gorilla": scored["gorilla"]}),
+        "strict": scored["strict"], "parser": scored["parser"],
+        "per_question": scored.get("per_question", []),
+        "generation": generation,
+        "device_name": _device_name(device),
+        "versions": package_versions(),
+        "abstention": abstention(responses),
+        "inputs": inputs,
+        # ratune.eval.generate.generation_limits
+        "generation_limit": {"max_positions": positions, "capped": capped},
+    }
+    if hub_source.is_catalog:
+        args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
+        metrics.update({"metric": CATALOG_METRIC, "hub_kind": "catalog", "catalog": hub_source.manifest_record(),
+                        "arguments": count_rates(args_n, scored["n"]), "gorilla_unavailable": GORILLA_APIBENCH_ONLY})
+    return metrics
+
+
 def _write_eval_manifest(out: Path, *, checkpoint: Path, hub: str, inputs: dict, generation: dict,
                          results: dict) -> None:
     """``out/manifest.json``, as every stage writes: versions, git commit, the checkpoint, input
     hashes, generation settings and, per finished cell, the sha256 of its metrics.json (cells of
     earlier runs into the same folder are kept)."""
-    from ratune.io import read_json_object, sha256_file, write_json
-    from ratune.manifest import base_manifest
-
     path = out / "manifest.json"
     cells = read_json_object(path).get("cells", {}) if path.exists() else {}
     cells.update({s: sha256_file(out / s / "metrics.json") for s in results})

@@ -251,9 +251,7 @@ def _capture_prompts(monkeypatch):
         yield [(j, "") for j in range(len(prompts))]
 
     monkeypatch.setattr(run, "_batches", batches)
-    import ratune.train.model as model
-
-    monkeypatch.setattr(model, "load_model", lambda *a, **k: object())
+    monkeypatch.setattr(run, "load_model", lambda *a, **k: object())  # the name evaluate_checkpoint calls
     return seen
 
 

@@ -138,7 +138,7 @@ def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, 
         loaded.append((model.device.type, model.dtype))
         return model
 
-    monkeypatch.setattr(model_module, "load_model", spy)
+    monkeypatch.setattr("ratune.eval.run.load_model", spy)  # the name evaluate_checkpoint calls
     results = evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench, out_dir=tmp_path / "eval",
                                   settings=EvalSettings(settings=["0_shot"], n_questions=4, max_new_tokens=16,
                                                         batch_size=4), progress=False)

@@ -330,7 +330,7 @@ def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_mo
         asked.update(kwargs)
         return real_load(path, **{**kwargs, "device": None})
 
-    monkeypatch.setattr(model_module, "load_model", load_model)
+    monkeypatch.setattr("ratune.eval.run.load_model", load_model)  # the name evaluate_checkpoint calls
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200 (simulated)")
     gpu = _eval(tiny_model_dir, apibench, tmp_path / "gpu")["0_shot"]
     assert (asked["device"], asked["dtype"]) == ("cuda", "bfloat16")
