@@ -1,6 +1,7 @@
 """Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
-(gpt_index), and (mixture) the mixture against the pure arms, setting by setting."""
+(gpt_index), the mixture against the pure arms and the full-finetuning none arm against the LoRA one,
+setting by setting. Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys
 from pathlib import Path
 from ratune.eval.compare import compare_files, released_comparisons, released_markdown
@@ -11,7 +12,9 @@ apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
 ARMS = {"oracle": ("oracle arm, epoch 1", "runs/repro/eval_oracle_step105"),
         "mix": ("mixture arm, epoch 1", "runs/repro/eval_mix_step105"),
-        "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315")}
+        "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315"),
+        "none_full": ("none arm, full finetuning, epoch 2", "runs/repro/eval_none_full_step210",
+                      "runs/repro/curve_none_full/step210")}
 RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
 
@@ -69,6 +72,13 @@ for arm in [a for a in sys.argv[1:]]:
                         pairs.append(row(r, label, s, ARMS[other][0]))
         doc["vs_pure_arms"] = pairs
         md += "\nThe mixture arm against the pure arms, setting by setting (\"released\" column: the other arm):\n\n" + released_markdown(pairs)
+    if arm == "none_full":  # full finetuning against the LoRA none arm, setting by setting
+        _, _, lora = cells_of("none")
+        pairs = [row(compare_files(cells[s]["path"], lora[s]["path"], hub="torchhub", metric=metric, scorer=scorer),
+                     label, s, ARMS["none"][0])
+                 for s in cells if s in lora for metric in ("gorilla", "strict")]
+        doc["vs_lora_none_arm"] = pairs
+        md += "\nFull finetuning against the LoRA none arm (\"released\" column: the LoRA arm):\n\n" + released_markdown(pairs)
     (dst / "comparisons.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
     (dst / "comparisons.md").write_text(md)
     summary[arm] = {s: (c["metrics"]["gorilla"]["correct_n"], c["metrics"]["strict"]["correct_n"],
