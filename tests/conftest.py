@@ -5,7 +5,7 @@ Real and synthetic data. Tests that need the released APIBench (../shared/apiben
 folder $RATUNE_APIBENCH names) use the ``apibench`` fixture or carry the ``apibench_data``
 marker, and are skipped where it is absent. Unit tests of the stages that need only
 APIBench-shaped input use ``apibench_tiny``: six TorchHub APIs in the released formats, written
-by tests/fixtures/make_apibench_tiny.py, so they run on any machine.
+for the session by tests/fixtures/make_apibench_tiny.py, so they run on any machine.
 
 Unit tests never load the 135M model: they use a tiny randomly initialised LlamaForCausalLM
 saved to a temporary folder and loaded back through the same from_pretrained path the real
@@ -50,8 +50,6 @@ from ratune.errors import RatuneError  # noqa: E402
 from ratune.data.prompt import GORILLA_V0_SYSTEM  # noqa: E402
 from ratune.train.tiny import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
 
-#: The synthetic APIBench of tests/fixtures/make_apibench_tiny.py (the :func:`apibench_tiny` fixture).
-TINY_APIBENCH = Path(__file__).resolve().parent / "fixtures" / "apibench_tiny"
 #: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
 CUDA_AVAILABLE = False
 #: What :func:`_hide_cuda` replaces: torch.cuda.is_available and the CUDA_VISIBLE_DEVICES value (None: unset).
@@ -137,7 +135,7 @@ def pytest_collection_modifyitems(config, items):
 
     A test needs the real APIBench when it is marked ``apibench_data`` or uses the :func:`apibench`
     fixture (such tests are marked here); tests on the synthetic fixture
-    (tests/fixtures/apibench_tiny, :func:`apibench_tiny`) run everywhere.
+    (:func:`apibench_tiny`) run everywhere.
     """
     skip_gpu = pytest.mark.skip(reason="marker gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
     real = _real_apibench()
@@ -183,10 +181,19 @@ def apibench():
 
 
 @pytest.fixture(scope="session")
-def apibench_tiny():
-    """The synthetic six-API TorchHub APIBench in tests/fixtures/apibench_tiny (written by
-    tests/fixtures/make_apibench_tiny.py, which documents every count it holds); always present."""
-    return TINY_APIBENCH
+def apibench_tiny(tmp_path_factory):
+    """A synthetic six-API TorchHub APIBench, written for the session by
+    tests/fixtures/make_apibench_tiny.py (which documents every count it holds); nothing of it is
+    committed, so the repository holds no APIBench-shaped data files."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_apibench_tiny",
+                                                  Path(__file__).resolve().parent / "fixtures" / "make_apibench_tiny.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    out = tmp_path_factory.mktemp("apibench_tiny")
+    generator.main(out)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The synthetic APIBench (tests/fixtures/apibench_tiny) through the data, retrieval and scoring
+"""The synthetic APIBench (the ``apibench_tiny`` fixture, tests/conftest.py) through the data, retrieval and scoring
 stages, with every count worked out by hand from tests/fixtures/make_apibench_tiny.py.
 
 These tests need no ../shared: they are what runs of the pipeline's APIBench paths on a machine
@@ -7,9 +7,6 @@ without the real data (tests/conftest.py skips the ``apibench_data`` tests there
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from ratune.data.apibench import load_api_database, load_examples
@@ -17,23 +14,13 @@ from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, load_responses
 from ratune.retrieval.retrievers import Query, make_retriever
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_apibench_tiny", FIXTURES / "make_apibench_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_committed_fixture_is_what_its_generator_writes(tmp_path, apibench_tiny):
-    _generator().main(tmp_path)
-    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    committed = sorted(p.relative_to(apibench_tiny) for p in apibench_tiny.rglob("*") if p.is_file())
-    assert written == committed and len(written) == 1 + 2 + 4 + 8
-    for rel in written:
-        assert (tmp_path / rel).read_bytes() == (apibench_tiny / rel).read_bytes(), rel
+def test_the_fixture_holds_the_released_file_layout(apibench_tiny):
+    files = sorted(str(p.relative_to(apibench_tiny)) for p in apibench_tiny.rglob("*") if p.is_file())
+    assert files == (["api/torchhub_api.jsonl", "apibench/torchhub_eval.json", "apibench/torchhub_train.json"]
+                     + [f"questions/questions_torchhub_{s}.jsonl" for s in ("0_shot", "bm25", "gpt_index", "oracle")]
+                     + [f"responses/response_torchhub_Gorilla_{m}_{s}.jsonl" for m in ("FT", "RT")
+                        for s in ("0_shot", "bm25", "gpt_index", "oracle")])
 
 
 def test_examples_parse_in_both_released_layouts(apibench_tiny):
