@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ratune.args import checked, output_dir
 from ratune.catalog import jsonl, openapi, pyapi
-from ratune.catalog.schema import (API_NAME, APIS_FILE, CATALOG_KIND, IMPORT_STAGE, MANIFEST_FILE, SCHEMA_VERSION,
+from ratune.catalog.schema import (APIS_FILE, API_NAME, CATALOG_KIND, IMPORT_STAGE, MANIFEST_FILE, SCHEMA_VERSION,
                                    Imported, document_line, is_identifier)
 from ratune.errors import RatuneError
-from ratune.io import sha256_file, write_json, write_text
+from ratune.io import read_json_object, sha256_file, write_json, write_text
 from ratune.locks import locked_output
 from ratune.manifest import base_manifest, claim_folder, require_owned
 
@@ -153,8 +154,6 @@ def read_catalog_manifest(catalog_dir: str | os.PathLike) -> dict:
             is not a catalog import's (another ``kind``, or no valid ``name``).
         InputError: the manifest is not valid JSON or not a JSON object (naming the file).
     """
-    from ratune.io import read_json_object
-
     folder = Path(catalog_dir)
     if not folder.is_dir():
         raise RatuneError(f"{folder}: no such catalog folder")
@@ -184,8 +183,6 @@ def is_catalog_folder(path: str | os.PathLike) -> bool:
 
 def add_import_arguments(parser) -> None:
     """The arguments of ``ratune catalog import`` (docs/catalogs.md)."""
-    from ratune.args import checked, output_dir
-
     parser.add_argument("--from", dest="source_kind", required=True, choices=SOURCES,
                         help="jsonl: a JSON-lines file of API documents; openapi: an OpenAPI 3 document (JSON or "
                              "YAML); python: a module path whose public callables are listed (imported, never called)")

@@ -60,11 +60,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ratune.args import bounded, checked, input_dir, input_file, model_ref
+from ratune.catalog.folder import read_catalog_manifest
 from ratune.catalog.pairs import Pair, load_pairs
-from ratune.catalog.schema import API_CALL, API_NAME, parse_api_call
-from ratune.data.prompt import serialize_document
+from ratune.catalog.schema import APIS_FILE, API_CALL, API_NAME, load_catalog, parse_api_call
+from ratune.config import Count, Seed
+from ratune.data.prompt import encode_prompt, serialize_document
 from ratune.data.validate import normalise
 from ratune.errors import RatuneError
+from ratune.io import read_json_object, sha256_file, write_json, write_text
+from ratune.locks import output_lock
+from ratune.manifest import base_manifest
 
 #: The stage name of ``ratune catalog instruct`` (its sidecar manifest's ``command`` and ``kind``).
 INSTRUCT_STAGE = "catalog instruct"
@@ -285,8 +291,6 @@ def filter_candidates(candidates: Sequence[tuple[dict, Sequence[str]]], seeds: S
 
 def _owned_output(out: Path) -> dict | None:
     """The sidecar manifest of ``out`` when ``catalog instruct`` wrote it, else None."""
-    from ratune.io import read_json_object
-
     sidecar = sidecar_path(out)
     if not sidecar.is_file():
         return None
@@ -306,8 +310,6 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
             sidecar ratune did not write; a file edited since ratune wrote it.
         InputError: a sidecar that is not a JSON object.
     """
-    from ratune.io import sha256_file
-
     out = Path(out)
     sidecar = sidecar_path(out)
     if out.is_dir():
@@ -340,8 +342,6 @@ def generation_record(pairs_path: str | os.PathLike) -> dict | None:
     Raises:
         InputError: a sidecar that is not a JSON object (naming it).
     """
-    from ratune.io import sha256_file
-
     manifest = _owned_output(Path(pairs_path))
     if manifest is None:
         return None
@@ -385,12 +385,6 @@ def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLi
         InputError: a bad seeds line or catalog document (file, line, field).
     """
     from tqdm.auto import tqdm
-
-    from ratune.catalog.folder import read_catalog_manifest
-    from ratune.catalog.schema import APIS_FILE, load_catalog
-    from ratune.io import sha256_file, write_json, write_text
-    from ratune.locks import output_lock
-    from ratune.manifest import base_manifest
 
     out = Path(out)
     check_output(out, overwrite=overwrite)
@@ -463,10 +457,6 @@ def load_generator(model_path: str | os.PathLike, *, model: str | None = None, t
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, set_seed
-
-    from ratune.data.prompt import encode_prompt
-    from ratune.io import sha256_file
-
     path = Path(model_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
@@ -525,9 +515,6 @@ def add_instruct_arguments(parser) -> None:
 
     from pydantic import Field
 
-    from ratune.args import bounded, checked, input_dir, input_file, model_ref
-    from ratune.config import Count, Seed
-
     parser.add_argument("--catalog", required=True, type=input_dir, help="a catalog folder (`ratune catalog import`)")
     parser.add_argument("--model", required=True, type=model_ref,
                         help="the instruction-following model that writes the instructions: a local model folder "
@@ -567,8 +554,6 @@ def cli_instruct(args, *, resolve_model: Callable[[str], Path] | None = None) ->
         resolve_model: maps ``--model`` to a folder (the CLI passes
             :func:`ratune.train.model.resolve_model_path`, which knows the alias); None: the path as given.
     """
-    from ratune.catalog.schema import load_catalog
-
     check_output(args.out, overwrite=args.overwrite)  # cheap refusals before a model is converted or loaded
     load_pairs(args.seeds, load_catalog(args.catalog))
     model_path = resolve_model(args.model) if resolve_model is not None else Path(args.model)

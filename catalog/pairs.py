@@ -47,11 +47,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ratune.args import bounded, input_dir, input_file
+from ratune.catalog.folder import read_catalog_manifest
+from ratune.catalog.schema import APIS_FILE, load_catalog
 from ratune.catalog.scoring import CatalogIndex, parse_call
-from ratune.data.validate import (LEAK_KINDS, LEAKAGE_POLICIES, MAX_PAIRS_IN_MESSAGE,
-                                  NEAR_DUPLICATE_JACCARD, find_leakage, normalise)
+from ratune.config import Seed
+from ratune.data.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_MESSAGE, NEAR_DUPLICATE_JACCARD,
+                                  find_leakage, normalise)
 from ratune.errors import InputError, RatuneError
-from ratune.io import iter_jsonl
+from ratune.io import iter_jsonl, sha256_file, write_json, write_text
+from ratune.manifest import base_manifest, replacing_folder, require_owned
 
 #: The fields a pair line may carry: required first, then optional.
 REQUIRED_PAIR_FIELDS = ("instruction", "api_name")
@@ -355,12 +360,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         InputError: a bad pairs line or catalog document (file, line, field).
         LockHeld: another process writes the pairs folder.
     """
-    from ratune.catalog.folder import read_catalog_manifest
     from ratune.catalog.instruct import generation_record
-    from ratune.catalog.schema import APIS_FILE, load_catalog
-    from ratune.io import sha256_file, write_json, write_text
-    from ratune.manifest import base_manifest, replacing_folder, require_owned
-
     catalog = read_catalog_manifest(catalog_dir)
     out = pairs_dir(catalog_dir)
     require_owned(out, PAIRS_STAGE, action="write into")  # before reading anything
@@ -411,9 +411,6 @@ def add_pairs_arguments(parser) -> None:
     from typing import Annotated
 
     from pydantic import Field
-
-    from ratune.args import bounded, input_dir, input_file
-    from ratune.config import Seed
 
     parser.add_argument("--catalog", required=True, type=input_dir,
                         help="a catalog folder (`ratune catalog import`); the split goes to CATALOG/pairs/")

@@ -31,9 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ratune.catalog.folder import read_catalog_manifest
+from ratune.catalog.pairs import PAIRS_MANIFEST, SPLIT_FILES, load_pairs, pairs_dir
+from ratune.catalog.schema import APIS_FILE, load_catalog
 from ratune.data.apibench import (HUBS, Answer, Example, ParseReport, api_database_path, examples_path,
                                   load_api_database, load_examples, questions_path, resolve_apibench_dir)
 from ratune.errors import RatuneError
+from ratune.io import read_json_object, sha256_file
 
 #: :attr:`HubSource.kind` of an APIBench hub.
 APIBENCH = "apibench"
@@ -73,7 +77,6 @@ class HubSource:
     def api_database_file(self) -> Path:
         """The file of the API documents: ``api/{hub}_api.jsonl`` or ``CATALOG/apis.jsonl``."""
         if self.is_catalog:
-            from ratune.catalog.schema import APIS_FILE
 
             return self.root / APIS_FILE
         return api_database_path(self.root, self.name)
@@ -81,7 +84,6 @@ class HubSource:
     def examples_file(self, split: str) -> Path:
         """The example file of a split (``train`` or ``eval``); it may not exist."""
         if self.is_catalog:
-            from ratune.catalog.pairs import SPLIT_FILES, pairs_dir
 
             if split not in SPLIT_FILES:
                 raise RatuneError(f"unknown split {split!r}: expected one of {', '.join(SPLIT_FILES)}")
@@ -108,7 +110,6 @@ class HubSource:
                 line and field).
         """
         if self.is_catalog:
-            from ratune.catalog.schema import load_catalog
 
             return load_catalog(self.root)
         return load_api_database(self.api_database_file)
@@ -128,7 +129,6 @@ class HubSource:
         """
         if not self.is_catalog:
             return load_examples(self.root, self.name, split, lenient=lenient, report=report)
-        from ratune.catalog.pairs import load_pairs
 
         path = self.examples_file(split)
         if not path.is_file():
@@ -148,8 +148,6 @@ class HubSource:
 
     def _check_pairs_current(self) -> None:
         """Refuse pairs split against an earlier ``apis.jsonl`` (the catalog was re-imported since)."""
-        from ratune.catalog.pairs import PAIRS_MANIFEST, pairs_dir
-        from ratune.io import read_json_object, sha256_file
 
         path = pairs_dir(self.root) / PAIRS_MANIFEST
         if not path.is_file():
@@ -171,9 +169,6 @@ class HubSource:
         the pairs' ``source`` (path, sha256), ``eval_fraction`` and ``seed``."""
         if not self.is_catalog:
             return None
-        from ratune.catalog.folder import read_catalog_manifest
-        from ratune.catalog.pairs import PAIRS_MANIFEST, pairs_dir
-        from ratune.io import read_json_object
 
         pairs_manifest = pairs_dir(self.root) / PAIRS_MANIFEST
         pairs = read_json_object(pairs_manifest) if pairs_manifest.is_file() else {}
@@ -207,7 +202,6 @@ def resolve_hub(hub: str | os.PathLike, apibench_dir: str | os.PathLike | None =
         return HubSource(name=text, kind=APIBENCH, root=root)
     path = Path(text)
     if text and path.is_dir():
-        from ratune.catalog.folder import read_catalog_manifest
 
         name = read_catalog_manifest(path)["name"]
         if name in HUBS:  # manifests, reports and finetuned retrievers name a hub by its name

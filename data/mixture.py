@@ -40,6 +40,7 @@ from typing import Sequence
 
 from ratune.args import registered
 from ratune.config import Count, Seed, Top1RetrieverName, check_fields
+from ratune.data.apibench import api_identity
 from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import RETRIEVED_MODES, unknown_name
@@ -165,8 +166,6 @@ def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], t
     Raises:
         RatuneError: fewer other APIs in the database than ``mixture.distractors``.
     """
-    from ratune.data.apibench import api_identity
-
     pool: dict[str, dict] = {}
     for doc in database:
         pool.setdefault(api_identity(doc), doc)

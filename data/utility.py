@@ -24,10 +24,11 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from ratune.data.labels import tokenize_row
 from ratune.data.prompt import require_chat_template
-from ratune.errors import RatuneError
-from ratune.io import read_json_object
-from ratune.manifest import base_manifest
+from ratune.errors import InputError, RatuneError
+from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
+from ratune.manifest import base_manifest, is_complete, mark_complete
 
 #: Which data-build mode measures the utility of each mixture component's document.
 COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_retriever mode
@@ -48,8 +49,6 @@ def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_s
         One loss per pair, in the order given.
     """
     import torch
-
-    from ratune.data.labels import tokenize_row
 
     rows = [tokenize_row(tokenizer, u, c) for u, c in pairs]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
@@ -98,8 +97,6 @@ def measure_utility(data_dir, modes: Sequence[str], model, tokenizer, *, split: 
     """
     from datasets import load_from_disk
     from tqdm.auto import tqdm
-
-    from ratune.manifest import is_complete
 
     data_dir = Path(data_dir)
     if not is_complete(data_dir):
@@ -151,9 +148,6 @@ def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ratune.io import atomic_write, write_json
-    from ratune.manifest import mark_complete
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "utility.jsonl") as fh:
@@ -183,9 +177,6 @@ def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
     Raises:
         InputError: a malformed line (file and line named).
     """
-    from ratune.errors import InputError
-    from ratune.io import iter_jsonl
-
     keep = {}
     for lineno, row in iter_jsonl(path):
         try:

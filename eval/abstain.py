@@ -18,6 +18,8 @@ rates are read from the same files. Models learn the abstention from the mixture
 from __future__ import annotations
 
 from typing import Sequence
+from ratune.data.prompt import answer_field, is_abstention
+from ratune.eval.stats import wilson_interval
 
 
 def abstention(responses: Sequence[dict]) -> dict:
@@ -30,9 +32,6 @@ def abstention(responses: Sequence[dict]) -> dict:
     Args:
         responses: ``[{"question_id", "text"}]``.
     """
-    from ratune.data.prompt import answer_field, is_abstention
-    from ratune.eval.stats import wilson_interval
-
     n = len(responses)
     k = sum(is_abstention(answer_field(r.get("text"), "api_call")) for r in responses)
     return {"n": n, "abstained_n": k, "rate": k / n if n else 0.0,

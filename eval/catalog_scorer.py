@@ -24,6 +24,7 @@ from __future__ import annotations
 import platform
 from typing import Sequence
 
+from ratune.catalog.scoring import CatalogScorer, extract_call_text, parse_call, parse_response_calls
 from ratune.errors import RatuneError
 
 #: The metric a catalog cell reports (its top-level rates are this metric's).
@@ -48,8 +49,6 @@ class CatalogEvalScorer:
     """
 
     def __init__(self, hub: str, documents: Sequence[dict], examples: Sequence):
-        from ratune.catalog.scoring import CatalogScorer
-
         self.hub = hub
         self.api_database = list(documents)
         self.catalog = CatalogScorer(self.api_database)
@@ -93,8 +92,6 @@ class CatalogEvalScorer:
         """Whether a response names the API of ``api_call`` (a catalog document's or a gold call):
         some call of the response identifies one of the documents that ``api_call`` identifies.
         Used by the document-swap experiment (:mod:`ratune.eval.swap`). No call: False."""
-        from ratune.catalog.scoring import extract_call_text, parse_call, parse_response_calls
-
         try:
             wanted = set(self.catalog.index.identify(parse_call(api_call)))
         except ValueError:

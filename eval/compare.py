@@ -16,10 +16,16 @@ import json
 import os
 from pathlib import Path
 
+from ratune.args import add_apibench_argument, bounded, input_path
+from ratune.config import Seed
+from ratune.data.apibench import HUBS, check_hub, released_responses_path, resolve_apibench_dir
+from ratune.data.hubs import hub_argument_type
 from ratune.errors import RatuneError
+from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
 from ratune.eval.scoring.scorer import METRICS
 from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
                                wilson_interval)
+from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
 
 #: Name of the responses file inside an eval cell folder (``{eval_dir}/{setting}/``).
 CELL_RESPONSES = "responses.jsonl"
@@ -116,9 +122,6 @@ def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metr
         RatuneError / InputError: unknown hub, missing files, malformed lines, ids out of range,
             a file for another hub (unless ``hub_check`` is False), unpaired question sets.
     """
-    from ratune.data.apibench import HUBS, check_hub
-    from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
-
     if scorer is None and str(hub) not in HUBS:  # a catalog folder
         from ratune.data.hubs import resolve_hub
         from ratune.eval.catalog_scorer import GORILLA_APIBENCH_ONLY, CatalogEvalScorer
@@ -181,18 +184,12 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     from pydantic import Field
 
-    from ratune.args import add_apibench_argument, bounded, input_path
-    from ratune.config import Seed
-    from ratune.data.apibench import HUBS
-
     resamples = Annotated[int, Field(ge=1, le=MAX_RESAMPLES)]
 
     parser.add_argument("responses_a", metavar="RESPONSES_A", type=input_path,
                         help="response JSONL file, or an eval cell folder holding responses.jsonl")
     parser.add_argument("responses_b", metavar="RESPONSES_B", type=input_path,
                         help="the same for B (same questions)")
-    from ratune.data.hubs import hub_argument_type
-
     parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
                         help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder")
     add_apibench_argument(parser)
@@ -227,8 +224,6 @@ def cli_compare(args) -> int:
     if resamples < 1:
         raise RatuneError(f"--resamples must be at least 1, got {resamples}")
     seed = getattr(args, "seed", None)
-    from ratune.data.apibench import HUBS
-
     metric = getattr(args, "metric", None) or ("gorilla" if args.hub in HUBS else "strict")
     result = compare_files(args.responses_a, args.responses_b, hub=args.hub,
                            apibench_dir=getattr(args, "apibench", None),
@@ -258,10 +253,6 @@ def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, ap
         RatuneError: as :func:`compare_files` (a cell on a subset of the questions is unpaired and
             refused).
     """
-    from ratune.data.apibench import released_responses_path, resolve_apibench_dir
-    from ratune.eval.scoring import Scorer
-    from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
-
     spec = TEST_SETTINGS.get(setting)
     if spec is None or spec.released is None:
         return []
@@ -300,10 +291,6 @@ def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dic
         "reason"}`` for cells with a released counterpart that cannot be paired with it (another
         hub than APIBench's, or fewer questions than the released files hold).
     """
-    from ratune.data.apibench import HUBS, resolve_apibench_dir
-    from ratune.eval.scoring import Scorer
-    from ratune.registry import TEST_SETTINGS
-
     apibench = resolve_apibench_dir(apibench_dir)
     scorers: dict[str, Scorer] = {}  # one per hub, for the question count and every comparison
     results, skipped = [], []

@@ -26,6 +26,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from typing import Sequence
+from ratune.eval.stats import count_rates
 
 _MODEL_ARG = re.compile(r"model\s*=\s*['\"]([^'\"]+)['\"]|,\s*['\"]([^'\"]+)['\"]")
 
@@ -130,8 +131,6 @@ def constraint_metrics(scorer, responses: Sequence[dict], constraints: dict[int,
         ``{"n", "task_gorilla", "task_strict", "constraint_met", "both"}`` as fractions, with
         ``*_n`` counts and ``*_ci`` 95 % Wilson intervals, and ``per_question``.
     """
-    from ratune.eval.stats import count_rates
-
     counts = {"task_gorilla": 0, "task_strict": 0, "constraint_met": 0, "both": 0}
     per_question = []
     for r in responses:

@@ -26,6 +26,7 @@ import io
 import os
 from pathlib import Path
 
+from ratune.data.hubs import as_hub_source
 from ratune.errors import RatuneError
 from ratune.eval.run import EvalSettings, evaluate_checkpoint
 from ratune.eval.stats import wilson_interval
@@ -83,8 +84,6 @@ def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | 
         RatuneError: ``run`` is not a run folder or has no Trainer checkpoints; ``out_dir`` exists
             and is not a ratune curve output; anything :func:`evaluate_checkpoint` raises.
     """
-    from ratune.data.hubs import as_hub_source
-
     source = as_hub_source(hub, apibench_dir)  # an APIBench name, a catalog folder or a HubSource
     checkpoints = trainer_checkpoints(run)
     if not checkpoints:

@@ -38,10 +38,10 @@ from typing import Sequence
 
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import resolve_hub
-from ratune.errors import RatuneError
+from ratune.errors import InputError, RatuneError
 from ratune.eval.stats import wilson_interval
-from ratune.io import write_json, write_text
-from ratune.manifest import is_complete
+from ratune.io import atomic_write, read_json_object, write_json, write_text
+from ratune.manifest import is_complete, package_versions
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TRAIN_MODES
 
 #: The reported fractions, with the count field each is computed from.
@@ -86,9 +86,6 @@ def read_metrics(path: str | Path) -> dict:
         InputError: naming the file (and the missing key): not JSON (a torn write), not an object,
             or not a metrics file.
     """
-    from ratune.errors import InputError
-    from ratune.io import read_json_object
-
     metrics = read_json_object(path)
     for key in METRICS_KEYS:
         if key not in metrics:
@@ -444,8 +441,6 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
         ax.set_title(title)
     fig.suptitle(f"Table 2 - {table['hub']} - {table['model']}")
     fig.tight_layout()
-    from ratune.io import atomic_write
-
     with atomic_write(path, "wb") as fh:  # a unique temporary name, never a fixed one beside the user's files
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
@@ -459,9 +454,6 @@ def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | 
     their counts or from fraction * n. ``replicates`` (for cells of :func:`aggregate_replicates`),
     e.g. ``{"seeds": [1, 2, 3], ...}``, is stored as the table's ``"replicates"`` field.
     """
-    from ratune.io import write_json, write_text
-    from ratune.manifest import package_versions
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = {"hub": hub, "model": model, "metric": cell_metrics(cells)[0], "interval": INTERVAL,

@@ -364,9 +364,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
                                    max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
         responses_path = cell / "responses.jsonl"
-        if model is None and _unanswered(responses_path, examples):
+        done = _read_done(responses_path)  # the lines an interrupted run already wrote
+        if model is None and any(e.line not in done for e in examples):
             model = _load_for_generation(source, settings, dtype=dtype, device=device, positions=positions)
-        responses = _generate_cell(responses_path, examples, prompts, model=model, tokenizer=tokenizer,
+        responses = _generate_cell(responses_path, done, examples, prompts, model=model, tokenizer=tokenizer,
                                    settings=settings, positions=positions, desc=f"{name} {setting}",
                                    meta={"model": name, "setting": setting}, progress=progress)
         metrics = _cell_metrics(scorer.score(responses), hub_source=hub_source, responses=responses,
@@ -418,12 +419,6 @@ def _check_request(settings: EvalSettings, hub_source) -> None:
         require_vllm()  # before any question is loaded or cell written
 
 
-def _unanswered(responses_path: Path, examples: list) -> bool:
-    """Whether some of ``examples`` have no complete line in the cell's responses file yet."""
-    done = _read_done(responses_path)
-    return any(e.line not in done for e in examples)
-
-
 def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: str, device: str, positions):
     """The model to generate with: a vLLM engine (``backend: vllm``), an adapter merged into its
     unquantized base (:func:`ratune.train.model.load_adapter_merged`), or the model folder."""
@@ -437,19 +432,20 @@ def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: s
     return load_model(source.folder, dtype=dtype, device=device, trust_remote_code=settings.trust_remote_code)
 
 
-def _generate_cell(responses_path: Path, examples: list, prompts: list, *, model, tokenizer, settings: EvalSettings,
-                   positions, desc: str, meta: dict, progress: bool) -> list[dict]:
+def _generate_cell(responses_path: Path, done: dict[int, dict], examples: list, prompts: list, *, model, tokenizer,
+                   settings: EvalSettings, positions, desc: str, meta: dict, progress: bool) -> list[dict]:
     """Answer the questions of one cell that its responses file does not hold yet, appending and
     fsyncing each batch (a rerun continues after the last complete line), then rewrite the file in
     question_id order.
 
     Args:
+        done: the responses file's complete lines by question id (:func:`_read_done`); answered
+            questions are added to it.
         prompts: the token ids of each example's prompt, in ``examples`` order.
         meta: the ``model`` and ``setting`` every response line records.
     Returns:
         The responses (``{"question_id", "text", "model", "setting"}``), in ``examples`` order.
     """
-    done = _read_done(responses_path)
     todo = [i for i, e in enumerate(examples) if e.line not in done]
     if todo:
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=desc, disable=not progress)

@@ -1,7 +1,7 @@
 """The eval stage's settings, defined once: :class:`EvalSettings` (what
 :func:`ratune.eval.run.evaluate_checkpoint` takes) and :data:`EVAL_OPTIONS`, from which
-``ratune eval run``'s flags (ratune/cli.py), a sweep file's ``eval:`` section and the eval
-commands a sweep runs (ratune/sweep/commands.py) and the demo's ``eval:`` section (ratune/demo.py) are
+``ratune eval run``'s flags (ratune/cli.py), a sweep file's ``eval:`` section (the demo's too:
+configs/demo.yaml is a sweep file) and the eval commands a sweep runs (ratune/sweep/commands.py) are
 derived (ratune/options.py). A new eval option is one field below, one :class:`Option` and its
 use in eval/run.py.
 """

@@ -24,6 +24,7 @@ Table 2 column).
 from __future__ import annotations
 
 from typing import Sequence
+from ratune.eval.stats import count_rates
 
 
 def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) -> dict:
@@ -41,8 +42,6 @@ def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) ->
         the counts as ``*_n`` and 95 % Wilson intervals as ``*_ci``, plus ``per_question``
         ``[{"question_id", "outcome", "swapped_api_call"}]``.
     """
-    from ratune.eval.stats import count_rates
-
     counts = {"follows_document": 0, "follows_memory": 0, "neither": 0}
     per_question, left_out = [], 0
     for r in responses:

@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=getattr(module, runner))
 
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
-    d.add_argument("--config", default=None, type=input_file, help="demo config (default configs/demo.yaml)")
+    d.add_argument("--config", default=None, type=input_file, help="the demo's sweep file (default configs/demo.yaml)")
     d.add_argument("--out", default=None, type=output_dir, help="output folder (default from the config: runs/demo)")
     add_apibench_argument(d, default_text=f"the config's apibench key, {APIBENCH_DEFAULT}")
     d.set_defaults(func=_handler("ratune.demo:cli_demo"))

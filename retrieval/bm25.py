@@ -16,7 +16,8 @@ from typing import Sequence
 
 from ratune.data.prompt import serialize_document
 from ratune.errors import RatuneError
-from ratune.io import read_json
+from ratune.io import read_json, write_json
+from ratune.manifest import package_versions, replacing_folder
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, unknown_name
 from ratune.retrieval.base import Query, Retriever, dedup_corpus
 
@@ -269,9 +270,6 @@ class BM25Retriever(Retriever):
             LockHeld: another process is writing ``out_dir``.
         """
         import numpy as np
-
-        from ratune.io import write_json
-        from ratune.manifest import package_versions, replacing_folder
 
         if self.backend != "bm25s":
             raise RatuneError("only a bm25s index can be saved (rank_bm25's would need pickle); "

@@ -40,13 +40,14 @@ from typing import Annotated, Sequence
 
 from pydantic import Field
 
+from ratune.args import add_apibench_argument, bounded, checked, output_dir, setting
 from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
 from ratune.data.apibench import HUBS, Example, resolve_apibench_dir
 from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json
-from ratune.manifest import require_owned
+from ratune.manifest import git_commit, package_versions, replacing_folder, require_owned
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
@@ -182,8 +183,6 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from ratune.manifest import git_commit, package_versions, replacing_folder
-
     if threads:
         torch.set_num_threads(threads)
     base = Path(base_model) if base_model else default_dense_model()
@@ -272,8 +271,6 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubS
 
 def add_train_arguments(parser) -> None:
     """Arguments of ``ratune retrieval train`` (added to an argparse sub-parser)."""
-    from ratune.args import add_apibench_argument, bounded, checked, output_dir, setting
-
     d = FinetuneSettings()
     add_apibench_argument(parser)
     parser.add_argument("--hub", required=True, metavar="HUB",

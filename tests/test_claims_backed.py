@@ -123,10 +123,12 @@ def test_recorded_input_sha256s_are_the_files_hashes(pipeline, apibench):
 def test_sweep_sources_hold_the_sha256_of_every_metrics_json_read(tmp_path, monkeypatch):
     """For a three-seed sweep (replicates) and a single-seed one with an experiment cell
     (``irrelevant``, reported beside Table 2): ``sources`` names exactly the metrics.json files
-    the report read (spied on ratune.eval.report.read_metrics) and finished
+    the report read (spied on read_metrics, in ratune.eval.report and where the sweep report
+    calls it) and finished
     (those with .complete; an unfinished cell's metrics.json is neither read nor listed), each
     with the sha256 of its bytes."""
     import ratune.eval.report as report
+    import ratune.sweep.report as sweep_report
 
     metrics = lambda correct: rate_metrics(n=60, correct=correct, halluc=6)  # noqa: E731
     single = tmp_path / "single" / "sweep"
@@ -144,8 +146,10 @@ def test_sweep_sources_hold_the_sha256_of_every_metrics_json_read(tmp_path, monk
             return real(path)
 
         monkeypatch.setattr(report, "read_metrics", spy)
+        monkeypatch.setattr(sweep_report, "read_metrics", spy)
         sw.report_sweep(sweep_dir)
         monkeypatch.setattr(report, "read_metrics", real)
+        monkeypatch.setattr(sweep_report, "read_metrics", real)
         sources = json.loads((sweep_dir / "report" / "sweep.json").read_text())["sources"]
         finished = {str(p.relative_to(sweep_dir)) for p in sweep_dir.glob("cells/*/eval/*/metrics.json")
                     if (p.parent / ".complete").exists()}

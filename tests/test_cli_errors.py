@@ -35,6 +35,11 @@ FREE_TEXT = {
 }
 
 
+def _yaml_file(path: Path, data: dict) -> str:
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def _leaves(parser: argparse.ArgumentParser, path: tuple = ()):
     """``(command words, parser)`` of every leaf sub-command."""
     for action in parser._actions:
@@ -521,10 +526,10 @@ def test_numbers_in_a_train_config_are_checked_before_work(tmp_path, capsys, val
     assert not (tmp_path / "run").exists()
 
 
-def test_settings_check_themselves_wherever_they_are_made():
+def test_settings_check_themselves_wherever_they_are_made(tmp_path):
     from ratune.config import validate
     from ratune.data.build import BuildSettings
-    from ratune.demo import DemoConfig
+    from ratune.demo import run_demo
     from ratune.eval.run import EvalSettings
     from ratune.retrieval.finetune import FinetuneSettings
     from ratune.sweep import SweepConfig
@@ -537,8 +542,10 @@ def test_settings_check_themselves_wherever_they_are_made():
                        (lambda: BuildSettings(max_length=8), "BuildSettings.max_length"),
                        (lambda: FinetuneSettings(batch_size=1), "FinetuneSettings.batch_size"),
                        (lambda: FinetuneSettings(learning_rate=float("inf")), "FinetuneSettings.learning_rate"),
-                       (lambda: validate(DemoConfig, {"eval": {"batch_size": 0}}, "demo.yaml"), "eval.batch_size"),
-                       (lambda: validate(DemoConfig, {"torch_threads": -2}, "demo.yaml"), "torch_threads"),
+                       (lambda: run_demo(_yaml_file(tmp_path / "d1.yaml", {"base": {}, "eval": {"batch_size": 0}})),
+                        "eval.batch_size"),
+                       (lambda: run_demo(_yaml_file(tmp_path / "d2.yaml", {"base": {}, "eval": {"threads": -2}})),
+                        "eval.threads"),
                        (lambda: validate(SweepConfig, {"base": {}, "data": {"mixture_seed": -1}}, "s.yaml"),
                         "data.mixture_seed"),
                        (lambda: validate(SweepConfig, {"base": {}, "eval": {"n_questions": 0}}, "s.yaml"),

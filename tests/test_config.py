@@ -57,14 +57,36 @@ def test_nested_unknown_key_and_wrong_type():
         validate(TrainConfig, {**BASE, "train_retriever": "gold"}, "t")
 
 
-def test_demo_config_validates():
-    from ratune.config import load_yaml
-    from ratune.demo import DemoConfig
+def test_demo_config_is_a_sweep_with_one_cell_per_arm():
+    from ratune.sweep import expand, load_sweep
 
-    cfg = validate(DemoConfig, load_yaml(ROOT / "configs" / "demo.yaml"), "demo")
-    assert cfg.arms == ["none", "oracle"]
-    train = validate(TrainConfig, {**BASE, **cfg.train}, "demo train")
-    assert train.resolve_batch(1) == (1, 8)
+    sweep = load_sweep(ROOT / "configs" / "demo.yaml")
+    cells = expand(sweep)
+    assert sorted(c.axes["train_retriever"] for c in cells) == ["none", "oracle"]
+    assert sweep.out_dir == Path("runs/demo")
+    for cell in cells:
+        train = validate(TrainConfig, cell.config, "demo cell")
+        assert train.resolve_batch(1) == (1, 8) and train.max_length == 768 and train.max_steps == 25
+    assert (sweep.config.eval.n_questions, sweep.config.eval.settings) == (50, ["0_shot", "bm25", "dense", "oracle"])
+
+
+def test_the_demo_finds_its_accelerate_config_from_any_working_directory(tmp_path, monkeypatch):
+    """A sweep file's relative paths: from the working directory first (unchanged), else from the
+    nearest folder above the file that holds them (ratune/sweep/schema.py _find)."""
+    from ratune.sweep import load_sweep, train_command, expand
+
+    monkeypatch.chdir(ROOT)
+    assert load_sweep("configs/demo.yaml").config.accelerate_config == "configs/accelerate/cpu_1proc.yaml"
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(ROOT / "configs" / "demo.yaml")
+    assert sweep.config.accelerate_config == str(ROOT / "configs" / "accelerate" / "cpu_1proc.yaml")
+    cmd = train_command(sweep, expand(sweep)[0])
+    assert cmd[cmd.index("--config_file") + 1] == str(ROOT / "configs" / "accelerate" / "cpu_1proc.yaml")
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "base.yaml").write_text("model: m\n")  # base: next to the file, as before
+    (tmp_path / "s" / "sweep.yaml").write_text("base: base.yaml\naccelerate_config: nowhere.yaml\n")
+    sweep = load_sweep(tmp_path / "s" / "sweep.yaml")
+    assert sweep.base == {"model": "m"} and sweep.config.accelerate_config == "nowhere.yaml"  # not found: as given
 
 
 def test_cpu_starter_configs_load_resolve_and_match_the_demo():
@@ -94,7 +116,8 @@ def test_cpu_starter_configs_load_resolve_and_match_the_demo():
             command = line.lstrip("# ").strip()
             if command.startswith("ratune data build"):  # the others name folders made later
                 parser.parse_args(shlex.split(command)[1:])  # exits (SystemExit) on a stale flag
-    demo_train = pyyaml.safe_load((root / "configs/demo.yaml").read_text())["train"]
+    demo_train = pyyaml.safe_load((root / "configs/demo.yaml").read_text())["base"]
+    demo_train.pop("train_retriever")  # the demo's axis; the starter config trains the oracle arm
     lora = load_config(TrainConfig, root / "configs/train/cpu_lora_smollm2.yaml").model_dump()
     assert {k: lora[k] for k in demo_train if k != "lora"} == {k: v for k, v in demo_train.items() if k != "lora"}
     assert lora["lora"] == {**demo_train["lora"], "enabled": True}
@@ -111,3 +134,16 @@ def test_demo_takes_apibench_from_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("ratune: error: APIBench folder not found (tried ") and str(empty) in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "demo" / "data").exists()
+
+
+def test_a_demo_config_in_the_format_before_the_sweep_file_is_refused_with_the_new_spelling(tmp_path, capsys):
+    from ratune.cli import main
+
+    old = tmp_path / "demo.yaml"
+    old.write_text("hub: torchhub\narms: [none]\ntrain: {max_steps: 2}\n")
+    assert main(["demo", "--config", str(old), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ratune: error: {old}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
+                   "arms -> axes: {train_retriever: [...]}; train -> base: (with model, hub, torch_threads); "
+                   "hub -> base.hub")
+    assert not (tmp_path / "out").exists()

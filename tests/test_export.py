@@ -212,6 +212,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     import ratune.train.model as model_module
 
     monkeypatch.setattr(model_module, "load_model", boom)  # nothing may be loaded either
+    monkeypatch.setattr("ratune.train.export.load_model", boom)  # (export calls it by this name)
 
     parser = add_export_arguments(argparse.ArgumentParser())
     args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "x"), "--push-to-hub", "someone/m",

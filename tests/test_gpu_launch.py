@@ -255,13 +255,10 @@ def test_bf16_full_finetune_without_deepspeed_is_refused():
 
 def test_no_shipped_config_hits_the_bf16_refusal():
     from ratune import sweep as sw
-    from ratune.demo import DemoConfig
 
     for path in sorted((ROOT / "configs" / "train").glob("*.yaml")):
         load_config(TrainConfig, path)
-    demo = DemoConfig(**yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text()))
-    TrainConfig(model="m", data_dir="d", train_retriever="none", output_dir="o", **demo.train)
-    for path in sorted((ROOT / "configs" / "sweeps").glob("*.yaml")):
+    for path in [ROOT / "configs" / "demo.yaml", *sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))]:
         sweep = sw.load_sweep(path, out_dir=None)
         for cell in sw.expand(sweep):
             TrainConfig(**cell.config)
@@ -345,7 +342,6 @@ def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_mo
 def test_device_and_dtype_reach_eval_run_from_the_cli_the_sweep_and_the_demo(tmp_path, capsys):
     from ratune import sweep as sw
     from ratune.cli import build_parser
-    from ratune.demo import DemoEval
 
     parser = build_parser()
     base = ["eval", "run", "--checkpoint", str(tmp_path), "--hub", "torchhub", "--out", "o"]
@@ -374,4 +370,7 @@ def test_device_and_dtype_reach_eval_run_from_the_cli_the_sweep_and_the_demo(tmp
     assert "--device" not in cmd and "--dtype" not in cmd
     with pytest.raises(RatuneError, match="device"):
         sweep_file({"device": "tpu"})
-    assert (DemoEval().device, DemoEval(dtype="bfloat16").dtype) == ("auto", "bfloat16")
+    demo = sw.load_sweep(ROOT / "configs" / "demo.yaml")  # the demo: a sweep, on the default device
+    cmd = sw.eval_command(demo, sw.expand(demo)[0])
+    assert "--device" not in cmd and "--dtype" not in cmd
+    assert (demo.config.eval.device, demo.config.eval.dtype) == ("auto", "auto")

@@ -48,7 +48,7 @@ def test_merge_lora_sends_a_hub_id_base_to_the_model_loader(qlora_run, tmp_path,
         asked.append(str(model_path))
         return real_load_model(tiny_model_dir if str(model_path) == HUB_BASE else model_path, **kwargs)
 
-    monkeypatch.setattr(model_module, "load_model", load_model)
+    monkeypatch.setattr(model_module, "load_model", load_model)  # what load_adapter_merged calls
     out = export_checkpoint(run, tmp_path / "merged", merge_lora=True)
     assert asked == [HUB_BASE]  # the hub id itself, as the manifest records it
     merged = _base_plus_adapter(tiny_model_dir, qlora_run).merge_and_unload().state_dict()
@@ -78,6 +78,7 @@ def test_merge_lora_of_a_missing_local_base_folder_is_refused_before_loading(qlo
         raise AssertionError("nothing may be loaded")
 
     monkeypatch.setattr(model_module, "load_model", boom)
+    monkeypatch.setattr("ratune.train.export.load_model", boom)  # the name export_checkpoint calls
     gone = tmp_path / "deleted_base"
     run = _with_base(qlora_run, tmp_path, "gone_run", str(gone))
     with pytest.raises(RatuneError, match=rf"^{gone}: the base model folder recorded in .*manifest.json is gone "

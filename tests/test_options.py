@@ -1,17 +1,19 @@
 """One definition per eval setting (ratune/options.py, eval/settings.py): the flags of ``ratune eval
-run``, a sweep file's ``eval:`` section, the demo's ``eval:`` section and the commands a sweep runs
-all come from EVAL_OPTIONS over EvalSettings."""
+run``, a sweep file's ``eval:`` section (the demo's too: configs/demo.yaml is a sweep file) and the
+commands a sweep runs all come from EVAL_OPTIONS over EvalSettings."""
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from ratune.cli import build_parser
-from ratune.demo import DemoEval
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import Option, add_arguments, command_arguments, config_model, config_values, values_from_args
-from ratune.sweep import SweepEval
+from ratune.sweep import SweepEval, load_sweep
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
 def test_every_eval_setting_has_one_option_and_every_section_the_same_keys():
@@ -19,7 +21,6 @@ def test_every_eval_setting_has_one_option_and_every_section_the_same_keys():
     assert sorted(o.field for o in EVAL_OPTIONS) == sorted(fields)
     config_keys = [o.key for o in EVAL_OPTIONS if o.config]
     assert list(SweepEval.model_fields) == [*config_keys, "curve_settings"]
-    assert list(DemoEval.model_fields) == config_keys
     assert "threads" in config_keys and "trust_remote_code" not in config_keys  # --threads fills torch_threads
     flags = {a.dest: a for a in next(a for a in build_parser()._subparsers._group_actions)
              .choices["eval"]._subparsers._group_actions[0].choices["run"]._actions}
@@ -29,10 +30,11 @@ def test_every_eval_setting_has_one_option_and_every_section_the_same_keys():
     assert flags["device"].choices == ("auto", "cpu", "cuda")
 
 
-def test_the_demo_keeps_its_own_defaults_and_a_sweep_the_stages():
-    assert (DemoEval().n_questions, DemoEval().max_new_tokens, DemoEval().stop_after_api_call) == (50, 80, True)
+def test_the_demo_file_sets_its_own_budget_and_a_sweep_defaults_to_the_stages():
+    demo = load_sweep(DEMO).config.eval
+    assert (demo.n_questions, demo.max_new_tokens, demo.stop_after_api_call, demo.threads) == (50, 80, True, 2)
     assert (SweepEval().n_questions, SweepEval().max_new_tokens, SweepEval().stop_after_api_call) == (None, 256, False)
-    assert DemoEval().batch_size == SweepEval().batch_size == EvalSettings().batch_size == 8
+    assert demo.batch_size == SweepEval().batch_size == EvalSettings().batch_size == 8
 
 
 def test_a_sweep_section_written_as_a_command_parses_back_to_the_same_settings(tmp_path):
@@ -79,18 +81,18 @@ def test_a_new_option_is_one_field_and_one_option():
         config_model("Section", Settings, options, doc="A section.", defaults={"temperature": 1.0})
 
 
-def test_every_data_build_option_is_defined_once_for_the_flags_the_sweep_and_the_demo(tmp_path):
+def test_every_data_build_option_is_defined_once_for_the_flags_and_the_sweep(tmp_path):
     from ratune.data.build import BUILD_OPTIONS, BuildSettings
     from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-    from ratune.demo import DemoData
-    from ratune.sweep import SweepData
+    from ratune.sweep import SweepData, data_plan, expand
     from ratune.sweep.commands import data_command
 
     assert sorted(o.field for o in BUILD_OPTIONS) == sorted(f.name for f in dataclasses.fields(BuildSettings))
     build_keys, mixture_keys = [o.key for o in BUILD_OPTIONS], [o.key for o in MIXTURE_OPTIONS]
     assert list(SweepData.model_fields) == [*build_keys, *mixture_keys, "tokenizer", "leakage", "mixtures"]
-    assert list(DemoData.model_fields) == build_keys
-    assert (DemoData().max_length, DemoData().max_document_tokens) == (768, 128)
+    demo = load_sweep(DEMO)
+    assert (data_plan(demo, expand(demo))["torchhub"]["max_length"], demo.config.data.max_document_tokens) == \
+        (768, 128)  # the demo's cells' max_length
     assert SweepData().max_length is None and SweepData(max_length=None).max_length is None  # the cells' own
     assert (SweepData().top_k, SweepData().force_gold, SweepData().distractors) == (1, False, 3)
 

@@ -217,17 +217,23 @@ def test_demo_never_deletes_an_unfinished_arm_it_did_not_make(tmp_path, tiny_mod
     from ratune.cli import main
     from ratune.manifest import claim_folder
 
+    from ratune.sweep import expand, load_sweep
+
     out = tmp_path / "demo"
     config = tmp_path / "demo.yaml"
-    config.write_text(json.dumps({"model": str(tiny_model_dir), "out_dir": str(out), "arms": ["none"],
-                                  "torch_threads": 1, "data": {"max_length": 512, "max_document_tokens": 64}}))
-    (out / "train_none").mkdir(parents=True)
+    config.write_text(json.dumps({"out_dir": str(out), "axes": {"train_retriever": ["none"]},
+                                  "base": {"model": str(tiny_model_dir), "hub": "torchhub", "max_length": 512,
+                                           "torch_threads": 1},
+                                  "data": {"max_document_tokens": 64}}))
+    arm = expand(load_sweep(config))[0].dir / "train"  # the cell's training run folder
+    arm.mkdir(parents=True)
     claim_folder(out, "demo")  # a demo folder ratune made; the arm folder in it is the user's
-    (out / "train_none" / "keep.txt").write_text("a user's file\n")
-    assert main(["demo", "--config", str(config)]) == 2
-    assert f"{out / 'train_none'}: not a ratune train output" in _one_error_line(capsys.readouterr().err)
-    assert (out / "train_none" / "keep.txt").read_text() == "a user's file\n"
-    assert (out / "data" / ".complete").exists()  # the data step ran before the refusal
+    (arm / "keep.txt").write_text("a user's file\n")
+    assert main(["demo", "--config", str(config)]) == 1  # the cell fails, as in `ratune sweep`
+    printed = capsys.readouterr().out
+    assert f"[fail] {arm.parent.name}: {arm}: not a ratune train output" in printed
+    assert (arm / "keep.txt").read_text() == "a user's file\n"
+    assert (out / "data" / "torchhub" / ".complete").exists()  # the data step ran before the refusal
 
 
 # ----------------------------------------------------------------------------------------- export

@@ -48,8 +48,7 @@ def test_derived_name_lists():
 
 
 def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys):
-    from ratune.demo import DemoEval
-    from ratune.sweep import SweepData, SweepEval
+    from ratune.sweep import SweepData, SweepEval, load_sweep
     from ratune.train.config import TrainConfig
 
     eval_help = _help(["eval", "run"], capsys)
@@ -60,7 +59,7 @@ def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys):
     assert "{" + ",".join(("all", *(n for n in registry.RETRIEVERS if n != "none"))) + "}" in \
         _help(["retrieval", "eval"], capsys)
     assert SweepEval(settings=list(registry.EVAL_SETTINGS)).settings == list(registry.EVAL_SETTINGS)
-    assert DemoEval(settings=["released_bm25"]).settings == ["released_bm25"]
+    assert isinstance(load_sweep(ROOT / "configs" / "demo.yaml").config.eval, SweepEval)  # the demo is a sweep
     assert SweepEval().settings == list(registry.DEFAULT_SETTINGS)
     for mode in registry.RETRIEVED_MODES:
         assert SweepData(top1_retriever=mode).top1_retriever == mode

@@ -99,3 +99,33 @@ def test_sweep_report_writes_released_comparisons(tmp_path, apibench):
     assert ft["a"]["correct_n"] == ft["b"]["correct_n"] == 144  # a copy of FT oracle: strict 144 (the anchors)
     assert "| train_retriever=none hub=torchhub | oracle | strict | 144/186 | FT |" in \
         (sweep / "report" / "released.md").read_text()
+
+
+def _sweep_with_a_full_cell(tmp_path, sweep_yaml: str):
+    sweep = tmp_path / "sweep"
+    finished_cell(sweep, "train_retriever-none-x", {"train_retriever": "none"}, {"oracle": rate_metrics(186, 110, 0)})
+    (sweep / "sweep.yaml").write_text(sweep_yaml)
+    return sweep
+
+
+def test_sweep_report_without_the_default_apibench_skips_the_released_comparisons(tmp_path, monkeypatch, capsys):
+    from ratune.sweep import report_sweep
+
+    monkeypatch.setenv("RATUNE_APIBENCH", str(tmp_path / "absent"))
+    sweep = _sweep_with_a_full_cell(tmp_path, "base: {}\n")
+    report_sweep(sweep)
+    summary = json.loads((sweep / "report" / "sweep.json").read_text())
+    assert summary["released"]["comparisons"] == 0
+    assert summary["released"]["not_compared"].startswith(f"APIBench folder not found (tried {tmp_path / 'absent'})")
+    assert not (sweep / "report" / "released.json").exists()
+    assert "no comparisons with the released responses" in capsys.readouterr().err
+    assert (sweep / "report" / "torchhub" / "table2.json").is_file()  # the rest of the report is written
+
+
+def test_sweep_report_refuses_a_missing_apibench_the_sweep_file_names(tmp_path):
+    from ratune.sweep import report_sweep
+
+    sweep = _sweep_with_a_full_cell(tmp_path, f"apibench: {tmp_path / 'typo'}\nbase: {{}}\n")
+    with pytest.raises(RatuneError, match=r"sweep\.yaml: apibench: APIBench folder not found \(tried .*typo\)"):
+        report_sweep(sweep)
+    assert not (sweep / "report").exists()  # checked before anything is written

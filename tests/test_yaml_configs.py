@@ -124,11 +124,10 @@ def test_every_shipped_config_loads(path):
         from ratune.sweep import expand, load_sweep
 
         assert expand(load_sweep(path))
-    elif rel.name == "demo.yaml":
-        from ratune.config import validate
-        from ratune.demo import DemoConfig
+    elif rel.name == "demo.yaml":  # a sweep file (ratune/demo.py)
+        from ratune.sweep import expand, load_sweep
 
-        validate(DemoConfig, data, str(path))
+        assert len(expand(load_sweep(path))) == 2
 
 
 def test_one_loader_reads_every_yaml():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from ratune.io import atomic_write
 
 
 def curve_points(log_history: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -41,8 +42,6 @@ def plot_training_curves(log_history: list[dict], out: str | os.PathLike, title:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ratune.io import atomic_write
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True)
     steps, loss = zip(*points["loss"])

@@ -31,8 +31,15 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from ratune.args import input_dir, input_file, output_dir
+from ratune.data.apibench import HUBS
 from ratune.errors import RatuneError
+from ratune.eval.report import _axes, _complete, headline_metric, make_cell, metric_block
+from ratune.io import read_json, sha256_file, stale_temp_folders, temp_folder, write_json
 from ratune.locks import locked_output
+from ratune.manifest import is_complete, package_versions
+from ratune.train.layout import model_folder
+from ratune.train.model import load_model, load_tokenizer
 
 #: Hub id of the base model behind each ratune model alias (train/model.py).
 BASE_MODEL_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -49,8 +56,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _read_json(path: Path) -> dict:
-    from ratune.io import read_json
-
     return read_json(path)
 
 
@@ -58,9 +63,6 @@ def _source(checkpoint: Path) -> tuple[Path, dict | None]:
     """``(model folder, run manifest or None)`` of a run folder or a plain model folder; the model
     folder of a run that saved only ``adapter/`` (QLoRA) is that adapter folder
     (:func:`ratune.train.layout.resolve_checkpoint`)."""
-    from ratune.train.layout import model_folder
-    from ratune.manifest import is_complete
-
     if not checkpoint.exists():
         raise RatuneError(f"{checkpoint}: checkpoint does not exist")
     folder = model_folder(checkpoint)
@@ -98,8 +100,6 @@ def _data_hashes(manifest: dict | None) -> tuple[dict | None, str]:
     path = Path(data_dir) / "manifest.json" if data_dir else None
     if path is None or not path.exists():
         return None, f"data manifest {path} not reachable from here"
-    from ratune.io import sha256_file
-
     recorded = manifest.get("data_manifest_sha256")
     if recorded and sha256_file(path) != recorded:
         return None, f"{path} changed since training (sha256 differs from the run manifest)"
@@ -109,9 +109,6 @@ def _data_hashes(manifest: dict | None) -> tuple[dict | None, str]:
 def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
                   eval_dirs: Sequence[str | os.PathLike] | None, model_folder: Path) -> tuple[list[dict], str | None]:
     """Measured cells of this checkpoint's Table 2 row and the hub they were measured on."""
-    from ratune.eval.report import _complete, make_cell
-    from ratune.manifest import is_complete
-
     if (table2 or eval_dirs) and not train_retriever:
         raise RatuneError("a Table 2 row needs the checkpoint's train_retriever: export a ratune run folder")
     cells, hub = [], None
@@ -197,8 +194,6 @@ def _pct(x: float) -> str:
 def _results_hub(table_hub: str | None, recipe: dict) -> tuple[str | None, bool]:
     """``(hub, is_catalog)`` of the Table 2 row: the table's (or eval cells') hub, else the
     catalog of a catalog-trained run; a name that is not an APIBench hub is a catalog's."""
-    from ratune.data.apibench import HUBS
-
     hub = table_hub or (recipe.get("catalog") or {}).get("name")
     return hub, hub is not None and hub not in HUBS
 
@@ -206,14 +201,10 @@ def _results_hub(table_hub: str | None, recipe: dict) -> tuple[str | None, bool]
 def _main_block(cell: dict) -> dict:
     """A cell's headline metric: the gorilla rates at its top level (APIBench), else its ``strict``
     block (a catalog's cell has no gorilla metric: eval/report.py ``make_cell``)."""
-    from ratune.eval.report import headline_metric, metric_block
-
     return metric_block(cell, headline_metric([cell]))
 
 
 def _table_row_markdown(cells: list[dict], hub: str | None, catalog: bool = False) -> str:
-    from ratune.eval.report import _axes
-
     _, cols = _axes(cells)
     by = {c["test_retriever"]: c for c in cells}
     measured = (f"Measured on the eval pairs of the API catalog `{hub}` (scored with the catalog's own metric, "
@@ -476,10 +467,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     import torch
     from transformers import GenerationConfig
 
-    from ratune.io import write_json
-    from ratune.manifest import package_versions
-    from ratune.train.model import load_model, load_tokenizer
-
     dtype = cfg.get("dtype", "float32")
     trust = bool(cfg.get("trust_remote_code", False))
     adapter = checkpoint / "adapter"
@@ -535,8 +522,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
                       merged_from_adapter=merged_from_adapter)
     card = _model_card(model_name=model_name, base_model=base_id, license=license, recipe=recipe, cells=cells,
                        table_hub=table_hub, body=body)
-
-    from ratune.io import stale_temp_folders, temp_folder
 
     _check_out(checkpoint, out)  # again: it may have changed while the model loaded
     for stale in stale_temp_folders(out):  # a killed export's (under the lock: no live writer's)
@@ -614,8 +599,6 @@ def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private:
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune export`` to ``parser`` (see :func:`cli_export`)."""
-    from ratune.args import input_dir, input_file, output_dir
-
     parser.add_argument("checkpoint", metavar="CHECKPOINT", type=input_dir,
                         help="a ratune train run folder or a model folder")
     parser.add_argument("--out", required=True, type=output_dir, help="output folder (must not exist or be empty)")

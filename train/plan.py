@@ -57,6 +57,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ratune.args import bounded, input_file
+from ratune.config import PositiveFloat, Share, Threads, load_config
 from ratune.errors import RatuneError
 from ratune.train.config import TrainConfig
 
@@ -258,9 +260,6 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
 
 def add_plan_arguments(parser) -> None:
     """Arguments of ``ratune plan``: --config FILE, --gpus N, --mfu F, --peak-tflops F, --json."""
-    from ratune.args import bounded, input_file
-    from ratune.config import PositiveFloat, Share, Threads
-
     parser.add_argument("--config", required=True, type=input_file, help="training config (YAML)")
     parser.add_argument("--gpus", type=bounded(Threads), required=True, help="total GPUs (processes) of the run")
     parser.add_argument("--mfu", type=bounded(Share), default=0.4,
@@ -302,8 +301,6 @@ def _format(result: dict) -> str:
 
 def cli_plan(args) -> int:
     """Run ``ratune plan`` from parsed :func:`add_plan_arguments` arguments; prints text or JSON."""
-    from ratune.config import load_config
-
     config = load_config(TrainConfig, args.config)
     result = plan(config, args.gpus, mfu=args.mfu, peak_tflops=args.peak_tflops, base_dir=_REPO_ROOT)
     print(json.dumps(result) if args.json else _format(result))

@@ -63,9 +63,21 @@ from pathlib import Path
 
 import yaml
 
-from ratune.errors import RatuneError
+from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
+from ratune.config import load_config
+from ratune.data.apibench import HUBS
+from ratune.data.hubs import resolve_hub
+from ratune.data.labels import NoTrainableTokens, tokenize_row
+from ratune.data.prompt import require_chat_template
+from ratune.errors import InputError, RatuneError
+from ratune.io import read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder, write_json, write_text
 from ratune.locks import locked_output
+from ratune.manifest import base_manifest, is_complete, mark_complete
+from ratune.train import checks
 from ratune.train.config import TrainConfig
+from ratune.train.model import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
+                                resolve_model_path, set_torch_threads)
+from ratune.train.tokens import check_packing_attention, shares_for_rows
 
 
 _WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -194,9 +206,6 @@ def read_deepspeed_config(path: str | os.PathLike) -> dict:
         RatuneError: one line naming the file: missing, a folder, not UTF-8 or not JSON, not an
             object, ``zero_optimization`` not an object, or a stage that is not one of ZERO_STAGES.
     """
-    from ratune.errors import InputError
-    from ratune.io import read_json_object
-
     path = Path(path)
     if not path.is_file():
         raise RatuneError(f"deepspeed: {path}: cannot read the DeepSpeed config "
@@ -321,8 +330,6 @@ def check_data_chat_template(config: TrainConfig) -> None:
     Raises:
         RatuneError: one line naming both values and the data folder.
     """
-    from ratune.io import read_json
-
     data_manifest = Path(config.data_dir) / "manifest.json"
     if not data_manifest.exists():
         return
@@ -357,10 +364,6 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
             ``torchhub``, not set in the file) and the data manifest's hub; or
             :func:`~ratune.data.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
     """
-    from ratune.data.apibench import HUBS
-    from ratune.data.hubs import resolve_hub
-    from ratune.io import read_json_object
-
     source = None if config.hub in HUBS else resolve_hub(config.hub)  # an APIBench name needs no APIBench folder here
     name = config.hub if source is None else source.name
     data_manifest = Path(config.data_dir) / "manifest.json"
@@ -392,9 +395,6 @@ def check_training_data(config: TrainConfig) -> None:
             are), a mode without a train split, another chat template
             (:func:`check_data_chat_template`) or another hub (:func:`check_data_hub`).
     """
-    from ratune.io import read_json_object
-    from ratune.manifest import is_complete
-
     data_dir = Path(config.data_dir)
     if not data_dir.is_dir():
         raise RatuneError(f"data_dir: {data_dir}: no such folder; build it with `ratune data build --out {data_dir}`")
@@ -428,8 +428,6 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
             max_length, or a row with no trainable token.
     """
     from datasets import load_from_disk
-
-    from ratune.data.labels import NoTrainableTokens, tokenize_row
 
     data_dir = Path(config.data_dir)
     check_training_data(config)
@@ -582,20 +580,12 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     """
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
-    from ratune.train.model import check_attention
-
     check_attention(config.attn_implementation)  # a missing flash-attn fails before any data or model (QLoRA too)
     check_report_to(config.report_to)
     import torch
     from datasets import Dataset
     from transformers import set_seed
     from trl import SFTConfig, SFTTrainer
-
-    from ratune.io import write_json, write_text
-    from ratune.manifest import base_manifest, mark_complete
-    from ratune.train import checks
-    from ratune.train.model import (load_model, load_tokenizer, merge_adapter, require_model_files,
-                                    resolve_model_path, set_torch_threads)
 
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
@@ -610,8 +600,6 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     model_path = resolve_model_path(config.model)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
                                chat_template=config.chat_template)
-    from ratune.data.prompt import require_chat_template
-
     require_chat_template(tokenizer, source=str(model_path), hint="set chat_template: in the training config "
                           "(and give the data build the same --chat-template)")
     check_training_data(config)
@@ -621,8 +609,6 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     set_seed(config.seed)
 
     columns, stats = load_training_rows(config, tokenizer)
-    from ratune.train.tokens import check_packing_attention, shares_for_rows
-
     # share of processed positions that are real / carry loss, under this run's batching
     stats["token_shares"] = shares_for_rows(columns, micro_batch_size=per_device, packing=config.packing,
                                             max_length=config.max_length, seed=config.seed,
@@ -808,8 +794,6 @@ def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
     import torch
     from accelerate.utils import broadcast
 
-    from ratune.io import stale_temp_folders, swap_folder, temp_folder
-
     draw = 0
     if main_process:
         for stale in stale_temp_folders(final):
@@ -833,9 +817,6 @@ def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ratune.train`` / ``accelerate launch -m ratune.train``."""
-    from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
-    from ratune.config import load_config
-
     parser = RatuneArgumentParser(prog="ratune.train", description="Train one RAT model from a YAML config.")
     parser.add_argument("--config", required=True, type=input_file, help="training config (YAML)")
     parser.add_argument("--resume-from", default=None, type=latest_or_dir,

@@ -14,9 +14,12 @@ from typing import Any
 
 from ratune.config import validate
 from ratune.data.apibench import HUBS
+from ratune.data.hubs import hub_name
+from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
-from ratune.registry import TEST_SETTINGS
+from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, TEST_SETTINGS, setting_retriever
 from ratune.sweep.schema import Sweep, SweepConfig
+from ratune.train.config import TrainConfig
 
 
 #: Keys the sweep owns in every cell's training config (folders inside the sweep folder).
@@ -113,8 +116,6 @@ def expand(sweep: Sweep) -> list[Cell]:
         RatuneError: a key that is not a TrainConfig field, a value of the wrong type (naming the
             cell), duplicate keys, groups of unequal length.
     """
-    from ratune.train.config import TrainConfig
-
     cfg = sweep.config
     dims = _check_axes(cfg, sweep.source)
     cells = []
@@ -149,8 +150,6 @@ def _hub_name(hub: str, where: str) -> str:
     Raises:
         RatuneError: naming ``where``: a folder that is not (or is no longer) a catalog.
     """
-    from ratune.data.hubs import hub_name
-
     try:
         return hub_name(hub)
     except RatuneError as exc:
@@ -164,8 +163,6 @@ def _check_catalog_settings(evaluation, where: str) -> None:
     Raises:
         RatuneError: naming ``where`` and the settings, with the ones a catalog has.
     """
-    from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, setting_retriever
-
     asked = [*evaluation.settings, *(evaluation.curve_settings or [])]
     bad = [s for s in dict.fromkeys(asked) if s.startswith(CONSTRAINTS_PREFIX)
            or (s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed)]
@@ -230,8 +227,6 @@ def sweep_mixtures(sweep: Sweep) -> list:
     Raises:
         RatuneError: a malformed or invalid mixture spec (naming the sweep file).
     """
-    from ratune.data.mixture import Mixture
-
     d = sweep.config.data
     try:
         return [Mixture.parse(spec, top1_retriever=d.top1_retriever, distractors=d.distractors,

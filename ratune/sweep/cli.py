@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ratune.args import input_file, output_dir
 from ratune.sweep.cells import expand
 from ratune.sweep.local import dry_run, run_local
 from ratune.sweep.schema import load_sweep
@@ -12,8 +13,6 @@ from ratune.sweep.slurm import write_slurm
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed."""
-    from ratune.args import input_file, output_dir
-
     parser.add_argument("file", type=input_file, help="sweep file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from ratune.errors import RatuneError
+from ratune.io import read_json_object, write_json, write_text
+from ratune.manifest import is_complete, require_owned
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.schema import Sweep
@@ -51,8 +53,6 @@ def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
         return False
     if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
         return True
-    from ratune.manifest import require_owned
-
     require_owned(run_dir, "train", action="delete")  # only an unfinished ratune training run is restarted
     shutil.rmtree(run_dir)
     return False
@@ -83,9 +83,6 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         KeyboardInterrupt: after printing where it stopped (a rerun continues).
     """
     out = out or sys.stdout
-    from ratune.io import read_json_object, write_json
-    from ratune.manifest import is_complete
-
     runner = runner or run_command
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
     save_sweep_file(sweep)
@@ -154,8 +151,6 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
 def save_sweep_file(sweep: Sweep) -> Path:
     """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` (what ``report_sweep`` reads its
     chosen ``compare`` pairs from); returns its path."""
-    from ratune.io import write_text
-
     path = sweep.out_dir / "sweep.yaml"
     write_text(path, _yaml({"source": sweep.source, **sweep.config.model_dump(mode="json")}))
     return path

@@ -29,7 +29,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ratune.errors import RatuneError
+from ratune.eval.compare import compare_outcomes
 from ratune.eval.scoring.scorer import METRICS
+from ratune.eval.stats import DEFAULT_RESAMPLES
 from ratune.io import read_json_object
 
 #: Dimensions every eval cell has besides the sweep axes.
@@ -102,9 +104,6 @@ def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: i
         RatuneError: a selector names a dimension no cell has (lists the known ones), or a
             context holds two cells for one side (the selectors are ambiguous).
     """
-    from ratune.eval.compare import compare_outcomes
-    from ratune.eval.stats import DEFAULT_RESAMPLES
-
     resamples = n_resamples or DEFAULT_RESAMPLES
     known = sorted({k for c in cells for k in c["dims"]})
     results = []

@@ -13,7 +13,11 @@ from typing import Any
 from ratune.config import load_yaml
 from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import RatuneError
-from ratune.eval.report import headline_metric, metric_block
+from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
+                                metric_block, read_metrics, table2_markdown, write_table2)
+from ratune.eval.robustness import worst_case, worst_case_markdown
+from ratune.io import read_json_object, sha256_file, write_json, write_text
+from ratune.manifest import is_complete
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep.cells import _hub_name, _slug_value
 from ratune.sweep.commands import _fmt
@@ -52,21 +56,18 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     scored 0 has none, under ``no_best``) with its ``ratune export`` command (:func:`best_cells`).
     Cells of a test setting with released Gorilla-7B responses on all of an APIBench hub's
     questions are compared with them (``released.{json,md}``, :func:`ratune.eval.compare.released_comparisons`);
-    where the APIBench folder is absent, ``sweep.json``'s ``released`` says why under
-    ``not_compared`` (also printed to stderr) and the rest of the report is written.
+    where the default APIBench folder is absent, ``sweep.json``'s ``released`` says why under
+    ``not_compared`` (also printed to stderr) and the rest of the report is written; an ``apibench``
+    folder the sweep file names must exist.
 
     Returns:
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
         without ``seed`` when replicates are aggregated).
     Raises:
         RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
-            several cells in one context.
+            several cells in one context; an ``apibench`` folder named by the sweep file that does
+            not exist (checked before anything is written).
     """
-    from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, make_cell, read_metrics,
-                                    write_table2)
-    from ratune.io import write_json, write_text
-    from ratune.manifest import is_complete
-
     sweep_dir = Path(sweep_dir)
     experiments: list[dict] = []  # experiment settings (docs/experiments.md): beside Table 2, never in it
     experiment_paths: list[Path] = []  # their metrics.json files (listed in sweep.json sources)
@@ -77,6 +78,12 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     axis_keys: list[str] = []
     if not sweep_dir.is_dir():
         raise RatuneError(f"{sweep_dir}: no such sweep folder")
+    named_apibench = _sweep_apibench(sweep_dir)
+    if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
+        try:
+            resolve_apibench_dir(named_apibench)
+        except RatuneError as err:
+            raise RatuneError(f"{sweep_dir / 'sweep.yaml'}: apibench: {err}") from None
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
         record = _read_cell_record(cell_json)
         for k in record.get("axes", {}):
@@ -181,8 +188,6 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         writer.writerow(run_row(record, c))
     write_text(out / "sweep.csv", buf.getvalue())
     summary: dict = {"axes": axis_keys, "tables": tables}
-    from ratune.io import sha256_file
-
     curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
     summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
                           for path in [*(f["metrics_path"] for f in finished), *experiment_paths, *curve_paths]}
@@ -207,8 +212,6 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         write_text(out / "replicates.csv", buf.getvalue())
         summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
         summary["replicates"] = replicates_info(summary["seeds"])
-    from ratune.eval.robustness import worst_case, worst_case_markdown
-
     summary["worst_case"] = {}
     for name, table in tables.items():  # each trained model's lowest accuracy across test settings
         summary["worst_case"][name] = worst_case(table["cells"])
@@ -241,7 +244,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         from ratune.eval.compare import released_comparisons, released_markdown
 
         try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
-            apibench = resolve_apibench_dir(_sweep_apibench(sweep_dir))
+            apibench = resolve_apibench_dir(named_apibench)
         except RatuneError as err:
             results, skipped = [], []
             summary["released"] = {"comparisons": 0, "not_compared": str(err)}
@@ -299,8 +302,6 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
     ``pair_args``: ``[[selector A, selector B], ...]`` as ``key=value,key=value`` text; when given
     they replace the sweep file's ``compare`` list.
     """
-    from ratune.eval.report import table2_markdown
-
     pairs = None
     if pair_args:
         pairs = [ComparePair(a=parse_selector(a), b=parse_selector(b)) for a, b in pair_args]
@@ -313,8 +314,6 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
         print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
     if pairs is not None or load_compare_pairs(sweep_dir):
         print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
-    from ratune.io import read_json_object
-
     summary = read_json_object(report_dir / "sweep.json")
     for name, b in summary.get("best", {}).items():
         where = f"(train {b['train_retriever']}, test {b['test_retriever']}, accuracy {100 * b['accuracy']:.1f} %, " \

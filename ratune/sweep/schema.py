@@ -88,19 +88,32 @@ class Sweep:
     base: dict
 
 
+def _find(name: str, sweep_file: Path) -> Path:
+    """A relative path a sweep file names: from the working directory, else from the sweep file's
+    folder or the nearest folder above it that holds it (``configs/demo.yaml`` names
+    ``configs/accelerate/cpu_1proc.yaml`` and works from any directory); else ``name`` as given."""
+    path = Path(name)
+    if path.is_absolute() or path.exists():
+        return path
+    for folder in sweep_file.resolve().parents:
+        if (folder / path).exists():
+            return folder / path
+    return path
+
+
 def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
-    """Read and validate a sweep file; ``out_dir`` overrides the file's ``out_dir``.
+    """Read and validate a sweep file; ``out_dir`` overrides the file's ``out_dir``. A relative
+    ``base`` or ``accelerate_config`` path is looked up as :func:`_find` says.
 
     Raises:
         RatuneError: unknown keys, bad values, a missing base config.
     """
     path = Path(path)
     cfg = validate(SweepConfig, load_yaml(path), str(path))
+    if cfg.accelerate_config:
+        cfg = cfg.model_copy(update={"accelerate_config": str(_find(cfg.accelerate_config, path))})
     if isinstance(cfg.base, str):
-        base_path = Path(cfg.base)
-        if not base_path.exists() and (path.parent / cfg.base).exists():
-            base_path = path.parent / cfg.base
-        base = load_yaml(base_path)
+        base = load_yaml(_find(cfg.base, path))
     else:
         base = dict(cfg.base)
     out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))

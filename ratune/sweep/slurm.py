@@ -6,6 +6,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ratune.io import write_json
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.local import _yaml, save_sweep_file
@@ -33,8 +34,6 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     """
     out = out or sys.stdout
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
-    from ratune.io import write_json
-
     s = sweep.config.slurm
     plan = data_plan(sweep, cells)
     save_sweep_file(sweep)

@@ -9,9 +9,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ratune.errors import RatuneError
+from ratune.errors import InputError, RatuneError
+from ratune.eval.curve import read_curve
+from ratune.io import read_json_object
+from ratune.manifest import is_complete
 from ratune.sweep.cells import Cell, config_hash
 from ratune.sweep.schema import Sweep, SweepData, SweepEval
+from ratune.train.config import TrainConfig
 
 
 def _read_cell_record(path: Path) -> dict:
@@ -20,9 +24,6 @@ def _read_cell_record(path: Path) -> dict:
     Raises:
         InputError: naming the file (and the field): not JSON (a torn write), or not a cell record.
     """
-    from ratune.errors import InputError
-    from ratune.io import read_json_object
-
     record = read_json_object(path)
     config = record.get("config")
     if not isinstance(record.get("name"), str) or not isinstance(config, dict):
@@ -60,8 +61,6 @@ def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
     that the stored record lacks and whose new value is the schema's default (a setting added to
     ratune after the cell ran, at the value that keeps the old behaviour) is not a change.
     """
-    from ratune.train.config import TrainConfig
-
     path = cell.dir / "cell.json"
     if not path.exists():
         return []
@@ -87,8 +86,6 @@ def _json_default(field_info) -> Any:
 def is_finished(sweep: Sweep, cell: Cell) -> bool:
     """Whether a cell's training run, every eval setting of the sweep and its learning curve (if
     the sweep asks for one) are complete."""
-    from ratune.manifest import is_complete
-
     return is_complete(cell.dir / "train") and all(
         is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
         for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell)
@@ -102,8 +99,6 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
     path = cell.dir / "curve" / "curve.json"
     if not path.is_file():
         return False
-    from ratune.eval.curve import read_curve
-
     return wanted <= {r.get("setting") for r in read_curve(cell.dir / "curve") if isinstance(r, dict)}
 
 
