@@ -48,11 +48,11 @@ import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-import yaml
 
 from ratune.catalog.schema import (API_CALL, API_NAME, ARGUMENTS, DEFAULT_DOMAIN, DESCRIPTION, DOMAIN, EXAMPLE_CODE,
                                    IDENTIFYING_ARGUMENTS, PROVIDER, Imported, argument, is_identifier,
                                    validate_document)
+from ratune.config import parse_yaml
 from ratune.errors import InputError, RatuneError
 from ratune.io import sha256_file
 
@@ -73,7 +73,9 @@ MAX_DEPTH = 32
 #: JSON values copied from the document (defaults, examples) are cut off past this many nodes.
 MAX_VALUE_NODES = 1000
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Most values (scalars, lists, mappings) a YAML specification may hold once its aliases are
+#: expanded (ratune/config.py parse_yaml; configs get 100,000).
+MAX_DOCUMENT_VALUES = 5_000_000
 
 
 def escape_pointer_token(token) -> str:
@@ -193,14 +195,8 @@ def load_openapi(path: str | os.PathLike) -> dict:
         except RecursionError:
             raise InputError(str(path), None, None, "not valid JSON (nested too deeply)") from None
     else:
-        try:
-            doc = yaml.load(text, Loader=_YAML_LOADER)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-            raise InputError(str(path), mark.line + 1 if mark else None, None, f"not valid YAML: {problem}") from None
-        except yaml.YAMLError as exc:
-            raise InputError(str(path), None, None, f"not valid YAML: {' '.join(str(exc).split())}") from None
+        try:  # the one YAML loader's guards: plain data, no duplicate key, bounded nesting and aliases
+            doc = parse_yaml(text, str(path), max_values=MAX_DOCUMENT_VALUES, what="an OpenAPI document ratune reads")
         except RecursionError:
             raise InputError(str(path), None, None, "not valid YAML (nested too deeply)") from None
     if not isinstance(doc, dict):

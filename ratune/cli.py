@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
          "add_sweep_arguments", "cli_sweep"),
         ("plan", "per-GPU memory and ideal time of a training config", "ratune.train.plan",
          "add_plan_arguments", "cli_plan"),
-        ("export", "merged safetensors checkpoint + model card; push when asked", "ratune.train.export",
+        ("export", "merged safetensors checkpoint + model card; push when asked", "ratune.export.checkpoint",
          "add_export_arguments", "cli_export"),
     )
     for name, help_text, module_name, adder, runner in delegated:

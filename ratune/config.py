@@ -5,8 +5,9 @@ error that names the key, the file and the closest valid key; a wrong type names
 of it happens before any model is loaded.
 
 Every YAML config ratune reads (training, demo, sweep, a sweep's base config, a sweep folder's
-``sweep.yaml``) goes through :func:`load_yaml`, the one loader: PyYAML's SafeLoader (plain data
-only) that also
+``sweep.yaml``) goes through :func:`load_yaml`, and every other YAML document (a catalog's
+OpenAPI specification) through :func:`parse_yaml`: the one loader, PyYAML's SafeLoader (plain
+data only) that also
 
 * refuses a key given twice in one mapping, naming both lines (SafeLoader keeps the last one
   silently);
@@ -36,7 +37,7 @@ from typing import Annotated, Any, TypeVar
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ratune.errors import RatuneError
+from ratune.errors import InputError, RatuneError
 from ratune.registry import BM25_BACKENDS, EVAL_SETTINGS, RETRIEVED_MODES, TRAIN_MODES, check_name
 
 M = TypeVar("M", bound=BaseModel)
@@ -120,14 +121,16 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and deep nesting (see the module docstring)."""
+    """SafeLoader that refuses duplicate keys and deep nesting (see the module docstring);
+    ``what`` names the kind of document in its refusals."""
 
     _depth = 0
+    what = "a ratune config"
 
     def fetch_flow_collection_start(self, TokenClass):
         # bounded while scanning: the scanner's work grows with the square of the flow nesting
         if self.flow_level >= MAX_CONFIG_DEPTH:
-            raise _Refused(self.line + 1, f"nested more than {MAX_CONFIG_DEPTH} levels deep; not a ratune config")
+            raise _Refused(self.line + 1, f"nested more than {MAX_CONFIG_DEPTH} levels deep; not {self.what}")
         super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent, index):
@@ -135,7 +138,7 @@ class _ConfigLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_CONFIG_DEPTH:
                 raise _Refused(self.peek_event().start_mark.line + 1,
-                               f"nested more than {MAX_CONFIG_DEPTH} levels deep; not a ratune config")
+                               f"nested more than {MAX_CONFIG_DEPTH} levels deep; not {self.what}")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -166,7 +169,7 @@ class _Refused(Exception):
         self.line = line
 
 
-def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES) -> None:
+def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES, what: str = "the config") -> None:
     """Refuse a composed document that aliases expand beyond ``limit`` values.
 
     Aliases share node objects, so sizes are computed once per node (time linear in the file).
@@ -187,7 +190,7 @@ def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES) -> None:
         elif isinstance(node, yaml.MappingNode):
             total += sum(size(k) + size(v) for k, v in node.value)
         if total > limit:
-            raise _Refused(node.start_mark.line + 1, f"aliases expand the config to more than {limit} values "
+            raise _Refused(node.start_mark.line + 1, f"aliases expand {what} to more than {limit} values "
                            "(an alias bomb?); write the values out")
         sizes[key] = total
         return total
@@ -220,26 +223,45 @@ def load_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise RatuneError(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x}); save the config as UTF-8") from None
-    loader = _ConfigLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _check_expansion(node)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise RatuneError(f"{where}: not valid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise RatuneError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    except _Refused as exc:
-        raise RatuneError(f"{path}:{exc.line}: {exc}") from None
-    finally:
-        loader.dispose()
+    data = parse_yaml(text, str(path))
     if not isinstance(data, dict):
         raise RatuneError(f"{path}: expected a mapping of keys to values at the top level")
     return data
+
+
+def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, what: str = "a ratune config"):
+    """Parse YAML ``text`` with the one loader's guards (the module docstring: plain data only, no
+    duplicate key, nesting at most :data:`MAX_CONFIG_DEPTH`, aliases expanding to at most
+    ``max_values`` values). :func:`load_yaml` reads configs with it; catalog/openapi.py reads a
+    YAML OpenAPI document with it (a larger ``max_values``).
+
+    Args:
+        source: the file the text came from, named in every error.
+        what: the kind of document, named in the refusals ("not a ratune config").
+    Returns:
+        The document (any YAML value; None for an empty one).
+    Raises:
+        InputError: ``source:line: not valid YAML: ...``, a duplicate key, nesting too deep or too
+            many values after aliases expand (a RatuneError).
+    """
+    loader = _ConfigLoader(text)
+    loader.what = what
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_expansion(node, max_values, "the config" if what == "a ratune config" else "the document")
+        return loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise InputError(source, mark.line + 1 if mark is not None else None, None,
+                         f"not valid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(source, None, None, f"not valid YAML: {' '.join(str(exc).split())}") from None
+    except _Refused as exc:
+        raise InputError(source, exc.line, None, str(exc)) from None
+    finally:
+        loader.dispose()
 
 
 def validate(model: type[M], data: dict, source: str) -> M:

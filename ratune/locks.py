@@ -11,7 +11,7 @@ file is removed on release.
 
 A command that writes one output for the whole of a function's call is decorated with
 :func:`locked_output`, which takes the lock of the output one of its arguments names (train/sft.py
-``train``, eval/run.py ``evaluate_checkpoint``, train/export.py ``export_checkpoint``).
+``train``, eval/run.py ``evaluate_checkpoint``, export/checkpoint.py ``export_checkpoint``).
 """
 
 from __future__ import annotations

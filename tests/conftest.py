@@ -4,8 +4,9 @@ a tiny random Llama, a LLaMA-1-shaped tokenizer, and the CPU/GPU and real-data s
 Real and synthetic data. Tests that need the released APIBench (../shared/apibench, or the
 folder $RATUNE_APIBENCH names) use the ``apibench`` fixture or carry the ``apibench_data``
 marker, and are skipped where it is absent. Unit tests of the stages that need only
-APIBench-shaped input use ``apibench_tiny``: six TorchHub APIs in the released formats, written
-for the session by tests/fixtures/make_apibench_tiny.py, so they run on any machine.
+APIBench-shaped input use ``apibench_tiny``: six APIs of each hub (TorchHub, HuggingFace,
+TensorFlow Hub) in the released formats, written for the session by
+tests/fixtures/make_apibench_tiny.py, so they run on any machine.
 
 Unit tests never load the 135M model: they use a tiny randomly initialised LlamaForCausalLM
 saved to a temporary folder and loaded back through the same from_pretrained path the real
@@ -182,9 +183,9 @@ def apibench():
 
 @pytest.fixture(scope="session")
 def apibench_tiny(tmp_path_factory):
-    """A synthetic six-API TorchHub APIBench, written for the session by
-    tests/fixtures/make_apibench_tiny.py (which documents every count it holds); nothing of it is
-    committed, so the repository holds no APIBench-shaped data files."""
+    """A synthetic APIBench of six APIs per hub (TorchHub, HuggingFace, TensorFlow Hub), written for
+    the session by tests/fixtures/make_apibench_tiny.py (which documents every count it holds);
+    nothing of it is committed, so the repository holds no APIBench-shaped data files."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_apibench_tiny",

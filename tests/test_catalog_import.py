@@ -249,6 +249,25 @@ def test_openapi_malformed_inputs_name_file_and_pointer(tmp_path):
     assert _error(read_openapi_source, bad_yaml).startswith(f"{bad_yaml}:")
 
 
+def test_a_yaml_specification_goes_through_the_one_loader_s_guards(tmp_path, monkeypatch):
+    """A YAML OpenAPI document is read by ratune/config.py parse_yaml: a key given twice (PyYAML
+    would keep the second silently) and an alias bomb are refused, naming the file and line."""
+    import ratune.catalog.openapi as openapi
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(PETSTORE.read_text().replace("paths:\n", "paths:\n  /pets:\n    get: {}\n", 1))
+    line = PETSTORE.read_text().splitlines().index("  /pets:") + 1 + 2  # two lines were added above it
+    assert _error(read_openapi_source, twice) == f"{twice}:{line}: duplicate key '/pets' (first given on line " \
+        f"{PETSTORE.read_text().splitlines().index('paths:') + 2})"
+    bomb = tmp_path / "bomb.yaml"  # 10 levels of 10 aliases: 10^10 values once expanded, in 1 KB
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    bomb.write_text("openapi: 3.0.0\n" + "\n".join(levels) + "\n")
+    monkeypatch.setattr(openapi, "MAX_DOCUMENT_VALUES", 5_000_000)
+    assert _error(read_openapi_source, bomb) == (f"{bomb}:8: aliases expand the document to more than 5000000 values "
+                                                 "(an alias bomb?); write the values out")
+
+
 # ------------------------------------------------------------------------------------- JSON lines
 
 

@@ -83,13 +83,13 @@ def test_export_reloads_same_answers_and_card(run, tmp_path, smol_tokenizer):
     from huggingface_hub import ModelCard
     from transformers import GenerationConfig
 
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     table2 = _table2(tmp_path / "report")
     before = _listing(tmp_path)
     out = export_checkpoint(run / "run", tmp_path / "exported", table2=table2, base_model=BASE_ID)
     assert out == tmp_path / "exported"
-    # only the export itself is new beside it: no temporary sibling (train/export.py writes into
+    # only the export itself is new beside it: no temporary sibling (export/checkpoint.py writes into
     # ratune.io.temp_folder's unique ".ratune-tmp.XXXXXXXX.exported") and no lock file is left
     assert before == {"report"} and _listing(tmp_path) == {"report", "exported"}
     files = set(_all_bytes(out))
@@ -133,7 +133,7 @@ def test_export_reloads_same_answers_and_card(run, tmp_path, smol_tokenizer):
 
 
 def test_merge_lora_from_adapter_gives_same_answers(run, tmp_path, smol_tokenizer, tiny_model_dir):
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     assert (run / "run" / "adapter" / "adapter_config.json").exists()
     out = export_checkpoint(run / "run", tmp_path / "merged", merge_lora=True)
@@ -149,7 +149,7 @@ def test_merge_lora_from_adapter_gives_same_answers(run, tmp_path, smol_tokenize
 def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch):
     from huggingface_hub import HfApi
 
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     sent = {}
     # the real methods (huggingface_hub's validate_hf_hub_args wrapper keeps their signatures)
@@ -179,7 +179,7 @@ def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch)
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     out = export_checkpoint(run / "run", tmp_path / "pushed", push_to_hub="someone/ratune-tiny-oracle",
                             private=True, base_model=BASE_ID)
-    # exactly the arguments train/export.py push_folder passes (defaults left out by bind)
+    # exactly the arguments export/checkpoint.py push_folder passes (defaults left out by bind)
     assert sent["create"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "private": True, "exist_ok": True,
                                       "repo_type": "model"}
     assert sent["upload"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "folder_path": str(out),
@@ -197,7 +197,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     from huggingface_hub import HfApi
 
     from ratune.cli import run_guarded
-    from ratune.train.export import add_export_arguments, cli_export
+    from ratune.export.checkpoint import add_export_arguments, cli_export
 
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(var, raising=False)
@@ -212,7 +212,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     import ratune.train.model as model_module
 
     monkeypatch.setattr(model_module, "load_model", boom)  # nothing may be loaded either
-    monkeypatch.setattr("ratune.train.export.load_model", boom)  # (export calls it by this name)
+    monkeypatch.setattr("ratune.export.checkpoint.load_model", boom)  # (export calls it by this name)
 
     parser = add_export_arguments(argparse.ArgumentParser())
     args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "x"), "--push-to-hub", "someone/m",
@@ -231,7 +231,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
 def test_vocabulary_added_without_resize_is_refused(tiny_model_dir, tmp_path, smol_tokenizer):
     from transformers import AutoTokenizer
 
-    from ratune.train.export import check_vocabulary, export_checkpoint
+    from ratune.export.checkpoint import check_vocabulary, export_checkpoint
 
     folder = tmp_path / "grown"
     shutil.copytree(tiny_model_dir, folder)
@@ -265,7 +265,7 @@ def test_vocabulary_added_without_resize_is_refused(tiny_model_dir, tmp_path, sm
 
 def test_eval_dirs_give_the_row_and_foreign_cells_are_refused(tmp_path):
     from ratune.io import write_json
-    from ratune.train.export import _table2_cells
+    from ratune.export.checkpoint import _table2_cells
 
     model = tmp_path / "run" / "model"
     model.mkdir(parents=True)

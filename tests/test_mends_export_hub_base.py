@@ -39,7 +39,7 @@ def test_merge_lora_sends_a_hub_id_base_to_the_model_loader(qlora_run, tmp_path,
     import torch
 
     import ratune.train.model as model_module
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     run = _with_base(qlora_run, tmp_path, "hub_run", HUB_BASE)
     real_load_model, asked = model_module.load_model, []
@@ -61,7 +61,7 @@ def test_merge_lora_sends_a_hub_id_base_to_the_model_loader(qlora_run, tmp_path,
 def test_merge_lora_of_an_unreachable_hub_id_base_names_it(qlora_run, tmp_path):  # noqa: F811
     """Offline (tests/conftest.py sets HF_HUB_OFFLINE) the hub id reaches from_pretrained, which
     cannot resolve it: one line naming the id, and no export folder."""
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     run = _with_base(qlora_run, tmp_path, "hub_run", HUB_BASE)
     with pytest.raises(RatuneError, match=rf"^{HUB_BASE}: not a local folder, and loading it as a hub id failed"):
@@ -72,13 +72,13 @@ def test_merge_lora_of_an_unreachable_hub_id_base_names_it(qlora_run, tmp_path):
 def test_merge_lora_of_a_missing_local_base_folder_is_refused_before_loading(qlora_run, tmp_path,  # noqa: F811
                                                                              monkeypatch):
     import ratune.train.model as model_module
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     def boom(*args, **kwargs):
         raise AssertionError("nothing may be loaded")
 
     monkeypatch.setattr(model_module, "load_model", boom)
-    monkeypatch.setattr("ratune.train.export.load_model", boom)  # the name export_checkpoint calls
+    monkeypatch.setattr("ratune.export.checkpoint.load_model", boom)  # the name export_checkpoint calls
     gone = tmp_path / "deleted_base"
     run = _with_base(qlora_run, tmp_path, "gone_run", str(gone))
     with pytest.raises(RatuneError, match=rf"^{gone}: the base model folder recorded in .*manifest.json is gone "

@@ -1,5 +1,5 @@
 """ratune/locks.py ``locked_output``: the one way a command holds its output's lock for a whole
-call (train/sft.py ``train``, eval/run.py ``evaluate_checkpoint``, train/export.py
+call (train/sft.py ``train``, eval/run.py ``evaluate_checkpoint``, export/checkpoint.py
 ``export_checkpoint``), with the function's signature written once. The refusals of a second
 process through the CLI are tests/test_ownership.py's; here the decorator's own order: argument
 checks and the ownership check write nothing, the lock is held during the call only, and a rank

@@ -247,7 +247,7 @@ def checkpoint(tmp_path, tiny_model_dir):
 
 
 def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint):
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     users = tmp_path / "exported.tmp"
     users.mkdir()
@@ -274,7 +274,7 @@ def test_export_resolves_dotdot_and_refuses_an_output_inside_the_checkpoint(tmp_
         assert main(["export", str(checkpoint), "--out", str(out)]) == 2
         line = _one_error_line(capsys.readouterr().err)
         assert "inside the checkpoint" in line or "exists and is not empty" in line
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     with pytest.raises(RatuneError, match="the export folder is inside the checkpoint"):
         export_checkpoint(checkpoint, inside)

@@ -120,7 +120,7 @@ def test_export_merge_lora_of_a_qlora_run_writes_the_unquantized_merge(qlora_run
     from huggingface_hub import ModelCard
 
     from ratune.train.checks import logit_tolerance, prompt_logits
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
     from ratune.train.model import load_model, load_tokenizer
 
     with pytest.raises(RatuneError, match=r"saved only its LoRA adapter \(QLoRA.*export it with --merge-lora"):
@@ -160,7 +160,7 @@ def test_a_qlora_run_without_its_base_or_unfinished_is_refused(qlora_run, tmp_pa
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.train.layout import resolve_checkpoint
     from ratune.io import write_json
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     gone = tmp_path / "gone"
     shutil.copytree(qlora_run, gone)

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from source_tree import source_files
+
 from ratune import registry
 from ratune.errors import RatuneError
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [p for d in ("ratune", "data", "retrieval", "train", "eval") for p in sorted((ROOT / d).rglob("*.py"))]
+SOURCES = source_files()
 
 
 def _help(argv: list[str], capsys) -> str:

@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from source_tree import PACKAGE_DIRS
 
 REPO = Path(__file__).resolve().parent.parent
 #: ratune's source folders (the sub-packages of the ``ratune`` import name, plus bench scripts).
-SOURCE_DIRS = ("ratune", "data", "retrieval", "train", "eval", "bench")
+SOURCE_DIRS = (*PACKAGE_DIRS, "bench")
 
 # --------------------------------------------------------------------------------------------
 # (a) source audit
@@ -183,7 +184,7 @@ def test_audit_of_ratune_sources(tmp_path):
     names = {str(p.relative_to(REPO)) for p in files}
     # the audit really covers the stages (a wrong SOURCE_DIRS would pass vacuously)
     assert {"ratune/cli.py", "data/apibench.py", "retrieval/retrievers.py", "train/model.py", "train/sft.py",
-            "train/export.py", "eval/run.py", "eval/scoring/scorer.py"} <= names
+            "export/checkpoint.py", "eval/run.py", "eval/scoring/scorer.py"} <= names
     problems = [p for f in files for p in audit_source(f.read_text(encoding="utf-8"), str(f.relative_to(REPO)))]
     assert problems == [], "\n".join(problems)
 
@@ -232,7 +233,7 @@ def test_custom_code_in_a_checkpoint_is_not_run(tmp_path, tiny_model_dir, apiben
     from transformers import LlamaForCausalLM
 
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
     from ratune.train.model import load_model, load_tokenizer
 
     marker = tmp_path / "MARKER"
@@ -301,7 +302,7 @@ def test_config_trust_remote_code_reaches_the_loaders(trust, tmp_path, tiny_mode
     import ratune.train.sft as sft
     from ratune.io import write_json
     from ratune.train.config import TrainConfig
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     # training: the config's value (default False) goes to tokenizer and model loading
     monkeypatch.setattr(sft, "check_training_data", lambda config: None)  # no data: rows are replaced below

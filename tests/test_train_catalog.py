@@ -167,7 +167,7 @@ def test_export_card_names_the_catalog_and_has_no_apibench(run, tmp_path):
     from huggingface_hub import ModelCard
 
     from ratune.eval.report import make_cell, write_table2
-    from ratune.train.export import export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
 
     # a catalog cell as eval run writes it (eval/catalog_scorer.py): top-level rates = strict, no gorilla block
     metrics = {"n": 6, "accuracy": 0.5, "hallucination": 1 / 6, "error": 2 / 6, "metric": "strict",

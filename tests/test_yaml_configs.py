@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from source_tree import source_files
+
 from ratune.cli import main
 from ratune.config import MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES, load_yaml
 from ratune.errors import RatuneError
@@ -135,16 +137,15 @@ def test_one_loader_reads_every_yaml():
     parsing = {"load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all", "full_load_all",
                "unsafe_load_all", "compose", "parse", "scan"}
     found = []
-    for folder in ("ratune", "data", "retrieval", "train", "eval", "bench"):
-        for file in sorted((ROOT / folder).rglob("*.py")):
-            if file == ROOT / "ratune" / "config.py":
-                continue
-            tree = ast.parse(file.read_text(encoding="utf-8"))
-            for node in ast.walk(tree):
-                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml"
-                        and (node.attr in parsing or node.attr.endswith("Loader"))):
-                    found.append(f"{file.relative_to(ROOT)}:{node.lineno}: yaml.{node.attr}")
-                if isinstance(node, ast.ImportFrom) and node.module == "yaml":
-                    found += [f"{file.relative_to(ROOT)}:{node.lineno}: from yaml import {a.name}"
-                              for a in node.names if a.name in parsing or a.name.endswith("Loader")]
+    for file in source_files(bench=True):
+        if file == ROOT / "ratune" / "config.py":
+            continue
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml"
+                    and (node.attr in parsing or node.attr.endswith("Loader"))):
+                found.append(f"{file.relative_to(ROOT)}:{node.lineno}: yaml.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module == "yaml":
+                found += [f"{file.relative_to(ROOT)}:{node.lineno}: from yaml import {a.name}"
+                          for a in node.names if a.name in parsing or a.name.endswith("Loader")]
     assert not found, "load YAML with ratune.config.load_yaml:\n" + "\n".join(found)
