@@ -264,6 +264,23 @@ def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, w
         loader.dispose()
 
 
+def key_line(path: str | Path, key: str) -> int | None:
+    """The 1-based line of the top-level ``key`` in the YAML mapping file ``path`` (for an error
+    that names where a value was set), or None when the file does not set it or cannot be read."""
+    try:
+        loader = _ConfigLoader(Path(path).read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, _Refused):
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.value == key),
+                None)
+
+
 def validate(model: type[M], data: dict, source: str) -> M:
     """Validate ``data`` against ``model``; raise RatuneError with readable lines on failure."""
     try:

@@ -112,7 +112,8 @@ def test_a_config_whose_hub_is_not_the_datas_is_refused_before_any_folder(catalo
     config = _config(tmp_path, "huggingface.yaml", model=fields.pop("model"), hub="huggingface", **fields)
     with pytest.raises(RatuneError) as err:
         main(["--config", str(config)])
-    assert str(err.value).startswith(f"{config}: hub: huggingface is not the hub the data was built from: "
+    # the error names the line of hub: (line 2: the file holds model, then hub)
+    assert str(err.value).startswith(f"{config}:2: hub: huggingface is not the hub the data was built from: "
                                      f"{manifest} says hub: petstore (the catalog folder {catalog.resolve()});")
     assert not out.exists()
 
@@ -121,7 +122,7 @@ def test_a_config_whose_hub_is_not_the_datas_is_refused_before_any_folder(catalo
     config = _config(tmp_path, "shop.yaml", hub=str(shop), **_train_fields(tiny_model_dir, data, out))
     with pytest.raises(RatuneError) as err:
         main(["--config", str(config)])
-    assert str(err.value).startswith(f"{config}: hub: {shop} (catalog 'shop') is not the hub the data was "
+    assert str(err.value).startswith(f"{config}:1: hub: {shop} (catalog 'shop') is not the hub the data was "
                                      f"built from: {manifest} says hub: petstore")
     assert not out.exists()
 

@@ -64,7 +64,7 @@ from pathlib import Path
 import yaml
 
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
-from ratune.config import load_config
+from ratune.config import key_line, load_config
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
@@ -359,8 +359,8 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
         :meth:`ratune.data.hubs.HubSource.manifest_record` of the catalog when there is no data
         manifest).
     Raises:
-        RatuneError: one line naming the config file (``config_path``; "the training config"
-            without one), the field ``hub``, its value (and whether it is the default
+        RatuneError: one line naming the config file (``config_path``, with the line of its
+            ``hub:`` when it sets one; "the training config" without one), the field ``hub``, its value (and whether it is the default
             ``torchhub``, not set in the file) and the data manifest's hub; or
             :func:`~ratune.data.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
     """
@@ -376,7 +376,9 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
             found, fix = f"the catalog folder {built_catalog.get('path')}", built_catalog.get("path")
         else:
             found, fix = "an APIBench hub", built_name
-        where = str(config_path) if config_path is not None else "the training config"
+        line = key_line(config_path, "hub") if config_path is not None else None
+        where = (f"{config_path}:{line}" if line else str(config_path)) if config_path is not None else \
+            "the training config"
         raise RatuneError(f"{where}: {given} is not the hub the data was built from: "
                           f"{data_manifest} says hub: {built_name} ({found}); set hub: {fix}, or train on data built "
                           f"with `ratune data build --hub {config.hub}`")

@@ -1,6 +1,6 @@
 """Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
-(gpt_index), the mixture against the pure arms and the full-finetuning none arm against the LoRA one,
+(gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the full-finetuning none arm against the LoRA one,
 setting by setting. Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys
 from pathlib import Path
@@ -14,7 +14,10 @@ ARMS = {"oracle": ("oracle arm, epoch 1", "runs/repro/eval_oracle_step105"),
         "mix": ("mixture arm, epoch 1", "runs/repro/eval_mix_step105"),
         "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315"),
         "none_full": ("none arm, full finetuning, epoch 2", "runs/repro/eval_none_full_step210",
-                      "runs/repro/curve_none_full/step210")}
+                      "runs/repro/curve_none_full/step210"),
+        "mix_full": ("mixture arm, full finetuning, epoch 2", "runs/repro/eval_mix_full_step210")}
+#: each mixture arm against these arms, setting by setting
+MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix")}
 RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
 
@@ -61,9 +64,9 @@ for arm in [a for a in sys.argv[1:]]:
     md = released_markdown(results)
     if best:
         md += "\nOur retrieved cells against each released model's gpt_index cell (its best retrieved cell):\n\n" + released_markdown(best)
-    if arm == "mix":
+    if arm in MIXTURE_VS:
         pairs = []
-        for other in ("none", "oracle"):
+        for other in MIXTURE_VS[arm]:
             _, _, ocells = cells_of(other)
             for s in cells:
                 if s in ocells and s not in ("swap", "irrelevant"):

@@ -1,5 +1,6 @@
 """Worst cell across the five retrieval settings (0_shot, released_bm25, gpt_index, dense_ft, oracle)
-per model, both metrics; the mixture arm's worst cell paired against every other model's worst cell."""
+per model that has all five (both metrics); each mixture arm's worst cell paired against every other
+model's worst cell. Run from the repository root after arm_comparisons.py has copied the cells."""
 import json
 from pathlib import Path
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
@@ -11,9 +12,14 @@ scorer = Scorer.from_apibench("torchhub", apibench)
 FIVE = ("0_shot", "released_bm25", "gpt_index", "dense_ft", "oracle")
 RELEASED = {"0_shot": "0_shot", "released_bm25": "bm25", "gpt_index": "gpt_index", "oracle": "oracle"}
 models = {}
-for arm, label in (("mix", "mixture arm, epoch 1"), ("none", "none arm, epoch 3"), ("oracle", "oracle arm, epoch 1")):
-    models[label] = {s: Path("docs/reproduction") / arm / s / "responses.jsonl" for s in FIVE
-                     if (Path("docs/reproduction") / arm / s / "responses.jsonl").exists()}
+ARMS = (("mix", "mixture arm, epoch 1"), ("none", "none arm, epoch 3"), ("oracle", "oracle arm, epoch 1"),
+        ("mix_full", "mixture arm, full finetuning, epoch 2"), ("none_full", "none arm, full finetuning, epoch 2"))
+for arm, label in ARMS:
+    files = {s: Path("docs/reproduction") / arm / s / "responses.jsonl" for s in FIVE}
+    if all(f.exists() for f in files.values()):  # a worst case over fewer settings would not compare
+        models[label] = files
+    else:
+        print(f"{label}: left out, lacks {', '.join(s for s, f in files.items() if not f.exists())}")
 for model in ("FT", "RT"):  # released: four settings, no dense_ft
     models[f"released Gorilla-7B {model}"] = {s: released_responses_path(apibench, "torchhub", model, r)
                                               for s, r in RELEASED.items()}
@@ -34,22 +40,23 @@ for label, c in counts.items():
     out["models"][label] = {"counts": c, "worst": worst[label]}
     lines.append(f"| {label} | {', '.join(c)} | {worst[label]['gorilla'][1]} ({worst[label]['gorilla'][0]}) | "
                  f"{worst[label]['strict'][1]} ({worst[label]['strict'][0]}) |")
-mix = "mixture arm, epoch 1"
-lines += ["", "The mixture arm's worst cell against each other model's worst cell (paired on the 186 questions):", "",
-          "| metric | mixture worst | other model | its worst | only mixture | only other | McNemar p | difference (points) [95 % CI] |",
-          "|---|---|---|---|---|---|---|---|"]
-for m in ("gorilla", "strict"):
-    ms, mn = worst[mix][m]
-    for label in counts:
-        if label == mix:
-            continue
-        os_, on = worst[label][m]
-        r = compare_files(models[mix][ms], models[label][os_], hub="torchhub", metric=m, scorer=scorer)
-        t, d = r["contingency"], r["difference"]
-        out["mixture_vs"].append({"metric": m, "mixture": [ms, mn], "other": label, "other_worst": [os_, on],
-                                  "contingency": t, "mcnemar_p": r["mcnemar_p"], "difference": d})
-        lines.append(f"| {m} | {mn} ({ms}) | {label} | {on} ({os_}) | {t['only_a']} | {t['only_b']} | {r['mcnemar_p']:.3g} | "
-                     f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
+for mix in [label for label in models if label.startswith("mixture")]:
+    lines += ["", f"The {mix}'s worst cell against each other model's worst cell (paired on the 186 questions):", "",
+              "| metric | mixture worst | other model | its worst | only mixture | only other | McNemar p | difference (points) [95 % CI] |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in ("gorilla", "strict"):
+        ms, mn = worst[mix][m]
+        for label in counts:
+            if label == mix:
+                continue
+            os_, on = worst[label][m]
+            r = compare_files(models[mix][ms], models[label][os_], hub="torchhub", metric=m, scorer=scorer)
+            t, d = r["contingency"], r["difference"]
+            out["mixture_vs"].append({"mixture_model": mix, "metric": m, "mixture": [ms, mn], "other": label,
+                                      "other_worst": [os_, on], "contingency": t, "mcnemar_p": r["mcnemar_p"],
+                                      "difference": d})
+            lines.append(f"| {m} | {mn} ({ms}) | {label} | {on} ({os_}) | {t['only_a']} | {t['only_b']} | {r['mcnemar_p']:.3g} | "
+                         f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
 Path("docs/reproduction/worst_case.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
 Path("docs/reproduction/worst_case.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
