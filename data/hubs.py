@@ -77,14 +77,12 @@ class HubSource:
     def api_database_file(self) -> Path:
         """The file of the API documents: ``api/{hub}_api.jsonl`` or ``CATALOG/apis.jsonl``."""
         if self.is_catalog:
-
             return self.root / APIS_FILE
         return api_database_path(self.root, self.name)
 
     def examples_file(self, split: str) -> Path:
         """The example file of a split (``train`` or ``eval``); it may not exist."""
         if self.is_catalog:
-
             if split not in SPLIT_FILES:
                 raise RatuneError(f"unknown split {split!r}: expected one of {', '.join(SPLIT_FILES)}")
             return pairs_dir(self.root) / SPLIT_FILES[split]
@@ -110,7 +108,6 @@ class HubSource:
                 line and field).
         """
         if self.is_catalog:
-
             return load_catalog(self.root)
         return load_api_database(self.api_database_file)
 
@@ -202,7 +199,6 @@ def resolve_hub(hub: str | os.PathLike, apibench_dir: str | os.PathLike | None =
         return HubSource(name=text, kind=APIBENCH, root=root)
     path = Path(text)
     if text and path.is_dir():
-
         name = read_catalog_manifest(path)["name"]
         if name in HUBS:  # manifests, reports and finetuned retrievers name a hub by its name
             raise RatuneError(f"{path}: the catalog is named {name!r}, an APIBench hub's name; re-import it with "
