@@ -457,6 +457,7 @@ def load_generator(model_path: str | os.PathLike, *, model: str | None = None, t
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, set_seed
+
     path = Path(model_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)

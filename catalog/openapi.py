@@ -48,7 +48,6 @@ import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-
 from ratune.catalog.schema import (API_CALL, API_NAME, ARGUMENTS, DEFAULT_DOMAIN, DESCRIPTION, DOMAIN, EXAMPLE_CODE,
                                    IDENTIFYING_ARGUMENTS, PROVIDER, Imported, argument, is_identifier,
                                    validate_document)

@@ -145,7 +145,6 @@ class HubSource:
 
     def _check_pairs_current(self) -> None:
         """Refuse pairs split against an earlier ``apis.jsonl`` (the catalog was re-imported since)."""
-
         path = pairs_dir(self.root) / PAIRS_MANIFEST
         if not path.is_file():
             raise RatuneError(f"{path}: missing; rerun `ratune catalog pairs --catalog {self.root} --pairs FILE`")

@@ -18,6 +18,7 @@ rates are read from the same files. Models learn the abstention from the mixture
 from __future__ import annotations
 
 from typing import Sequence
+
 from ratune.data.prompt import answer_field, is_abstention
 from ratune.eval.stats import wilson_interval
 

@@ -26,6 +26,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from typing import Sequence
+
 from ratune.eval.stats import count_rates
 
 _MODEL_ARG = re.compile(r"model\s*=\s*['\"]([^'\"]+)['\"]|,\s*['\"]([^'\"]+)['\"]")

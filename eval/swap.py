@@ -24,6 +24,7 @@ Table 2 column).
 from __future__ import annotations
 
 from typing import Sequence
+
 from ratune.eval.stats import count_rates
 
 

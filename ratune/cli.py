@@ -285,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config", default=None, type=input_file, help="the demo's sweep file (default configs/demo.yaml)")
     d.add_argument("--out", default=None, type=output_dir, help="output folder (default from the config: runs/demo)")
     add_apibench_argument(d, default_text=f"the config's apibench key, {APIBENCH_DEFAULT}")
+    d.add_argument("--rerun-changed", action="store_true",
+                   help="delete and rerun arms whose resolved config changed since they ran (as ratune sweep)")
     d.set_defaults(func=_handler("ratune.demo:cli_demo"))
 
     from ratune.catalog.folder import add_import_arguments

@@ -20,7 +20,7 @@ from ratune.errors import RatuneError
 from ratune.eval.report import table2_markdown
 from ratune.locks import output_lock
 from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
-from ratune.sweep import expand, is_finished, load_sweep, report_sweep, run_local
+from ratune.sweep import check_changed, expand, is_finished, load_sweep, report_sweep, run_local
 from ratune.sweep import local as sweep_local
 from ratune.train.model import resolve_model_path
 
@@ -29,12 +29,18 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 #: Top-level keys of the demo config before it became a sweep file, and where each went.
 OLD_DEMO_KEYS = {"arms": "axes: {train_retriever: [...]}", "train": "base: (with model, hub, torch_threads)",
                  "hub": "base.hub", "model": "base.model", "torch_threads": "base.torch_threads and eval.threads"}
+#: What an old-format demo config also needs once it is a sweep file.
+OLD_DEMO_ALSO = ("data.max_length -> base.max_length; add accelerate_config: configs/accelerate/cpu_1proc.yaml "
+                 "(the arms train with accelerate launch)")
 
 
-def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None) -> int:
+def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None,
+             rerun_changed: bool = False) -> int:
     """Run (or resume) the demo; returns 0 when every cell finished, else 1 (the failed cells are
     named, as by ``ratune sweep``). See the module docstring.
 
+    ``rerun_changed`` deletes and reruns an arm whose resolved config changed since it ran
+    (:func:`ratune.sweep.run_local`; without it such an arm is refused before anything runs).
     ``apibench`` (``ratune demo --apibench DIR``) overrides the config's ``apibench`` key; with
     neither, the APIBench folder is $RATUNE_APIBENCH or ../shared/apibench
     (:func:`ratune.data.apibench.resolve_apibench_dir`); it is checked before anything is written.
@@ -45,31 +51,40 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
 
     Raises:
         RatuneError: a bad config (one in the demo's format before it was a sweep file is named with
-            the new spelling of each key), a missing APIBench, an output folder ratune did not make,
-            and the stages' errors.
+            the new spelling of each key), a missing APIBench, an output folder ratune did not make
+            or a demo output in the old layout, a changed arm without ``rerun_changed``, and the
+            stages' errors.
         LockHeld: another process is writing the output folder (or one of its stages' folders).
     """
     path = Path(config_path) if config_path else DEFAULT_CONFIG
-    old = [k for k in OLD_DEMO_KEYS if k in load_yaml(path)]
-    if old:
+    data = load_yaml(path)
+    old = [k for k in OLD_DEMO_KEYS if k in data]
+    if old or "base" not in data:
         raise RatuneError(f"{path}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
-                          + "; ".join(f"{k} -> {OLD_DEMO_KEYS[k]}" for k in old))
+                          + "; ".join([*(f"{k} -> {OLD_DEMO_KEYS[k]}" for k in old),
+                                       *([] if "base" in data else ["the training settings go under base:"]),
+                                       OLD_DEMO_ALSO]))
     sweep = load_sweep(path, out_dir)
     if apibench is not None:
         sweep.config = sweep.config.model_copy(update={"apibench": apibench})
     resolve_apibench_dir(sweep.config.apibench)
     cells = expand(sweep)
     out = sweep.out_dir
+    if (out / "table2.json").is_file() or any(out.glob("train_*/manifest.json")):
+        raise RatuneError(f"{out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
+                          "table2.*); move it away or pass --out NEW_DIR")
     require_owned(out, "demo", action="write into")
     with output_lock(out, command="demo"):
         require_owned(out, "demo", action="write into")
         if not (out / OWNER_MARKER).exists():
             claim_folder(out, "demo")
-        return _run_demo(sweep, cells)
+        return _run_demo(sweep, cells, rerun_changed=rerun_changed)
 
 
-def _run_demo(sweep, cells) -> int:
+def _run_demo(sweep, cells, *, rerun_changed: bool) -> int:
     """The body of :func:`run_demo`, run under the output folder's lock."""
+    if not rerun_changed:
+        check_changed(sweep, cells, rerun_changed=False)  # a changed arm is refused before the model conversion
     times: dict[str, float] = {}
     t0 = time.time()
     for model in dict.fromkeys(c.config["model"] for c in cells):
@@ -86,7 +101,7 @@ def _run_demo(sweep, cells) -> int:
         finally:
             times[stage] = times.get(stage, 0.0) + time.time() - start
 
-    status = run_local(sweep, cells, runner=timed)
+    status = run_local(sweep, cells, runner=timed, rerun_changed=rerun_changed)
     if not any(is_finished(sweep, c) for c in cells):
         return status  # run_local named the failures; there is nothing to report
     t0 = time.time()
@@ -103,6 +118,6 @@ def _run_demo(sweep, cells) -> int:
 
 
 def cli_demo(args) -> int:
-    """``ratune demo [--config FILE] [--out DIR] [--apibench DIR]``: :func:`run_demo` (``args`` from its
-    parser, ratune/cli.py). Returns its status."""
-    return run_demo(args.config, out_dir=args.out, apibench=args.apibench)
+    """``ratune demo [--config FILE] [--out DIR] [--apibench DIR] [--rerun-changed]``: :func:`run_demo`
+    (``args`` from its parser, ratune/cli.py). Returns its status."""
+    return run_demo(args.config, out_dir=args.out, apibench=args.apibench, rerun_changed=args.rerun_changed)

@@ -31,7 +31,7 @@ OWNER_MARKER = ".ratune-output"
 #: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
 #: ``manifest.json`` whose ``command`` names the stage, and eval cells' ``identity.json``).
 LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
-                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json")}
+                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json", "sweep.yaml")}
 
 
 def package_versions() -> dict:

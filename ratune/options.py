@@ -176,7 +176,7 @@ def config_model(name: str, schema: type, options: Sequence[Option], *, doc: str
         options: the stage's options, in the order the section lists them.
         doc: the model's docstring.
         defaults: ``{key: default}`` where this section's default differs from the dataclass's
-            (the demo's ``n_questions: 50``).
+            (a sweep's ``data: max_length: None``: the cells' own).
         extra: more fields, ``{key: (annotation, FieldInfo)}`` (a sweep's ``curve_settings``, or
             :func:`config_fields` of another settings class).
 

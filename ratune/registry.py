@@ -1,7 +1,7 @@
 """The names ratune knows, each typed once: retrievers, test-time settings, train-time modes,
 experiment settings and BM25 backends.
 
-Every other place (CLI choices, the sweep and demo schemas, ``TrainConfig``, the data builder,
+Every other place (CLI choices, the sweep schema, ``TrainConfig``, the data builder,
 the eval stage, report column and row order, docs tables) derives its names from here, so adding
 a retriever or a test-time setting is one entry below plus its implementation
 (:func:`ratune.retrieval.retrievers.make_retriever` builds a retriever from its :class:`RetrieverSpec`).

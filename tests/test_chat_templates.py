@@ -169,6 +169,7 @@ def _refuse_model_loads(monkeypatch):
     import ratune.train.model as model
 
     monkeypatch.setattr(model, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("ratune.train.sft.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 @pytest.mark.parametrize("configured", ["chatml", None])

@@ -133,7 +133,7 @@ def test_demo_takes_apibench_from_the_command_line(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "demo"), "--apibench", str(empty)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ratune: error: APIBench folder not found (tried ") and str(empty) in err
-    assert len(err.splitlines()) == 1 and not (tmp_path / "demo" / "data").exists()
+    assert len(err.splitlines()) == 1 and not (tmp_path / "demo").exists()
 
 
 def test_a_demo_config_in_the_format_before_the_sweep_file_is_refused_with_the_new_spelling(tmp_path, capsys):
@@ -143,7 +143,56 @@ def test_a_demo_config_in_the_format_before_the_sweep_file_is_refused_with_the_n
     old.write_text("hub: torchhub\narms: [none]\ntrain: {max_steps: 2}\n")
     assert main(["demo", "--config", str(old), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
+    also = ("data.max_length -> base.max_length; add accelerate_config: configs/accelerate/cpu_1proc.yaml (the arms "
+            "train with accelerate launch)")
     assert err == (f"ratune: error: {old}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
                    "arms -> axes: {train_retriever: [...]}; train -> base: (with model, hub, torch_threads); "
-                   "hub -> base.hub")
+                   f"hub -> base.hub; the training settings go under base:; {also}")
     assert not (tmp_path / "out").exists()
+    defaults_only = tmp_path / "defaults.yaml"  # an old config that kept every default: no old key, no base
+    defaults_only.write_text("out_dir: runs/mine\n")
+    assert main(["demo", "--config", str(defaults_only)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ratune: error: {defaults_only}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
+        f"the training settings go under base:; {also}")
+
+
+def test_the_demo_refuses_an_output_in_the_layout_before_the_sweep(tmp_path, capsys, apibench_tiny):
+    from ratune.cli import main
+    from ratune.manifest import OWNER_MARKER, claim_folder
+
+    out = tmp_path / "demo"
+    (out / "train_none").mkdir(parents=True)
+    (out / "train_none" / "manifest.json").write_text("{}")
+    claim_folder(out, "demo")  # ratune's own old demo folder: still not written into
+    assert main(["demo", "--out", str(out), "--apibench", str(apibench_tiny)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ratune: error: {out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
+        "table2.*); move it away or pass --out NEW_DIR")
+    assert sorted(p.name for p in out.iterdir()) == [OWNER_MARKER, "train_none"]
+
+
+def test_the_demo_refuses_a_changed_arm_before_converting_the_model_and_writes_into_a_sweep_s_folder(
+        tmp_path, capsys, monkeypatch, apibench_tiny):
+    """A folder made by `ratune sweep configs/demo.yaml` (no owner marker, a sweep.yaml) is a demo
+    folder; an arm whose stored config differs is refused, naming --rerun-changed, before anything runs."""
+    import json
+
+    import ratune.demo as demo
+    from ratune.cli import main
+    from ratune.manifest import require_owned
+    from ratune.sweep import cell_record, expand, load_sweep
+
+    out = tmp_path / "demo"
+    sweep = load_sweep(ROOT / "configs" / "demo.yaml", out)
+    cell = expand(sweep)[0]
+    cell.dir.mkdir(parents=True)
+    (out / "sweep.yaml").write_text("base: {}\n")
+    require_owned(out, "demo", action="write into")  # passes: a sweep folder
+    record = cell_record(sweep, cell)
+    record["config"] = {**record["config"], "max_steps": 99}
+    (cell.dir / "cell.json").write_text(json.dumps(record))
+    monkeypatch.setattr(demo, "resolve_model_path", lambda *a: pytest.fail("converted before the refusal"))
+    assert main(["demo", "--out", str(out), "--apibench", str(apibench_tiny)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cell.name}: config.max_steps" in err and "pass --rerun-changed" in err

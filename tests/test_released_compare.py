@@ -128,4 +128,4 @@ def test_sweep_report_refuses_a_missing_apibench_the_sweep_file_names(tmp_path):
     sweep = _sweep_with_a_full_cell(tmp_path, f"apibench: {tmp_path / 'typo'}\nbase: {{}}\n")
     with pytest.raises(RatuneError, match=r"sweep\.yaml: apibench: APIBench folder not found \(tried .*typo\)"):
         report_sweep(sweep)
-    assert not (sweep / "report").exists()  # checked before anything is written
+    assert not (sweep / "report" / "sweep.json").exists()  # the summary is not written

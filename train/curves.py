@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from ratune.io import atomic_write
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from ratune.config import load_yaml
 from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import RatuneError
+from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
                                 metric_block, read_metrics, table2_markdown, write_table2)
 from ratune.eval.robustness import worst_case, worst_case_markdown
@@ -66,7 +67,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     Raises:
         RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
             several cells in one context; an ``apibench`` folder named by the sweep file that does
-            not exist (checked before anything is written).
+            not exist, when cells could be compared with the released responses (after the tables
+            are written).
     """
     sweep_dir = Path(sweep_dir)
     experiments: list[dict] = []  # experiment settings (docs/experiments.md): beside Table 2, never in it
@@ -78,12 +80,6 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     axis_keys: list[str] = []
     if not sweep_dir.is_dir():
         raise RatuneError(f"{sweep_dir}: no such sweep folder")
-    named_apibench = _sweep_apibench(sweep_dir)
-    if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
-        try:
-            resolve_apibench_dir(named_apibench)
-        except RatuneError as err:
-            raise RatuneError(f"{sweep_dir / 'sweep.yaml'}: apibench: {err}") from None
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
         record = _read_cell_record(cell_json)
         for k in record.get("axes", {}):
@@ -241,8 +237,12 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                        "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
                       if f["dims"]["hub"] in HUBS]  # released Gorilla-7B responses exist for APIBench only
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
-        from ratune.eval.compare import released_comparisons, released_markdown
-
+        named_apibench = _sweep_apibench(sweep_dir)
+        if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
+            try:
+                resolve_apibench_dir(named_apibench)
+            except RatuneError as err:
+                raise RatuneError(f"{sweep_dir / 'sweep.yaml'}: apibench: {err}") from None
         try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
             apibench = resolve_apibench_dir(named_apibench)
         except RatuneError as err:
