@@ -69,7 +69,7 @@ def _row_files(folder: Path) -> dict[str, str]:
 
 def record(apibench: str, n_questions: int, work: Path) -> dict[str, str]:
     """Run every probe in ``work`` and return {probe name: sha256}."""
-    from ratune.train.model import ensure_demo_model
+    from ratune.models import ensure_demo_model
 
     hashes: dict[str, str] = {}
     model = str(ensure_demo_model())

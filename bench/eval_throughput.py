@@ -218,7 +218,7 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
 
     from ratune.data.apibench import resolve_apibench_dir
     from ratune.eval.generate import resolve_prefill
-    from ratune.train.model import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
+    from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
 
     set_torch_threads(threads)
     apibench_dir = resolve_apibench_dir(apibench_dir)

@@ -32,8 +32,8 @@ and the others still run (:data:`STAGES`):
 - ``train_7b_lora_ratune`` / ``train_7b_lora_loop``: LoRA r 16 (alpha 32, dropout 0.05, all
   linear layers) on the frozen bf16 7B base, bf16 autocast, as configs/train/llama7b_rat_paper_lora.yaml.
 - ``generate``: the 7B folder (the 1B one when the 7B is missing) loaded the way ``ratune eval
-  run`` loads a checkpoint (:func:`ratune.eval.run.resolve_placement`, then
-  :func:`ratune.train.model.load_model`: CUDA, bfloat16) and batched greedy generation through
+  run`` loads a checkpoint (:func:`ratune.eval.settings.resolve_placement`, then
+  :func:`ratune.models.load_model`: CUDA, bfloat16) and batched greedy generation through
   :func:`ratune.eval.generate.generate_all` at batch 1, 8 and 32 (64 new tokens; tokens counted by
   bench/eval_throughput.py's ``measure_hf``), beside a hand-written greedy loop on the same model
   and prompts (one padded prefill, then one forward per token with the KV cache, no stopping).
@@ -183,9 +183,10 @@ def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int)
 
     from ratune.manifest import mark_complete
     from ratune.data.labels import tokenize_row
-    from ratune.train.model import load_tokenizer
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_tokenizer
 
-    tok = load_tokenizer(tokenizer_dir, chat_template="gorilla_v0")
+    tok = use_chat_template(load_tokenizer(tokenizer_dir), "gorilla_v0")
 
     def user(i):
         return f"Question {i:05d}: which API classifies images of cats?"
@@ -414,9 +415,9 @@ def stage_generate(plan: dict, work: Path) -> dict:
     """ratune's eval loading path and batched generation at each batch size, beside the loop."""
     import torch
 
-    from ratune.data.prompt import encode_prompt
+    from ratune.data.prompt import encode_prompt, use_chat_template
     from ratune.eval.run import resolve_placement
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     et = _bench_module("eval_throughput")
     folder = next((work / "models" / plan[k] for k in ("big", "small")
@@ -427,7 +428,7 @@ def stage_generate(plan: dict, work: Path) -> dict:
     start = time.perf_counter()
     model = load_model(folder, dtype=dtype, device=device)
     load_s = time.perf_counter() - start
-    tokenizer = load_tokenizer(folder, chat_template="gorilla_v0")
+    tokenizer = use_chat_template(load_tokenizer(folder), "gorilla_v0")
     top = max(plan["gen_batches"])
     # prompts of 100 to about 700 bytes (= tokens), as 0-shot and oracle prompts differ in length
     prompts = [encode_prompt(tokenizer, f"Question {i}: " + "which API loads a pretrained model? " * (1 + i % 19))

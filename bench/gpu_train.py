@@ -11,7 +11,7 @@ On a machine without a CUDA GPU it prints that it has nothing to measure and exi
 bench/gpu_smoke.py's dry run).
 
 Models (``--model``): ``demo`` is SmolLM2-135M-Instruct (the converted demo model,
-:func:`ratune.train.model.ensure_demo_model`); ``llama7b`` is the paper's LLaMA-7B shape (hidden
+:func:`ratune.models.ensure_demo_model`); ``llama7b`` is the paper's LLaMA-7B shape (hidden
 4096, 32 layers, 32 heads, MLP 11008, vocabulary 32000; Touvron et al. 2023, Table 2) and
 ``llama1b`` a 1B-class stand-in (the Llama-3.2-1B shape: hidden 2048, 16 layers, 32 query / 8 KV
 heads, MLP 8192, vocabulary 128256, tied embeddings), both randomly initialised on the GPU: no
@@ -171,7 +171,7 @@ def build_model(name: str, *, attn: str, device: str, dtype: str = "bfloat16"):
                                                   attn_implementation=attn)
         return model, name
     if name == "demo":
-        from ratune.train.model import ensure_demo_model
+        from ratune.models import ensure_demo_model
 
         path = ensure_demo_model()
     else:

@@ -195,7 +195,7 @@ def run(*, apibench_dir=None, modes: Sequence[str] = DEFAULT_MODES, max_length: 
         max_document_tokens: int | None = None, batch_size: int = 8, seed: int = 0, tokenizer=None) -> dict:
     """Build each mode's training rows and measure every strategy; returns the ``--json`` object."""
     from ratune.data.apibench import resolve_apibench_dir
-    from ratune.train.model import DEMO_MODEL_ALIAS, ensure_demo_model, load_tokenizer
+    from ratune.models import DEMO_MODEL_ALIAS, ensure_demo_model, load_tokenizer
 
     apibench_dir = resolve_apibench_dir(apibench_dir)
     if tokenizer is None:

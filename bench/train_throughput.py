@@ -107,7 +107,7 @@ def build_data(apibench: str, mode: str, out: Path, model_path: Path) -> Path:
     """The demo's data build of one train-time mode (configs/demo.yaml data section)."""
     from ratune.config import load_yaml
     from ratune.data.build import BuildSettings, build_dataset
-    from ratune.train.model import load_tokenizer
+    from ratune.models import load_tokenizer
 
     data = load_yaml(ROOT / "configs" / "demo.yaml")["data"]
     build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=out, tokenizer=load_tokenizer(model_path),
@@ -134,7 +134,7 @@ def _config_dict(changes: dict, *, data: Path, model: str, mode: str, steps: int
 def baseline_config(data: Path, mode: str, steps: int, threads: int, output_dir: Path):
     """The baseline candidate's TrainConfig (what --profile tokenizes)."""
     from ratune.train.config import TrainConfig
-    from ratune.train.model import DEMO_MODEL_ALIAS
+    from ratune.models import DEMO_MODEL_ALIAS
 
     return TrainConfig(**_config_dict({}, data=data, model=DEMO_MODEL_ALIAS, mode=mode, steps=steps,
                                       threads=threads, output_dir=output_dir))
@@ -199,7 +199,7 @@ def profile_micro_batches(config, model_path: Path, threads: int, top: int = 12)
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from ratune.train.model import load_tokenizer
+    from ratune.models import load_tokenizer
     from ratune.train.sft import load_training_rows
 
     torch.set_num_threads(threads)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ratune.manifest import package_versions
     from ratune.noise import quiet_known_noise
-    from ratune.train.model import DEMO_MODEL_ALIAS, ensure_demo_model, set_torch_threads
+    from ratune.models import DEMO_MODEL_ALIAS, ensure_demo_model, set_torch_threads
 
     quiet_known_noise()
 

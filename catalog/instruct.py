@@ -46,7 +46,7 @@ same file. Generation is a parameter (:data:`Generate`): :func:`load_generator` 
 transformers one; tests give a fake.
 
 The model alias ``smollm2-135m-instruct`` is resolved by the caller (ratune/cli.py passes
-:func:`ratune.train.model.resolve_model_path`): this module is in the data stage and imports no
+:func:`ratune.models.resolve_model_path`): this module is in the data stage and imports no
 later stage.
 """
 
@@ -62,20 +62,16 @@ from typing import Callable, Sequence
 
 from ratune.args import bounded, checked, input_dir, input_file, model_ref
 from ratune.catalog.folder import read_catalog_manifest
-from ratune.catalog.pairs import Pair, load_pairs
+from ratune.catalog.pairs import INSTRUCT_STAGE, SIDECAR_SUFFIX, Pair, instruct_sidecar, load_pairs, sidecar_path
 from ratune.catalog.schema import APIS_FILE, API_CALL, API_NAME, load_catalog, parse_api_call
 from ratune.config import Count, Seed
 from ratune.data.prompt import encode_prompt, serialize_document
 from ratune.data.validate import normalise
 from ratune.errors import RatuneError
-from ratune.io import read_json_object, sha256_file, write_json, write_text
+from ratune.io import sha256_file, write_json, write_text
 from ratune.locks import output_lock
 from ratune.manifest import base_manifest
 
-#: The stage name of ``ratune catalog instruct`` (its sidecar manifest's ``command`` and ``kind``).
-INSTRUCT_STAGE = "catalog instruct"
-#: The sidecar manifest of an output file: ``FILE`` + this suffix (``gen.jsonl.manifest.json``).
-SIDECAR_SUFFIX = ".manifest.json"
 #: Instructions asked for per API (the paper's 10).
 DEFAULT_PER_API = 10
 #: Seed examples shown in each API's prompt (the paper samples 3 of 6 per API).
@@ -133,12 +129,6 @@ _QUOTES = ("\"\"", "''", "\u201c\u201d")
 
 #: Generation: one output text per prompt text (the user turns of :func:`render_prompt`), in order.
 Generate = Callable[[Sequence[str]], list[str]]
-
-
-def sidecar_path(pairs_path: str | os.PathLike) -> Path:
-    """The sidecar manifest of an output pairs file: ``FILE`` + :data:`SIDECAR_SUFFIX`."""
-    path = Path(pairs_path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
 def render_example(instruction: str, document: dict) -> str:
@@ -289,15 +279,6 @@ def filter_candidates(candidates: Sequence[tuple[dict, Sequence[str]]], seeds: S
     return result
 
 
-def _owned_output(out: Path) -> dict | None:
-    """The sidecar manifest of ``out`` when ``catalog instruct`` wrote it, else None."""
-    sidecar = sidecar_path(out)
-    if not sidecar.is_file():
-        return None
-    manifest = read_json_object(sidecar)
-    return manifest if manifest.get("command") == INSTRUCT_STAGE else None
-
-
 def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
     """Refuse an ``--out`` that must not be written (before anything is loaded or generated).
 
@@ -314,7 +295,7 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
     sidecar = sidecar_path(out)
     if out.is_dir():
         raise RatuneError(f"{out}: is a folder; --out is the pairs file to write")
-    owned = _owned_output(out)
+    owned = instruct_sidecar(out)
     if out.exists():
         if not overwrite:
             raise RatuneError(f"{out}: exists; give --overwrite to replace it (only a file `ratune {INSTRUCT_STAGE}` "
@@ -329,27 +310,6 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
     elif sidecar.exists() and owned is None:
         raise RatuneError(f"{sidecar}: exists and is not a `ratune {INSTRUCT_STAGE}` manifest; ratune does not "
                           "overwrite files it did not create: choose another --out")
-
-
-def generation_record(pairs_path: str | os.PathLike) -> dict | None:
-    """What ``ratune catalog pairs`` copies into ``pairs/manifest.json`` about a generated pairs
-    file: None unless its sidecar is a ``catalog instruct`` manifest; else the sidecar's
-    ``generator``, ``prompt``, ``seeds``, ``sampling``, ``filters``, ``counts``, ``catalog``,
-    ``versions`` and ``git_commit``, plus ``sidecar`` (``path``, ``sha256``: its list of dropped
-    candidates stays there) and ``pairs_unchanged`` (whether the pairs file's sha256 is still the
-    one recorded, False after a hand edit).
-
-    Raises:
-        InputError: a sidecar that is not a JSON object (naming it).
-    """
-    manifest = _owned_output(Path(pairs_path))
-    if manifest is None:
-        return None
-    sidecar = sidecar_path(pairs_path)
-    keys = ("generator", "prompt", "seeds", "sampling", "filters", "counts", "catalog", "versions", "git_commit")
-    return {**{k: manifest.get(k) for k in keys},
-            "sidecar": {"path": str(sidecar), "sha256": sha256_file(sidecar)},
-            "pairs_unchanged": (manifest.get("output") or {}).get("sha256") == sha256_file(pairs_path)}
 
 
 def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLike, out: str | os.PathLike, *,
@@ -553,7 +513,7 @@ def cli_instruct(args, *, resolve_model: Callable[[str], Path] | None = None) ->
     Args:
         args: the parsed arguments (:func:`add_instruct_arguments`).
         resolve_model: maps ``--model`` to a folder (the CLI passes
-            :func:`ratune.train.model.resolve_model_path`, which knows the alias); None: the path as given.
+            :func:`ratune.models.resolve_model_path`, which knows the alias); None: the path as given.
     """
     check_output(args.out, overwrite=args.overwrite)  # cheap refusals before a model is converted or loaded
     load_pairs(args.seeds, load_catalog(args.catalog))

@@ -55,9 +55,15 @@ from ratune.config import Seed
 from ratune.data.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_MESSAGE, NEAR_DUPLICATE_JACCARD,
                                   find_leakage, normalise)
 from ratune.errors import InputError, RatuneError
-from ratune.io import iter_jsonl, sha256_file, write_json, write_text
-from ratune.manifest import base_manifest, replacing_folder, require_owned
+from ratune.io import iter_jsonl, read_json_object, sha256_file, write_json, write_text
+from ratune.locks import replacing_folder
+from ratune.manifest import base_manifest, require_owned
 
+
+#: The stage name of ``ratune catalog instruct`` (its sidecar manifest's ``command`` and ``kind``).
+INSTRUCT_STAGE = "catalog instruct"
+#: The sidecar manifest of an output file: ``FILE`` + this suffix (``gen.jsonl.manifest.json``).
+SIDECAR_SUFFIX = ".manifest.json"
 #: The fields a pair line may carry: required first, then optional.
 REQUIRED_PAIR_FIELDS = ("instruction", "api_name")
 OPTIONAL_PAIR_FIELDS = ("api_call", "explanation", "code")
@@ -68,6 +74,42 @@ DUPLICATE_POLICIES = ("error", "drop")
 
 #: How many close api_names an unknown-name error suggests.
 MAX_SUGGESTIONS = 3
+
+
+def sidecar_path(pairs_path: str | os.PathLike) -> Path:
+    """The sidecar manifest of an output pairs file: ``FILE`` + :data:`SIDECAR_SUFFIX`."""
+    path = Path(pairs_path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def instruct_sidecar(out: Path) -> dict | None:
+    """The sidecar manifest of ``out`` when ``catalog instruct`` wrote it, else None."""
+    sidecar = sidecar_path(out)
+    if not sidecar.is_file():
+        return None
+    manifest = read_json_object(sidecar)
+    return manifest if manifest.get("command") == INSTRUCT_STAGE else None
+
+
+def generation_record(pairs_path: str | os.PathLike) -> dict | None:
+    """What ``ratune catalog pairs`` copies into ``pairs/manifest.json`` about a generated pairs
+    file: None unless its sidecar is a ``catalog instruct`` manifest; else the sidecar's
+    ``generator``, ``prompt``, ``seeds``, ``sampling``, ``filters``, ``counts``, ``catalog``,
+    ``versions`` and ``git_commit``, plus ``sidecar`` (``path``, ``sha256``: its list of dropped
+    candidates stays there) and ``pairs_unchanged`` (whether the pairs file's sha256 is still the
+    one recorded, False after a hand edit).
+
+    Raises:
+        InputError: a sidecar that is not a JSON object (naming it).
+    """
+    manifest = instruct_sidecar(Path(pairs_path))
+    if manifest is None:
+        return None
+    sidecar = sidecar_path(pairs_path)
+    keys = ("generator", "prompt", "seeds", "sampling", "filters", "counts", "catalog", "versions", "git_commit")
+    return {**{k: manifest.get(k) for k in keys},
+            "sidecar": {"path": str(sidecar), "sha256": sha256_file(sidecar)},
+            "pairs_unchanged": (manifest.get("output") or {}).get("sha256") == sha256_file(pairs_path)}
 
 
 @dataclass(frozen=True)
@@ -330,7 +372,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
 
     Writes ``pairs/train.jsonl`` and ``pairs/eval.jsonl`` (:data:`SPLIT_FILES`, one
     :func:`pair_record` per line, in the input's order) and ``pairs/manifest.json``; the folder is
-    built beside itself and swapped in when complete (:func:`ratune.manifest.replacing_folder`),
+    built beside itself and swapped in when complete (:func:`ratune.locks.replacing_folder`),
     so a failed run leaves an earlier split as it was. The catalog's own ``manifest.json`` and
     ``apis.jsonl`` are never written.
 
@@ -360,7 +402,6 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         InputError: a bad pairs line or catalog document (file, line, field).
         LockHeld: another process writes the pairs folder.
     """
-    from ratune.catalog.instruct import generation_record
     catalog = read_catalog_manifest(catalog_dir)
     out = pairs_dir(catalog_dir)
     require_owned(out, PAIRS_STAGE, action="write into")  # before reading anything

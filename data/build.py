@@ -36,12 +36,14 @@ from ratune.data.hubs import HubSource, as_hub_source, resolve_hub
 from ratune.data.labels import tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
 from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
-                                require_chat_template, shorten_document, template_name)
+                                require_chat_template, shorten_document, template_name, use_chat_template)
 from ratune.data.utility import load_utility
 from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, write_json
-from ratune.manifest import base_manifest, mark_complete, replacing_folder, require_owned
+from ratune.locks import replacing_folder
+from ratune.manifest import base_manifest, mark_complete, require_owned
+from ratune.models import load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES,
@@ -224,10 +226,10 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
             catalog folder with its pairs split (``ratune catalog pairs``), or a
             :class:`~ratune.data.hubs.HubSource` (:func:`ratune.data.hubs.resolve_hub`).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
-            Built in a temporary sibling (:func:`ratune.manifest.replacing_folder`) and swapped in
+            Built in a temporary sibling (:func:`ratune.locks.replacing_folder`) and swapped in
             when complete, so a failed or interrupted rebuild leaves the previous build as it was.
         tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
-            template training will use (:func:`ratune.train.model.load_tokenizer`); its registry
+            template training will use (:func:`ratune.models.load_tokenizer`); its registry
             name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
         tokenizer_name: recorded in the manifest.
         modes: train-time retrieval modes to build.
@@ -384,8 +386,6 @@ def cli_build(args) -> int:
     Raises:
         RatuneError: nothing to build, ``--utility-file`` without ``--min-utility`` or ``--mixture``; as :func:`build_dataset`.
     """
-    from ratune.train.model import load_tokenizer, resolve_model_path  # the tokenizer that measures lengths
-
     # an APIBench hub needs the APIBench folder; a catalog folder does not
     source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
     mixtures = [Mixture.parse(spec, **values_from_args(args, MIXTURE_OPTIONS)) for spec in args.mixture or []]
@@ -397,7 +397,7 @@ def cli_build(args) -> int:
             raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")
         utility_keep = load_utility(args.utility_file, min_utility=args.min_utility)
         utility_meta = {"file": args.utility_file, "min_utility": args.min_utility}
-    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer), chat_template=args.chat_template)
+    tokenizer = use_chat_template(load_tokenizer(resolve_model_path(args.tokenizer)), args.chat_template)
     manifest = build_dataset(
         hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(**values_from_args(args, BUILD_OPTIONS)),

@@ -216,6 +216,26 @@ def chat_messages(user_turn: str) -> list[dict]:
     return [{"role": "user", "content": user_turn}]
 
 
+def use_chat_template(tokenizer, name: str | None):
+    """Give ``tokenizer`` the registry template ``name`` (:data:`CHAT_TEMPLATES`) and return it.
+
+    A named choice replaces a tokenizer's own template, so the recorded name is the template used
+    (a base LLaMA tokenizer has none). None keeps the tokenizer's own template, or none at all,
+    which :func:`require_chat_template` refuses where prompts are made.
+
+    Raises:
+        RatuneError: an unknown template name.
+    """
+    from ratune.errors import RatuneError
+
+    if name is None:
+        return tokenizer
+    if name not in CHAT_TEMPLATES:
+        raise RatuneError(f"unknown chat template {name!r}: expected one of {', '.join(CHAT_TEMPLATE_NAMES)}")
+    tokenizer.chat_template = CHAT_TEMPLATES[name].jinja
+    return tokenizer
+
+
 def template_of(tokenizer) -> ChatTemplate | None:
     """The registry template (:data:`CHAT_TEMPLATES`) the tokenizer carries, found by its
     ``chat_template`` text; None for a tokenizer with its own template or none."""

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.data.labels import tokenize_row
-from ratune.data.prompt import require_chat_template
+from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
 from ratune.manifest import base_manifest, is_complete, mark_complete
+from ratune.models import load_model, load_tokenizer, resolve_model_path, set_torch_threads
 
 #: Which data-build mode measures the utility of each mixture component's document.
 COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_retriever mode
@@ -188,13 +189,11 @@ def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
 
 def cli_utility(args) -> int:
     """``ratune data utility``: measure each built row's document utility with a model and write it (``args`` from its parser, ratune/cli.py). Returns 0."""
-    from ratune.train.model import load_model, load_tokenizer, resolve_model_path, set_torch_threads
-
     set_torch_threads(args.threads)
     model_path = resolve_model_path(args.model)
     built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
     chat_template = (read_json_object(built).get("settings") or {}).get("chat_template") if built.exists() else None
-    tokenizer = load_tokenizer(model_path, chat_template=chat_template)
+    tokenizer = use_chat_template(load_tokenizer(model_path), chat_template)
     require_chat_template(tokenizer, source=str(model_path), hint="build the data with --chat-template (the "
                           "manifest gives it to this command)")
     model = load_model(model_path)

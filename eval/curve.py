@@ -29,7 +29,6 @@ from pathlib import Path
 from ratune.data.hubs import as_hub_source
 from ratune.errors import RatuneError
 from ratune.eval.run import EvalSettings, evaluate_checkpoint
-from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
 from ratune.manifest import claim_folder, package_versions, require_owned
 from ratune.train.layout import checkpoint_epoch, trainer_checkpoints
@@ -54,28 +53,32 @@ def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> di
     A metric the cell does not have (``gorilla`` for a catalog, :mod:`ratune.eval.catalog_scorer`)
     has None in each of its fields.
 
+    The rates and the interval are the cell's own (its 95 % Wilson interval,
+    :func:`ratune.eval.stats.rate_intervals`), copied, not recomputed.
+
     Raises:
-        KeyError: ``metrics`` lacks ``n``, or a metric block lacks ``correct_n``/``hallucination_n``.
+        KeyError: ``metrics`` lacks ``n``, or a metric block lacks ``correct_n``, ``accuracy``,
+            ``hallucination`` or ``accuracy_ci``.
     """
-    n = metrics["n"]
-    row = {"step": step, "epoch": epoch, "setting": setting, "n": n}
+    row = {"step": step, "epoch": epoch, "setting": setting, "n": metrics["n"]}
     for metric in METRICS:
         block = metrics.get(metric)
         if block is None:
             row.update({f"{metric}_{k}": None for k in ("correct", "accuracy", "hallucination", "ci")})
             continue
         row[f"{metric}_correct"] = block["correct_n"]
-        row[f"{metric}_accuracy"] = block["correct_n"] / n if n else 0.0
-        row[f"{metric}_hallucination"] = block["hallucination_n"] / n if n else 0.0
-        row[f"{metric}_ci"] = list(wilson_interval(block["correct_n"], n)) if n else [0.0, 1.0]
+        row[f"{metric}_accuracy"] = block["accuracy"]
+        row[f"{metric}_hallucination"] = block["hallucination"]
+        row[f"{metric}_ci"] = list(block["accuracy_ci"])
     return row
 
 
 def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
-                   settings: EvalSettings, progress: bool = True) -> list[dict]:
+                   settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> list[dict]:
     """Evaluate every Trainer checkpoint of ``run`` under ``settings`` and write the curve files.
 
-    Finished checkpoints and settings are skipped (each ``OUT/step{STEP}`` resumes as ``ratune
+    Each checkpoint's responses name the model ``{model_name}-step{STEP}`` (``model_name``
+    defaults to the run folder's name). Finished checkpoints and settings are skipped (each ``OUT/step{STEP}`` resumes as ``ratune
     eval run`` does), so an interrupted curve continues where it stopped.
 
     Returns:
@@ -99,7 +102,8 @@ def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | 
         if progress:
             print(f"[curve] checkpoint {number}/{len(checkpoints)}: step {checkpoint.step}", flush=True)
         results = evaluate_checkpoint(checkpoint.folder, hub=source, apibench_dir=apibench_dir,
-                                      out_dir=step_folder(out, checkpoint.step), settings=settings, progress=progress)
+                                      out_dir=step_folder(out, checkpoint.step), settings=settings, progress=progress,
+                                      model_name=f"{model_name}-step{checkpoint.step}" if model_name else None)
         epoch = checkpoint_epoch(checkpoint)
         rows += [curve_row(checkpoint.step, epoch, s, results[s]) for s in settings.settings]
     write_curve(out, rows, run=str(run), hub=source.name)

@@ -24,7 +24,7 @@ on the CPU in float32 (``--device``, ``--dtype`` override; :func:`resolve_placem
 Checkpoints (:func:`resolve_checkpoint`): a run folder's ``model/``, a model folder, or a run that
 saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``): that adapter is merged into the
 UNQUANTIZED base its run manifest names, in the eval dtype
-(:func:`ratune.train.model.load_adapter_merged`), so eval measures the model ``ratune export
+(:func:`ratune.models.load_adapter_merged`), so eval measures the model ``ratune export
 --merge-lora`` writes, on any machine (no bitsandbytes or CUDA needed). It is not the 4-bit base
 the adapter was trained on; the train-time save check measured the adapter on that one.
 A run's Trainer checkpoint, ``RUN/trainer/checkpoint-STEP`` (full weights, or a LoRA adapter put
@@ -49,9 +49,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
+from ratune.data.apibench import input_hashes
 from ratune.data.hubs import as_hub_source
-from ratune.data.prompt import encode_prompt, render_user_turn, require_chat_template
+from ratune.data.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.eval.abstain import abstention
 from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY, CatalogEvalScorer
@@ -59,19 +59,18 @@ from ratune.eval.constraints import constrained_examples, constraint_metrics
 from ratune.eval.generate import generate_batches, generation_limits, max_positions_of
 from ratune.eval.report import read_metrics
 from ratune.eval.scoring import Scorer
-from ratune.eval.settings import DEVICES, DTYPES, EVAL_OPTIONS, EvalSettings
+from ratune.eval.settings import EvalSettings, resolve_placement
 from ratune.eval.stats import count_rates, rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
 from ratune.locks import locked_output
 from ratune.manifest import OWNER_MARKER, base_manifest, claim_folder, is_complete, mark_complete, package_versions
-from ratune.options import values_from_args
-from ratune.registry import (CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, EVAL_SETTINGS, RETRIEVERS,
+from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
+from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever, unknown_name)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
-from ratune.train.model import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
 
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
@@ -79,36 +78,6 @@ from ratune.train.model import load_adapter_merged, load_model, load_tokenizer, 
 #: What cells made before devices and dtypes were recorded ran with (every one of them loaded the
 #: model in float32 and never moved it off the CPU; vLLM ran on CUDA in its float32 default).
 _LEGACY_PLACEMENT = {"hf": {"device": "cpu", "dtype": "float32"}, "vllm": {"device": "cuda", "dtype": "float32"}}
-
-
-def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
-    """The ``(device, dtype)`` an eval generates with.
-
-    ``auto`` device: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``; ``auto`` dtype:
-    ``bfloat16`` on CUDA, ``float32`` on CPU.
-
-    Raises:
-        RatuneError: an unknown device or dtype, ``cuda`` asked for where torch sees no CUDA
-            device, or the vLLM backend (CUDA only) with ``cpu``.
-    """
-    import torch
-
-    if device not in DEVICES:
-        raise RatuneError(f"unknown eval device {device!r}: expected one of {', '.join(DEVICES)}")
-    if dtype not in DTYPES:
-        raise RatuneError(f"unknown eval dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    cuda = torch.cuda.is_available()
-    if device == "auto":
-        device = "cuda" if cuda else "cpu"
-    elif device == "cuda" and not cuda:
-        raise RatuneError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (torch.version.cuda "
-                          f"{torch.version.cuda}); install a CUDA build of torch that matches the driver, or use "
-                          "--device cpu")
-    if backend == "vllm" and device != "cuda":
-        raise RatuneError("the vLLM backend generates on CUDA only: --device cpu contradicts --backend vllm")
-    if dtype == "auto":
-        dtype = "bfloat16" if device == "cuda" else "float32"
-    return device, dtype
 
 
 def _with_placement(identity: dict) -> dict:
@@ -274,6 +243,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
             (:mod:`ratune.eval.catalog_scorer`; no ``gorilla`` block: that metric is APIBench's),
             and its top-level ``accuracy`` / ``hallucination`` / ``error`` are the strict ones
             (``"metric": "strict"`` says so).
+        model_name: the model's name in each response line and in metrics.json (``--model-name``;
+            a sweep passes its cell's name). Default: the run folder's name with ``-stepSTEP`` for
+            a Trainer checkpoint, else the folder's name.
     Returns:
         ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
     Raises:
@@ -313,7 +285,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
 
     # the prompts are rendered with the template the model was trained with (run manifest)
     chat_template = settings.chat_template or trained_chat_template(described_by)
-    tokenizer = load_tokenizer(folder, trust_remote_code=settings.trust_remote_code, chat_template=chat_template)
+    tokenizer = use_chat_template(load_tokenizer(folder, trust_remote_code=settings.trust_remote_code), chat_template)
     require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
     positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
     inputs = input_hashes(hub_source.input_files(["eval"]))
@@ -421,7 +393,7 @@ def _check_request(settings: EvalSettings, hub_source) -> None:
 
 def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: str, device: str, positions):
     """The model to generate with: a vLLM engine (``backend: vllm``), an adapter merged into its
-    unquantized base (:func:`ratune.train.model.load_adapter_merged`), or the model folder."""
+    unquantized base (:func:`ratune.models.load_adapter_merged`), or the model folder."""
     if settings.backend == "vllm":
         from ratune.eval.vllm_backend import load_llm  # an optional extra
 
@@ -510,23 +482,3 @@ def _write_eval_manifest(out: Path, *, checkpoint: Path, hub: str, inputs: dict,
     cells.update({s: sha256_file(out / s / "metrics.json") for s in results})
     write_json(path, {**base_manifest("eval run"), "checkpoint": str(checkpoint.resolve()), "hub": hub,
                       "inputs": inputs, "generation": generation, "cells": dict(sorted(cells.items()))})
-
-
-def cli_run(args) -> int:
-    """``ratune eval run``: evaluate a checkpoint (or, with ``--all-checkpoints``, every checkpoint of a run: a learning curve) under the test settings (``args`` from its parser, ratune/cli.py); prints each setting's rates (or the curve). Returns 0."""
-    from ratune.eval.curve import curve_markdown, evaluate_curve  # it calls this module
-
-    values = values_from_args(args, EVAL_OPTIONS)
-    values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
-    settings = EvalSettings(**values)
-    apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
-    if args.all_checkpoints:
-        rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
-                              settings=settings)
-        print(curve_markdown(rows), end="")
-        return 0
-    results = evaluate_checkpoint(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
-                                  settings=settings)
-    print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
-                      for s, m in results.items()}, sort_keys=True))
-    return 0

@@ -13,6 +13,7 @@ from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
+from ratune.errors import RatuneError
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
@@ -110,3 +111,34 @@ EVAL_OPTIONS: tuple[Option, ...] = (
            help="prompt chat template (default: the one the checkpoint was trained with, from its run "
                 "manifest; give it for a model trained elsewhere whose tokenizer has none)"),
 )
+
+
+def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
+    """The ``(device, dtype)`` an eval generates with.
+
+    ``auto`` device: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``; ``auto`` dtype:
+    ``bfloat16`` on CUDA, ``float32`` on CPU.
+
+    Raises:
+        RatuneError: an unknown device or dtype, ``cuda`` asked for where torch sees no CUDA
+            device, or the vLLM backend (CUDA only) with ``cpu``.
+    """
+    import torch
+
+    if device not in DEVICES:
+        raise RatuneError(f"unknown eval device {device!r}: expected one of {', '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise RatuneError(f"unknown eval dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    elif device == "cuda" and not cuda:
+        raise RatuneError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (torch.version.cuda "
+                          f"{torch.version.cuda}); install a CUDA build of torch that matches the driver, or use "
+                          "--device cpu")
+    if backend == "vllm" and device != "cuda":
+        raise RatuneError("the vLLM backend generates on CUDA only: --device cpu contradicts --backend vllm")
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    return device, dtype
+

@@ -17,7 +17,7 @@ cut. vLLM does not stop early at the api_provider line (its stop strings cannot 
 first line end after a marker"); it runs on and the text is cut at the same offset HF's stopping
 criterion cuts at, so the stored answers are the same.
 
-Numerics: the weights' dtype is eval's (:func:`ratune.eval.run.resolve_placement`: bfloat16 on
+Numerics: the weights' dtype is eval's (:func:`ratune.eval.settings.resolve_placement`: bfloat16 on
 CUDA unless ``--dtype`` says otherwise), the one the HF backend uses on the same GPU. vLLM's
 kernels differ from HF's, so greedy answers agree exactly only where no two candidate tokens are
 near-tied.
@@ -44,6 +44,7 @@ import importlib.util
 from typing import Iterator, Sequence
 
 from ratune.errors import RatuneError
+from ratune.eval.settings import resolve_placement
 
 #: The vLLM releases this backend is written against (module docstring); pyproject.toml's ``vllm``
 #: extra pins the same range.
@@ -85,17 +86,16 @@ def load_llm(model_path, *, dtype: str = "auto", max_positions: int | None = Non
     Args:
         model_path: a folder with config.json, safetensors and tokenizer (a ratune model folder).
         dtype: weight dtype, as eval's ``--dtype`` (``auto``: bfloat16, the CUDA default of
-            :func:`ratune.eval.run.resolve_placement`).
+            :func:`ratune.eval.settings.resolve_placement`).
         max_positions: vLLM's ``max_model_len``; None: :func:`ratune.eval.generate.max_positions_of`
             the folder's config.json (vLLM's own default when that names none).
         trust_remote_code: let the folder's own modeling code run.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache).
         seed: vLLM's seed (greedy decoding does not sample; kept fixed anyway).
     Raises:
-        RatuneError: see :func:`require_vllm` and :func:`ratune.eval.run.resolve_placement`.
+        RatuneError: see :func:`require_vllm` and :func:`ratune.eval.settings.resolve_placement`.
     """
     require_vllm()
-    from ratune.eval.run import resolve_placement
 
     _, dtype = resolve_placement("cuda", dtype, backend="vllm")
     if max_positions is None:

@@ -38,10 +38,10 @@ from ratune.eval.report import _axes, _complete, headline_metric, make_cell, met
 from ratune.io import read_json, sha256_file, stale_temp_folders, temp_folder, write_json
 from ratune.locks import locked_output
 from ratune.manifest import is_complete, package_versions
+from ratune.models import load_model, load_tokenizer
 from ratune.train.layout import model_folder
-from ratune.train.model import load_model, load_tokenizer
 
-#: Hub id of the base model behind each ratune model alias (train/model.py).
+#: Hub id of the base model behind each ratune model alias (ratune/models.py).
 BASE_MODEL_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 #: The training data on the hub (Gorilla's APIBench): the card's ``datasets`` of APIBench-trained runs only.
 DATASET_ID = "gorilla-llm/APIBench"
@@ -152,7 +152,7 @@ def check_vocabulary(model, tokenizer, *, base_rows: int | None = None) -> dict:
     those rows are never indexed) and no vocabulary was added or removed during training. Fewer
     rows than tokens is always refused: token ids >= rows (e.g. a pad token added to the tokenizer
     without resizing the model) would index past the matrix. ratune itself never adds tokens
-    (:func:`ratune.train.model.load_tokenizer` pads with EOS).
+    (:func:`ratune.models.load_tokenizer` pads with EOS).
 
     Args:
         model: a causal LM.
@@ -426,7 +426,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             and renamed; nothing else beside it is touched.
         merge_lora: when the run has ``adapter/``, load the base model (the run manifest's
             ``model_path``, unquantized, in the run's ``dtype``) and merge the adapter into it with
-            peft's ``merge_and_unload`` (:func:`ratune.train.model.load_adapter_merged`); without
+            peft's ``merge_and_unload`` (:func:`ratune.models.load_adapter_merged`); without
             an adapter (full finetune, or a plain model folder) the model is exported as it is.
             Without this flag ``model/`` (already merged by training) is exported. A QLoRA run
             (``load_in_4bit: true``) saves only ``adapter/`` and needs this flag.
@@ -484,7 +484,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         # the adapter merged into the UNQUANTIZED base, in the run's dtype (QLoRA runs too: a merge into
         # their 4-bit base would round the merged weights to 4 bits again)
         from ratune.train.layout import adapter_base
-        from ratune.train.model import load_adapter_merged
+        from ratune.models import load_adapter_merged
 
         base = adapter_base(manifest, checkpoint / "manifest.json",
                             hint="" if adapter_only else "; export without --merge-lora (model/ is already merged)")

@@ -167,7 +167,7 @@ output_dir = _typed(_output_dir, "output_dir", good="new", bad=("file",))
 
 
 def _model_ref(text: str) -> str:
-    from ratune.train.model import DEMO_MODEL_ALIAS, is_hub_id
+    from ratune.models import DEMO_MODEL_ALIAS, is_hub_id
 
     if text == DEMO_MODEL_ALIAS:
         return text

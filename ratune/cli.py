@@ -118,7 +118,7 @@ def _report(args) -> int:
         if args.eval:
             raise RatuneError("give either SWEEP_DIR or --eval folders, not both")
         return cli_report_sweep(args.sweep_dir, out=args.out, pair_args=args.pair)
-    from ratune.eval.report import cli_report
+    from ratune.eval.cli import cli_report
 
     return cli_report(args)
 
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
     from ratune.registry import BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVERS, TRAIN_MODES
     from ratune.sweep.pairs import parse_selector
-    from ratune.train.model import DEMO_MODEL_ALIAS
+    from ratune.models import DEMO_MODEL_ALIAS
 
     mode = registered("train-time retrieval mode", TRAIN_MODES)
     backend = registered("BM25 backend", BM25_BACKENDS)
@@ -246,7 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a learning curve: evaluate every Trainer checkpoint of the run folder --checkpoint "
                         "(trainer/checkpoint-STEP) into OUT/stepSTEP/ and write OUT/curve.{json,csv,md,png} "
                         "(eval/curve.py)")
-    e.set_defaults(func=_handler("ratune.eval.run:cli_run"))
+    e.add_argument("--model-name", default=None,
+                   help="the model's name in each response line and metrics.json (default: the run folder's name, "
+                        "with -stepSTEP for a Trainer checkpoint; with --all-checkpoints NAME-stepSTEP)")
+    e.set_defaults(func=_handler("ratune.eval.cli:cli_run"))
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
     s.set_defaults(func=_handler("ratune.eval.scoring:cli_score"))
@@ -304,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pairs_arguments(cp)
     cp.set_defaults(func=_handler("ratune.catalog.pairs:cli_pairs"))
     from ratune.catalog.instruct import add_instruct_arguments, cli_instruct
-    from ratune.train.model import resolve_model_path  # the model alias; the data stage does not import train
+    from ratune.models import resolve_model_path  # the model alias; the data stage does not import train
 
     cg = catalog.add_parser("instruct", help="instructions for each catalog API written by a model from seed "
                                              "examples (Gorilla 3.1, self-instruct) -> a pairs file for `catalog pairs`")

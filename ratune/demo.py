@@ -20,9 +20,9 @@ from ratune.errors import RatuneError
 from ratune.eval.report import table2_markdown
 from ratune.locks import output_lock
 from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
+from ratune.models import resolve_model_path
 from ratune.sweep import check_changed, expand, is_finished, load_sweep, report_sweep, run_local
 from ratune.sweep import local as sweep_local
-from ratune.train.model import resolve_model_path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -88,7 +88,7 @@ def _run_demo(sweep, cells, *, rerun_changed: bool) -> int:
     times: dict[str, float] = {}
     t0 = time.time()
     for model in dict.fromkeys(c.config["model"] for c in cells):
-        resolve_model_path(model)  # the demo alias: converted once (train/model.py)
+        resolve_model_path(model)  # the demo alias: converted once (ratune/models.py)
     times["convert model"] = time.time() - t0
 
     arm = {str(c.dir): " ".join(str(v) for v in c.axes.values()) for c in cells}

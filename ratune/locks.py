@@ -23,6 +23,7 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from ratune.errors import RatuneError
-from ratune.manifest import require_owned
+from ratune.io import stale_temp_folders, swap_folder, temp_folder
+from ratune.manifest import claim_folder, require_owned
 
 #: A function :func:`locked_output` decorates.
 F = TypeVar("F", bound=Callable)
@@ -207,3 +209,38 @@ def locked_output(arg: str, *, command: str, enabled: Callable[[], bool] | None 
         return locked  # type: ignore[return-value]
 
     return decorate
+
+
+@contextlib.contextmanager
+def replacing_folder(out: str | Path, stage: str):
+    """Build the output ``out`` of ``stage`` in a new temporary sibling and swap it in on success.
+
+    ``out`` is resolved first (``..`` and symlinks followed: a symlinked output keeps its link and
+    gets a new target folder beside the old one). Holds ``out``'s lock
+    (:func:`output_lock`) throughout; checks ``out`` with
+    :func:`ratune.manifest.require_owned` before and again just before the swap; removes temporary siblings that
+    a killed earlier writer of ``out`` left (:func:`ratune.io.stale_temp_folders`). The body
+    writes into the yielded folder, which already carries :data:`ratune.manifest.OWNER_MARKER`. If the body raises
+    (or is interrupted), the temporary folder is removed and ``out`` keeps its previous content.
+    Callers decide beforehand whether an existing ``out`` may be replaced at all (their
+    ``--overwrite``).
+
+    Yields:
+        The temporary folder.
+    Raises:
+        RatuneError: from :func:`ratune.manifest.require_owned`; LockHeld when another process writes ``out``.
+    """
+    out = Path(out).resolve()
+    with output_lock(out):
+        require_owned(out, stage)
+        for stale in stale_temp_folders(out):  # under the lock: no live writer of out owns them
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = temp_folder(out)
+        try:
+            claim_folder(tmp, stage)
+            yield tmp
+            require_owned(out, stage)
+            swap_folder(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -14,8 +14,6 @@ temporary sibling and swaps it in at the end, under the output's lock (:mod:`rat
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -141,41 +139,3 @@ def require_owned(folder: str | Path, stage: str, *, action: str = "replace") ->
     what = f"it is a ratune {found} output" if found else f"it has no {OWNER_MARKER} marker"
     raise RatuneError(f"{folder}: not a ratune {stage} output ({what}); ratune does not {action} folders it did "
                       "not make: choose another output folder, or move this one away yourself")
-
-
-@contextlib.contextmanager
-def replacing_folder(out: str | Path, stage: str):
-    """Build the output ``out`` of ``stage`` in a new temporary sibling and swap it in on success.
-
-    ``out`` is resolved first (``..`` and symlinks followed: a symlinked output keeps its link and
-    gets a new target folder beside the old one). Holds ``out``'s lock
-    (:func:`ratune.locks.output_lock`) throughout; checks ``out`` with
-    :func:`require_owned` before and again just before the swap; removes temporary siblings that
-    a killed earlier writer of ``out`` left (:func:`ratune.io.stale_temp_folders`). The body
-    writes into the yielded folder, which already carries :data:`OWNER_MARKER`. If the body raises
-    (or is interrupted), the temporary folder is removed and ``out`` keeps its previous content.
-    Callers decide beforehand whether an existing ``out`` may be replaced at all (their
-    ``--overwrite``).
-
-    Yields:
-        The temporary folder.
-    Raises:
-        RatuneError: from :func:`require_owned`; LockHeld when another process writes ``out``.
-    """
-    from ratune.io import stale_temp_folders, swap_folder, temp_folder
-    from ratune.locks import output_lock
-
-    out = Path(out).resolve()
-    with output_lock(out):
-        require_owned(out, stage)
-        for stale in stale_temp_folders(out):  # under the lock: no live writer of out owns them
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = temp_folder(out)
-        try:
-            claim_folder(tmp, stage)
-            yield tmp
-            require_owned(out, stage)
-            swap_folder(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise

@@ -17,7 +17,8 @@ from typing import Sequence
 from ratune.data.prompt import serialize_document
 from ratune.errors import RatuneError
 from ratune.io import read_json, write_json
-from ratune.manifest import package_versions, replacing_folder
+from ratune.locks import replacing_folder
+from ratune.manifest import package_versions
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, unknown_name
 from ratune.retrieval.base import Query, Retriever, dedup_corpus
 
@@ -262,7 +263,7 @@ class BM25Retriever(Retriever):
         """Write the index (backend ``bm25s`` only) to ``out_dir``: ``arrays.npz`` (numpy, no
         pickles) and :data:`BM25_INDEX_METADATA` (format, hub, variant, parameters, corpus sha256,
         bm25s version). An existing ``out_dir`` is replaced only when it is a saved index
-        (:func:`ratune.manifest.replacing_folder`: written beside it, swapped in when complete).
+        (:func:`ratune.locks.replacing_folder`: written beside it, swapped in when complete).
 
         Raises:
             RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle);

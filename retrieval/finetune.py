@@ -47,7 +47,8 @@ from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choice
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json
-from ratune.manifest import git_commit, package_versions, replacing_folder, require_owned
+from ratune.locks import replacing_folder
+from ratune.manifest import git_commit, package_versions, require_owned
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
@@ -142,7 +143,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
             the dense retriever refuses other hubs).
         out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
             written in a temporary sibling and swapped in when complete
-            (:func:`ratune.manifest.replacing_folder`).
+            (:func:`ratune.locks.replacing_folder`).
         train_path: the training file the examples came from (its sha256 is recorded).
         eval_path: the eval file (named in leakage errors; its sha256 is recorded).
         settings: training settings.

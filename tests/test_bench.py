@@ -100,7 +100,7 @@ def test_hf_measurement_counts_only_generated_tokens(et, tiny_model_dir):
     import torch
 
     from ratune.data.prompt import encode_prompt
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir)

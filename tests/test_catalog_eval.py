@@ -229,7 +229,9 @@ def test_report_of_catalog_cells_is_strict_and_arguments_only(catalog, tiny_mode
 def test_curve_row_and_files_of_a_catalog_cell_leave_gorilla_blank(tmp_path):
     from ratune.eval.curve import curve_csv, curve_markdown, curve_row, plot_curve
 
-    metrics = {"n": 6, "metric": "strict", "strict": {"correct_n": 3, "hallucination_n": 1, "error_n": 2}}
+    from test_curve import metric_block
+
+    metrics = {"n": 6, "metric": "strict", "strict": metric_block(3, 1, 2)}
     row = curve_row(4, 1.0, "oracle", metrics)
     assert row["strict_correct"] == 3 and row["strict_accuracy"] == 0.5
     assert row["strict_ci"] == pytest.approx([0.1876, 0.8124], abs=1e-4)

@@ -359,7 +359,7 @@ def test_cli_end_to_end_with_the_tiny_model_is_counted_and_reproducible(catalog,
 
 def test_the_data_stage_module_imports_no_later_stage():
     """catalog/ is the data stage: the alias resolution comes from the CLI (ratune/cli.py passes
-    ratune.train.model.resolve_model_path), never from an import of train/ or eval/ here."""
+    ratune.models.resolve_model_path), never from an import of train/ or eval/ here."""
     import ast
 
     tree = ast.parse((ROOT / "catalog" / "instruct.py").read_text(encoding="utf-8"))

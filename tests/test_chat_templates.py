@@ -27,9 +27,10 @@ ANSWER_IDS = [263, NL, 264, NL, 265, NL, 266, NL, 267, NL, 268]
 
 
 def _load(folder, chat_template=None):
-    from ratune.train.model import load_tokenizer
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_tokenizer
 
-    return load_tokenizer(folder, chat_template=chat_template)
+    return use_chat_template(load_tokenizer(folder), chat_template)
 
 
 def test_the_tokenizer_is_llama1_shaped(llama1_dir):
@@ -166,7 +167,7 @@ def test_data_build_with_gorilla_v0_records_it(gorilla_data, llama1_dir):
 
 
 def _refuse_model_loads(monkeypatch):
-    import ratune.train.model as model
+    import ratune.models as model
 
     monkeypatch.setattr(model, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setattr("ratune.train.sft.load_model", lambda *a, **k: pytest.fail("a model was loaded"))

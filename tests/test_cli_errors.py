@@ -343,7 +343,7 @@ def test_deepspeed_json_that_is_not_a_config(tmp_path, capsys, content, what):
 
 @pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_a_tokenizer_without_eos(tmp_path, smol_tokenizer_dir, capsys):
-    from ratune.train.model import load_tokenizer
+    from ratune.models import load_tokenizer
 
     folder = tmp_path / "no_eos"
     shutil.copytree(smol_tokenizer_dir, folder)

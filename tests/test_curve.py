@@ -24,11 +24,21 @@ def _settings(**kw):
                         torch_threads=1, **kw)
 
 
+def metric_block(correct: int, hallucination: int, error: int) -> dict:
+    """A metric block as a cell's metrics.json holds it (eval/run.py ``_cell_metrics``): counts,
+    fractions and their 95 % Wilson intervals."""
+    from ratune.eval.stats import rate_intervals
+
+    n = correct + hallucination + error
+    counts = {"correct_n": correct, "hallucination_n": hallucination, "error_n": error}
+    return {**counts, "accuracy": correct / n, "hallucination": hallucination / n, "error": error / n,
+            **rate_intervals(counts, n)}
+
+
 def test_curve_row_counts_rates_and_wilson_interval():
     from ratune.eval.curve import curve_row
 
-    metrics = {"n": 10, "strict": {"correct_n": 3, "hallucination_n": 2, "error_n": 5},
-               "gorilla": {"correct_n": 5, "hallucination_n": 1, "error_n": 4}}
+    metrics = {"n": 10, "strict": metric_block(3, 2, 5), "gorilla": metric_block(5, 1, 4)}
     row = curve_row(21, 1.0, "0_shot", metrics)
     assert row["step"] == 21 and row["epoch"] == 1.0 and row["setting"] == "0_shot" and row["n"] == 10
     assert row["strict_correct"] == 3 and row["strict_accuracy"] == pytest.approx(0.3)
@@ -133,6 +143,18 @@ def test_cli_all_checkpoints(tmp_path, tiny_model_dir, apibench, capsys):
     printed = capsys.readouterr().out
     assert "| 1 | 0.5 | 0_shot | 2 |" in printed and "| 2 | 1 | 0_shot | 2 |" in printed
     assert sorted(p.name for p in (tmp_path / "c").glob("step*")) == ["step1", "step2"]
+    # each checkpoint's responses name the run folder and the step ...
+    first = json.loads((tmp_path / "c" / "step1" / "0_shot" / "responses.jsonl").read_text().splitlines()[0])
+    assert first["model"] == "run-step1"
+    # ... or the name given (a sweep gives its cell's), with the step
+    assert main(["eval", "run", "--checkpoint", str(run), "--hub", "torchhub", "--apibench", str(apibench),
+                 "--out", str(tmp_path / "named"), "--settings", "0_shot", "--n-questions", "2", "--batch-size", "2",
+                 "--max-new-tokens", "4", "--threads", "1", "--all-checkpoints", "--model-name", "cellA"]) == 0
+    for step in (1, 2):
+        cell = tmp_path / "named" / f"step{step}" / "0_shot"
+        assert {json.loads(line)["model"] for line in (cell / "responses.jsonl").read_text().splitlines()} == \
+            {f"cellA-step{step}"}
+        assert json.loads((cell / "metrics.json").read_text())["model"] == f"cellA-step{step}"
 
 
 # ---- the sweep's learning curve (eval.curve_settings)

@@ -16,7 +16,7 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.registry import DEFAULT_SETTINGS as SETTINGS  # what eval runs without --settings
     from ratune.train.config import TrainConfig
-    from ratune.train.model import load_model
+    from ratune.models import load_model
     from ratune.train.sft import train
 
     data = tmp_path / "data"

@@ -49,7 +49,7 @@ def _prompts(root: Path, tokenizer, n: int = 3) -> list[list[int]]:
 
 def _answers(folder: Path, prompts) -> list[str]:
     from ratune.eval.generate import generate_all
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     return generate_all(load_model(folder), load_tokenizer(folder), prompts, batch_size=3, max_new_tokens=12)
 
@@ -209,7 +209,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(HfApi, "create_repo", boom)
     monkeypatch.setattr(HfApi, "upload_folder", boom)
-    import ratune.train.model as model_module
+    import ratune.models as model_module
 
     monkeypatch.setattr(model_module, "load_model", boom)  # nothing may be loaded either
     monkeypatch.setattr("ratune.export.checkpoint.load_model", boom)  # (export calls it by this name)

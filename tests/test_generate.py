@@ -22,7 +22,7 @@ def mixed_prompts(apibench, tok, n: int, max_document_tokens: int) -> list[list[
 def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
     """Prompts of very different lengths (0-shot and oracle) in one batch give the same greedy
     answers as generating each alone."""
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir)
@@ -71,7 +71,7 @@ def test_prefill_each_prompt_alone_gives_the_batch1_answers(apibench, tiny_model
     import pytest
 
     from ratune.eval import generate
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir)

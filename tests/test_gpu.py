@@ -126,7 +126,7 @@ def test_qlora_loads_trains_and_saves_the_adapter(tiny_model_dir, tmp_path):
 def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, monkeypatch):
     import torch
 
-    import ratune.train.model as model_module
+    import ratune.models as model_module
     from ratune.eval.run import EvalSettings, evaluate_checkpoint, resolve_placement
 
     assert resolve_placement() == ("cuda", "bfloat16")
@@ -154,7 +154,7 @@ def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, 
 def test_prefill_auto_takes_the_padded_path_on_cuda(tiny_model_dir, smol_tokenizer, monkeypatch):
     import ratune.eval.generate as gen
     from ratune.data.prompt import encode_prompt
-    from ratune.train.model import load_model
+    from ratune.models import load_model
 
     model = load_model(tiny_model_dir, device="cuda")
     assert gen.resolve_prefill("auto", model.device) == "padded"

@@ -301,7 +301,7 @@ def _eval(tiny_model_dir, apibench, out, **settings):
 def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_model_dir, apibench, monkeypatch):
     import torch
 
-    import ratune.train.model as model_module
+    import ratune.models as model_module
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu = _eval(tiny_model_dir, apibench, tmp_path / "cpu")["0_shot"]

@@ -340,7 +340,8 @@ def test_data_build_with_the_llama1_tokenizer(data, rehearsal):
     from datasets import load_from_disk
 
     from ratune.data.labels import tokenize_row
-    from ratune.train.model import load_tokenizer
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_tokenizer
 
     manifest = json.loads((data / "manifest.json").read_text())
     assert manifest["settings"]["chat_template"] == "gorilla_v0"
@@ -352,7 +353,7 @@ def test_data_build_with_the_llama1_tokenizer(data, rehearsal):
     rows = load_from_disk(str(data / "oracle"))["train"]
     lengths = [p + c for p, c in zip(rows["n_prompt_tokens"], rows["n_completion_tokens"])]
     assert max(lengths) <= 2048 < 2 * max(lengths)  # documents cut to fit the paper's 2048 tokens
-    tok = load_tokenizer(rehearsal.model, chat_template="gorilla_v0")
+    tok = use_chat_template(load_tokenizer(rehearsal.model), "gorilla_v0")
     row = tokenize_row(tok, rows[0]["user_turn"], rows[0]["completion"])
     # <s> {system} \n USER: ... , the answer, </s>: BOS from the tokenizer, EOS appended
     assert row.input_ids[:4] == [1, 259, 13, 260] and row.input_ids[-1] == 2 and row.input_ids.count(1) == 1
@@ -442,7 +443,8 @@ def test_eval_run_on_the_trained_checkpoint(evaluation, full_runs, rehearsal, ap
     from ratune.data.apibench import load_examples
     from ratune.data.prompt import encode_prompt, render_user_turn
     from ratune.registry import DEFAULT_SETTINGS as SETTINGS  # what eval runs without --settings
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_model, load_tokenizer
 
     model_dir = full_runs["run"] / "model"
     assert sorted(p.name for p in evaluation.iterdir() if p.is_dir()) == sorted(SETTINGS)
@@ -460,7 +462,7 @@ def test_eval_run_on_the_trained_checkpoint(evaluation, full_runs, rehearsal, ap
         assert [r["question_id"] for r in rows] == [1, 2, 3, 4] and all(r["text"] for r in rows)
 
     # the 0-shot answer to question 1 is the model's greedy continuation of the gorilla_v0 prompt
-    tokenizer = load_tokenizer(model_dir, chat_template="gorilla_v0")
+    tokenizer = use_chat_template(load_tokenizer(model_dir), "gorilla_v0")
     question = load_examples(apibench, "torchhub", "eval")[0]
     ids = encode_prompt(tokenizer, render_user_turn(question.instruction, None, max_document_tokens=None,
                                                     count_tokens=len)[0])
@@ -547,7 +549,7 @@ def test_lora_run_and_its_exports(lora_run, rehearsal):
     # autocast) on the same device, within the bf16 tolerance of the save checks (the merge rounds)
     adapter_model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(str(rehearsal.model), dtype=torch.bfloat16), str(lora_run / "adapter"))
-    from ratune.train.model import load_tokenizer
+    from ratune.models import load_tokenizer
 
     tokenizer = load_tokenizer(out)
     reference = checks.prompt_logits(adapter_model, tokenizer, device="cpu", autocast_dtype=torch.bfloat16)

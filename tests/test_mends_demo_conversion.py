@@ -1,4 +1,4 @@
-"""train/model.py ``ensure_demo_model`` converts into a unique, ratune-owned temporary sibling
+"""ratune/models.py ``ensure_demo_model`` converts into a unique, ratune-owned temporary sibling
 (ratune/io.py ``temp_folder``) and renames it into place: a user's folder beside the cache is never
 touched, and a conversion that loses a race to another process keeps the winner's folder and
 removes only its own temporary one.
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import ratune.train.model as model_module
-from ratune.train.model import DEMO_MODEL_ALIAS, ensure_demo_model
+import ratune.models as model_module
+from ratune.models import DEMO_MODEL_ALIAS, ensure_demo_model
 
 
 class _Loaded:

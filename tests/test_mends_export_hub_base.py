@@ -1,5 +1,5 @@
 """``ratune export RUN --merge-lora`` of a run whose base model is a hub id (the run manifest's
-``model_path`` is ``OWNER/NAME``, not a local folder): the id goes to the loader train/model.py
+``model_path`` is ``OWNER/NAME``, not a local folder): the id goes to the loader ratune/models.py
 ``load_model`` uses for every model (which resolves hub ids), and a base folder that is gone is
 still refused by name before anything is loaded.
 
@@ -38,7 +38,7 @@ def test_merge_lora_sends_a_hub_id_base_to_the_model_loader(qlora_run, tmp_path,
                                                             monkeypatch):
     import torch
 
-    import ratune.train.model as model_module
+    import ratune.models as model_module
     from ratune.export.checkpoint import export_checkpoint
 
     run = _with_base(qlora_run, tmp_path, "hub_run", HUB_BASE)
@@ -71,7 +71,7 @@ def test_merge_lora_of_an_unreachable_hub_id_base_names_it(qlora_run, tmp_path):
 
 def test_merge_lora_of_a_missing_local_base_folder_is_refused_before_loading(qlora_run, tmp_path,  # noqa: F811
                                                                              monkeypatch):
-    import ratune.train.model as model_module
+    import ratune.models as model_module
     from ratune.export.checkpoint import export_checkpoint
 
     def boom(*args, **kwargs):

@@ -89,7 +89,7 @@ def _reference_loss(model, rows) -> float:
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir, tmp_path_factory):
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_model(tiny_model_dir)
@@ -288,7 +288,7 @@ def test_packing_refused_where_it_could_leak(setup, tiny_model_dir):
     # through a peft wrapper, as train/sft.py holds a LoRA model
     from peft import LoraConfig, get_peft_model
 
-    from ratune.train.model import load_model
+    from ratune.models import load_model
 
     lora = get_peft_model(load_model(tiny_model_dir), LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))
     assert check_packing_attention(lora) == "sdpa"

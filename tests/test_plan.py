@@ -68,7 +68,7 @@ def test_zero2_ddp_offload_and_lora_accounting(tmp_path):
 
 
 def test_params_from_local_config_json_and_tokens_from_data_manifest(tmp_path, tiny_model_dir):
-    from ratune.train.model import load_model
+    from ratune.models import load_model
 
     model = load_model(tiny_model_dir)
     real = sum(dict((p.data_ptr(), p.numel()) for p in model.parameters()).values())  # tied counted once

@@ -30,7 +30,7 @@ def qlora_run(tmp_path_factory, tiny_model_dir):
     from ratune.io import write_json
     from ratune.manifest import base_manifest, mark_complete
     from ratune.train.config import TrainConfig
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     run = tmp_path_factory.mktemp("qlora") / "run"
     config = TrainConfig(model=str(tiny_model_dir), data_dir=str(run.parent / "data"), train_retriever="oracle",
@@ -56,7 +56,7 @@ def _base_plus_adapter(tiny_model_dir, run):
     """The reference: the base with peft's (unmerged) adapter on it."""
     from peft import PeftModel
 
-    from ratune.train.model import load_model
+    from ratune.models import load_model
 
     return PeftModel.from_pretrained(load_model(tiny_model_dir), str(run / "adapter")).eval()
 
@@ -75,7 +75,7 @@ def test_eval_run_of_a_qlora_run_folder_uses_the_adapter_on_the_unquantized_base
     from ratune.eval.generate import generate_all
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.train.layout import resolve_checkpoint
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     source = resolve_checkpoint(qlora_run)
     assert (source.folder, source.base, source.base_in_4bit) == (qlora_run / "adapter", str(tiny_model_dir.resolve()),
@@ -121,7 +121,7 @@ def test_export_merge_lora_of_a_qlora_run_writes_the_unquantized_merge(qlora_run
 
     from ratune.train.checks import logit_tolerance, prompt_logits
     from ratune.export.checkpoint import export_checkpoint
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     with pytest.raises(RatuneError, match=r"saved only its LoRA adapter \(QLoRA.*export it with --merge-lora"):
         export_checkpoint(qlora_run, tmp_path / "plain")

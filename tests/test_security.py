@@ -183,7 +183,7 @@ def test_audit_of_ratune_sources(tmp_path):
     files = source_files()
     names = {str(p.relative_to(REPO)) for p in files}
     # the audit really covers the stages (a wrong SOURCE_DIRS would pass vacuously)
-    assert {"ratune/cli.py", "data/apibench.py", "retrieval/retrievers.py", "train/model.py", "train/sft.py",
+    assert {"ratune/cli.py", "data/apibench.py", "retrieval/retrievers.py", "ratune/models.py", "train/sft.py",
             "export/checkpoint.py", "eval/run.py", "eval/scoring/scorer.py"} <= names
     problems = [p for f in files for p in audit_source(f.read_text(encoding="utf-8"), str(f.relative_to(REPO)))]
     assert problems == [], "\n".join(problems)
@@ -234,7 +234,7 @@ def test_custom_code_in_a_checkpoint_is_not_run(tmp_path, tiny_model_dir, apiben
 
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.export.checkpoint import export_checkpoint
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     marker = tmp_path / "MARKER"
     folder = _custom_code_checkpoint(tiny_model_dir, tmp_path / "llama_with_auto_map", marker)

@@ -391,8 +391,11 @@ def test_eval_command_passes_backend_and_trust_remote_code(tmp_path):
     path = write_sweep(tmp_path, base={**BASE, "trust_remote_code": True},
                        eval={"settings": ["oracle", "swap"], "backend": "vllm"})
     sweep = sw.load_sweep(path)
-    cmd = sw.eval_command(sweep, sw.expand(sweep)[0])
+    cell = sw.expand(sweep)[0]
+    cmd = sw.eval_command(sweep, cell)
     assert cmd[cmd.index("--settings") + 1:cmd.index("--settings") + 3] == ["oracle", "swap"]
+    # responses name the cell's model by the cell, not by its run folder (always "train")
+    assert cmd[cmd.index("--model-name") + 1] == cell.name and cell.name.startswith("train_retriever-none-")
     assert cmd[cmd.index("--backend") + 1] == "vllm" and "--trust-remote-code" in cmd
     plain = sw.load_sweep(write_sweep(tmp_path))
     cmd = sw.eval_command(plain, sw.expand(plain)[0])

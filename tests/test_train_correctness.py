@@ -144,7 +144,8 @@ def test_first_step_loss_is_the_mean_cross_entropy_of_its_labels(tmp_path, tiny_
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from ratune.train.model import load_tokenizer
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_tokenizer
     from ratune.train.sft import load_training_rows, train
 
     data = _make_data(tmp_path / "data")
@@ -153,7 +154,7 @@ def test_first_step_loss_is_the_mean_cross_entropy_of_its_labels(tmp_path, tiny_
                   max_steps=3, max_examples=8)
 
     # the rows exactly as train() builds them: prompt labels -100, the answer and EOS as labels
-    columns, stats = load_training_rows(cfg, load_tokenizer(tiny_model_dir, chat_template=cfg.chat_template))
+    columns, stats = load_training_rows(cfg, use_chat_template(load_tokenizer(tiny_model_dir), cfg.chat_template))
     assert stats["examples"] == len(columns["input_ids"]) == 8
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     total, positions = torch.zeros((), dtype=torch.float64), 0

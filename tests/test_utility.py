@@ -27,7 +27,7 @@ def direct_loss(model, tokenizer, user_turn, completion):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from ratune.train.model import load_model, load_tokenizer
+    from ratune.models import load_model, load_tokenizer
 
     return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
 

@@ -8,13 +8,16 @@ accumulation x processes.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, Threads
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
-from ratune.errors import RatuneError
+from ratune.errors import InputError, RatuneError
+from ratune.io import read_json_object
 from ratune.registry import RENAMED, TRAIN_MODES, unknown_name
 
 
@@ -167,8 +170,6 @@ class TrainConfig(BaseModel):
         if self.load_in_4bit and not self.lora.enabled:
             raise ValueError("load_in_4bit: true (QLoRA) needs lora.enabled: true; 4-bit weights cannot be trained")
         if self.load_in_4bit and self.deepspeed:
-            from ratune.train.sft import read_deepspeed_config  # raises RatuneError naming an unreadable file
-
             if read_deepspeed_config(self.deepspeed)["zero_optimization"]["stage"] == 3:
                 raise ValueError(
                     f"load_in_4bit: true (QLoRA) with the ZeRO-3 DeepSpeed config {self.deepspeed} is not supported: "
@@ -236,3 +237,33 @@ class TrainConfig(BaseModel):
                 f"x gradient_accumulation_steps {self.gradient_accumulation_steps} x {num_processes} processes "
                 f"= {per_step * self.gradient_accumulation_steps}")
         return self.per_device_batch_size, self.gradient_accumulation_steps
+
+
+#: ZeRO stages DeepSpeed has.
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def read_deepspeed_config(path: str | os.PathLike) -> dict:
+    """A DeepSpeed JSON as a dict whose ``zero_optimization`` is a dict with an integer ``stage``
+    (0 when the JSON has none), checked where the training config names it.
+
+    Raises:
+        RatuneError: one line naming the file: missing, a folder, not UTF-8 or not JSON, not an
+            object, ``zero_optimization`` not an object, or a stage that is not one of ZERO_STAGES.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RatuneError(f"deepspeed: {path}: cannot read the DeepSpeed config "
+                          f"({'a folder' if path.is_dir() else 'no such file'}; see configs/deepspeed/)")
+    ds = read_json_object(path)
+    zero = ds.get("zero_optimization")
+    if zero is None:
+        zero = {}
+    if not isinstance(zero, dict):
+        raise InputError(str(path), None, "zero_optimization", f"expected an object, got {type(zero).__name__}")
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise InputError(str(path), None, "zero_optimization.stage",
+                         f"expected one of {', '.join(map(str, ZERO_STAGES))} (an integer), got {stage!r}")
+    return {**ds, "zero_optimization": {**zero, "stage": int(stage)}}
+

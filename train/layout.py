@@ -21,7 +21,7 @@ from pathlib import Path
 from ratune.errors import RatuneError
 from ratune.io import read_json_object
 from ratune.manifest import is_complete
-from ratune.train.model import is_hub_id
+from ratune.models import is_hub_id
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Checkpoint:
             manifest's ``model_path``: a local folder, resolved, or a hub id).
         base_in_4bit: the adapter was trained on the base loaded in 4-bit NF4 (the run config's
             ``load_in_4bit``). It is loaded on the unquantized base all the same
-            (:func:`ratune.train.model.load_adapter_merged`).
+            (:func:`ratune.models.load_adapter_merged`).
         run: the run folder whose ``manifest.json`` describes the checkpoint (chat template,
             document budget, base model) when that is not the folder given: a Trainer
             checkpoint's run; None otherwise.

@@ -132,7 +132,7 @@ def _zero_settings(config: TrainConfig, base_dir: Path) -> tuple[int, bool]:
         path = base_dir / path
     if not path.exists():
         raise RatuneError(f"{config.deepspeed}: DeepSpeed config not found")
-    from ratune.train.sft import read_deepspeed_config
+    from ratune.train.config import read_deepspeed_config
 
     zero = read_deepspeed_config(path)["zero_optimization"]
     offload_optimizer = zero.get("offload_optimizer") or {}

@@ -33,7 +33,7 @@ base (``merge_and_unload``) would round the merged weights to 4 bits again, a lo
 is not the one trained. The run manifest records the base (``model_path``) and
 ``config.load_in_4bit``; ``ratune eval run RUN`` evaluates the adapter merged into the
 UNQUANTIZED base, and ``ratune export RUN --merge-lora`` writes that merge as a model folder
-(:func:`ratune.train.layout.resolve_checkpoint`, :func:`ratune.train.model.load_adapter_merged`);
+(:func:`ratune.train.layout.resolve_checkpoint`, :func:`ratune.models.load_adapter_merged`);
 :func:`train` returns the adapter folder. The save check reloads the adapter on a fresh 4-bit
 base (GPU only). QLoRA under ZeRO-3 is refused by the config (:class:`TrainConfig`).
 
@@ -49,7 +49,7 @@ MULTI_CPU config cpu_2proc.yaml starts one process unless MPI is used).
 
 Before any data or model is loaded: a GPU launch (:func:`gpu_launch_evidence`) where torch sees
 no CUDA device is refused (:func:`check_cuda_launch`; never a silent CPU run), and so is an
-attention implementation that cannot run here (:func:`ratune.train.model.check_attention`:
+attention implementation that cannot run here (:func:`ratune.models.check_attention`:
 flash_attention_2 without flash-attn or CUDA). The manifest records the device trained on
 (``device``: type, GPU name and count on CUDA, torch version and its CUDA build).
 """
@@ -68,15 +68,15 @@ from ratune.config import key_line, load_config
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
-from ratune.data.prompt import require_chat_template
-from ratune.errors import InputError, RatuneError
+from ratune.data.prompt import require_chat_template, use_chat_template
+from ratune.errors import RatuneError
 from ratune.io import read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder, write_json, write_text
 from ratune.locks import locked_output
 from ratune.manifest import base_manifest, is_complete, mark_complete
-from ratune.train import checks
-from ratune.train.config import TrainConfig
-from ratune.train.model import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
+from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                                 resolve_model_path, set_torch_threads)
+from ratune.train import checks
+from ratune.train.config import TrainConfig, read_deepspeed_config
 from ratune.train.tokens import check_packing_attention, shares_for_rows
 
 
@@ -192,35 +192,6 @@ def device_facts(device) -> dict:
         facts.update(name=torch.cuda.get_device_name(index if index is not None else 0),
                      count=torch.cuda.device_count())
     return facts
-
-
-#: ZeRO stages DeepSpeed has.
-ZERO_STAGES = (0, 1, 2, 3)
-
-
-def read_deepspeed_config(path: str | os.PathLike) -> dict:
-    """A DeepSpeed JSON as a dict whose ``zero_optimization`` is a dict with an integer ``stage``
-    (0 when the JSON has none), checked where the training config names it.
-
-    Raises:
-        RatuneError: one line naming the file: missing, a folder, not UTF-8 or not JSON, not an
-            object, ``zero_optimization`` not an object, or a stage that is not one of ZERO_STAGES.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RatuneError(f"deepspeed: {path}: cannot read the DeepSpeed config "
-                          f"({'a folder' if path.is_dir() else 'no such file'}; see configs/deepspeed/)")
-    ds = read_json_object(path)
-    zero = ds.get("zero_optimization")
-    if zero is None:
-        zero = {}
-    if not isinstance(zero, dict):
-        raise InputError(str(path), None, "zero_optimization", f"expected an object, got {type(zero).__name__}")
-    stage = zero.get("stage", 0)
-    if isinstance(stage, bool) or stage not in ZERO_STAGES:
-        raise InputError(str(path), None, "zero_optimization.stage",
-                         f"expected one of {', '.join(map(str, ZERO_STAGES))} (an integer), got {stage!r}")
-    return {**ds, "zero_optimization": {**zero, "stage": int(stage)}}
 
 
 def deepspeed_settings(path: str | None) -> dict | None:
@@ -600,8 +571,8 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     check_data_chat_template(config)
     hub_record = check_data_hub(config, config_path)  # the data manifest owns the hub; the config must agree
     model_path = resolve_model_path(config.model)
-    tokenizer = load_tokenizer(model_path, trust_remote_code=config.trust_remote_code,
-                               chat_template=config.chat_template)
+    tokenizer = use_chat_template(load_tokenizer(model_path, trust_remote_code=config.trust_remote_code),
+                                  config.chat_template)
     require_chat_template(tokenizer, source=str(model_path), hint="set chat_template: in the training config "
                           "(and give the data build the same --chat-template)")
     check_training_data(config)

@@ -53,7 +53,7 @@ def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args
 def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
     """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings;
     with ``curve``, the learning curve's ``--all-checkpoints --out CELL/curve --settings
-    CURVE_SETTINGS`` (same generation settings)."""
+    CURVE_SETTINGS`` (same generation settings); ``--model-name CELL`` last."""
     e = sweep.config.eval
     out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
     cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub, "--out", str(out),
@@ -65,7 +65,7 @@ def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
         cmd += ["--trust-remote-code"]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
-    return cmd
+    return cmd + ["--model-name", cell.name]  # responses name the cell, not its run folder (always "train")
 
 
 def _fmt(cmd: list[str]) -> str:

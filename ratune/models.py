@@ -214,28 +214,20 @@ def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
     return RatuneError(f"{model_path}: not a local folder, and loading it as a hub id failed ({first})")
 
 
-def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = False,
-                   chat_template: str | None = None):
-    """Load a tokenizer for training and generation.
+def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = False):
+    """Load a tokenizer for training and generation, with the tokenizer's own chat template.
 
-    ``chat_template`` names one of :data:`ratune.data.prompt.CHAT_TEMPLATES` (``chatml``,
-    ``gorilla_v0``): the tokenizer gets that template (a base LLaMA tokenizer has none; a named
-    choice also replaces a tokenizer's own, so the recorded name is the template used). None keeps
-    the tokenizer's own template (none at all is refused where prompts are made:
-    :func:`ratune.data.prompt.require_chat_template`).
-    The pad token is never added to the vocabulary (that would have to survive export): when the
-    tokenizer has none, its EOS token is used for padding. Loss masks never depend on the pad id.
+    A registry template (gorilla_v0, chatml) is given by the stage that builds prompts:
+    :func:`ratune.data.prompt.use_chat_template`. The pad token is never added to the vocabulary
+    (that would have to survive export): when the tokenizer has none, its EOS token is used for
+    padding. Loss masks never depend on the pad id.
 
     Raises:
-        RatuneError: an unknown template name; a folder without tokenizer files
-            (:func:`require_model_files`), one that does not load, or a tokenizer without an EOS token.
+        RatuneError: a folder without tokenizer files (:func:`require_model_files`), one that does
+            not load, or a tokenizer without an EOS token.
     """
     from transformers import AutoTokenizer
 
-    from ratune.data.prompt import CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES
-
-    if chat_template is not None and chat_template not in CHAT_TEMPLATES:
-        raise RatuneError(f"unknown chat template {chat_template!r}: expected one of {', '.join(CHAT_TEMPLATE_NAMES)}")
     require_model_files(model_path, weights=False)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
@@ -246,8 +238,6 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
                           "loss learns where to stop) and pads with it: set eos_token in its tokenizer_config.json")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if chat_template is not None:
-        tokenizer.chat_template = CHAT_TEMPLATES[chat_template].jinja
     return tokenizer
 
 
