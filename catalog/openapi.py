@@ -195,7 +195,8 @@ def load_openapi(path: str | os.PathLike) -> dict:
             raise InputError(str(path), None, None, "not valid JSON (nested too deeply)") from None
     else:
         try:  # the one YAML loader's guards: plain data, no duplicate key, bounded nesting and aliases
-            doc = parse_yaml(text, str(path), max_values=MAX_DOCUMENT_VALUES, what="an OpenAPI document ratune reads")
+            doc = parse_yaml(text, str(path), max_values=MAX_DOCUMENT_VALUES, what="an OpenAPI document ratune reads",
+                             noun="the document")
         except RecursionError:
             raise InputError(str(path), None, None, "not valid YAML (nested too deeply)") from None
     if not isinstance(doc, dict):

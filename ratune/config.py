@@ -229,7 +229,8 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, what: str = "a ratune config"):
+def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, what: str = "a ratune config",
+               noun: str = "the config"):
     """Parse YAML ``text`` with the one loader's guards (the module docstring: plain data only, no
     duplicate key, nesting at most :data:`MAX_CONFIG_DEPTH`, aliases expanding to at most
     ``max_values`` values). :func:`load_yaml` reads configs with it; catalog/openapi.py reads a
@@ -238,6 +239,7 @@ def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, w
     Args:
         source: the file the text came from, named in every error.
         what: the kind of document, named in the refusals ("not a ratune config").
+        noun: the document, named where an alias expands too far ("the config has more than ...").
     Returns:
         The document (any YAML value; None for an empty one).
     Raises:
@@ -249,7 +251,7 @@ def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, w
     try:
         node = loader.get_single_node()
         if node is not None:
-            _check_expansion(node, max_values, "the config" if what == "a ratune config" else "the document")
+            _check_expansion(node, max_values, noun)
         return loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -21,7 +21,7 @@ from ratune.eval.report import table2_markdown
 from ratune.locks import output_lock
 from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
 from ratune.models import resolve_model_path
-from ratune.sweep import check_changed, expand, is_finished, load_sweep, report_sweep, run_local
+from ratune.sweep import check_changed, expand, is_finished, report_sweep, run_local, sweep_from_data
 from ratune.sweep import local as sweep_local
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -64,7 +64,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
                           + "; ".join([*(f"{k} -> {OLD_DEMO_KEYS[k]}" for k in old),
                                        *([] if "base" in data else ["the training settings go under base:"]),
                                        OLD_DEMO_ALSO]))
-    sweep = load_sweep(path, out_dir)
+    sweep = sweep_from_data(data, path, out_dir)
     if apibench is not None:
         sweep.config = sweep.config.model_copy(update={"apibench": apibench})
     resolve_apibench_dir(sweep.config.apibench)

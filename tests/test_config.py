@@ -72,7 +72,7 @@ def test_demo_config_is_a_sweep_with_one_cell_per_arm():
 
 def test_the_demo_finds_its_accelerate_config_from_any_working_directory(tmp_path, monkeypatch):
     """A sweep file's relative paths: from the working directory first (unchanged), else from the
-    nearest folder above the file that holds them (ratune/sweep/schema.py _find)."""
+    nearest folder above the file that holds them (ratune/sweep/schema.py find_path)."""
     from ratune.sweep import load_sweep, train_command, expand
 
     monkeypatch.chdir(ROOT)
@@ -87,6 +87,29 @@ def test_the_demo_finds_its_accelerate_config_from_any_working_directory(tmp_pat
     (tmp_path / "s" / "sweep.yaml").write_text("base: base.yaml\naccelerate_config: nowhere.yaml\n")
     sweep = load_sweep(tmp_path / "s" / "sweep.yaml")
     assert sweep.base == {"model": "m"} and sweep.config.accelerate_config == "nowhere.yaml"  # not found: as given
+
+
+def test_a_relative_apibench_is_found_from_any_working_directory(tmp_path, monkeypatch):
+    """A sweep file's relative ``apibench:`` is found as its other paths are, when the sweep runs
+    and when its report reads the copy in SWEEP_DIR/sweep.yaml from another directory."""
+    from ratune.sweep import load_sweep
+    from ratune.sweep.report import _sweep_apibench
+
+    project = tmp_path / "project"
+    (project / "data" / "apibench").mkdir(parents=True)
+    (project / "runs" / "s").mkdir(parents=True)
+    text = "base: {model: m}\napibench: data/apibench\n"
+    (project / "runs" / "s" / "sweep.yaml").write_text(text)  # as a sweep saves its file
+    monkeypatch.chdir(project)  # from the project root: as given (the commands keep it)
+    assert load_sweep(project / "runs" / "s" / "sweep.yaml").config.apibench == "data/apibench"
+    assert _sweep_apibench(Path("runs/s")) == "data/apibench"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # from elsewhere: the nearest folder above the file that holds it
+    assert load_sweep(project / "runs" / "s" / "sweep.yaml").config.apibench == str(project / "data" / "apibench")
+    assert _sweep_apibench(project / "runs" / "s") == str(project / "data" / "apibench")
+    (project / "runs" / "s" / "sweep.yaml").write_text("base: {model: m}\n")
+    assert _sweep_apibench(project / "runs" / "s") is None  # none named: the default
 
 
 def test_cpu_starter_configs_load_resolve_and_match_the_demo():

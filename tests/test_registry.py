@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from source_tree import source_files
 
@@ -49,7 +50,7 @@ def test_derived_name_lists():
     assert set(registry.RENAMED.values()) <= set(registry.RETRIEVERS)
 
 
-def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys):
+def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys, tmp_path):
     from ratune.sweep import SweepData, SweepEval, load_sweep
     from ratune.train.config import TrainConfig
 
@@ -61,7 +62,14 @@ def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys):
     assert "{" + ",".join(("all", *(n for n in registry.RETRIEVERS if n != "none"))) + "}" in \
         _help(["retrieval", "eval"], capsys)
     assert SweepEval(settings=list(registry.EVAL_SETTINGS)).settings == list(registry.EVAL_SETTINGS)
-    assert set(load_sweep(ROOT / "configs" / "demo.yaml").config.eval.settings) <= set(registry.EVAL_SETTINGS)
+    # the demo is a sweep file: its eval settings are checked against the registry, which the refusal lists
+    demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    demo["eval"]["settings"] = ["0_shot", "nonesuch"]
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(demo))
+    with pytest.raises(RatuneError) as refused:
+        load_sweep(tmp_path / "demo.yaml")
+    assert f"eval.settings.1: Value error, unknown test setting 'nonesuch': expected one of " \
+        f"{', '.join(registry.EVAL_SETTINGS)} (got 'nonesuch')" in str(refused.value)
     assert SweepEval().settings == list(registry.DEFAULT_SETTINGS)
     for mode in registry.RETRIEVED_MODES:
         assert SweepData(top1_retriever=mode).top1_retriever == mode

@@ -46,7 +46,7 @@ reruns and across edits of the base config, so that an edited config is *detecte
 Modules (each imports only the ones above it; ``ratune.sweep`` re-exports their public names)::
 
     pairs.py      chosen-pair comparisons: ComparePair, parse_selector, compare_pairs
-    schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep
+    schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep, sweep_from_data
     cells.py      the grid: Cell, cell_name, config_hash, expand, the _check_* rules, data_plan, sweep_mixtures
     commands.py   data_command, train_command, eval_command
     state.py      cell.json and change detection: cell_record, changed_keys, is_finished,
@@ -63,7 +63,7 @@ a test that replaces one patches it there (``monkeypatch.setattr("ratune.sweep.l
 from __future__ import annotations
 
 from ratune.sweep.pairs import ComparePair
-from ratune.sweep.schema import SlurmSettings, Sweep, SweepConfig, SweepData, SweepEval, load_sweep
+from ratune.sweep.schema import SlurmSettings, Sweep, SweepConfig, SweepData, SweepEval, load_sweep, sweep_from_data
 from ratune.sweep.cells import OWNED_KEYS, Cell, cell_name, config_hash, data_plan, expand, sweep_mixtures
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
@@ -74,7 +74,7 @@ from ratune.sweep.cli import add_sweep_arguments, cli_sweep
 
 __all__ = [
     "ComparePair",
-    "SlurmSettings", "Sweep", "SweepConfig", "SweepData", "SweepEval", "load_sweep",
+    "SlurmSettings", "Sweep", "SweepConfig", "SweepData", "SweepEval", "load_sweep", "sweep_from_data",
     "OWNED_KEYS", "Cell", "cell_name", "config_hash", "data_plan", "expand", "sweep_mixtures",
     "_fmt", "data_command", "eval_command", "train_command",
     "cell_record", "changed_keys", "check_changed", "is_curve_finished", "is_finished",

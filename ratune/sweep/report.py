@@ -23,6 +23,7 @@ from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep.cells import _hub_name, _slug_value
 from ratune.sweep.commands import _fmt
 from ratune.sweep.pairs import ComparePair, compare_pairs, comparisons_csv_rows, comparisons_markdown, parse_selector
+from ratune.sweep.schema import find_path
 from ratune.sweep.state import _read_cell_record
 
 
@@ -260,9 +261,12 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
 
 
 def _sweep_apibench(sweep_dir: Path) -> str | None:
-    """The ``apibench`` folder the sweep file saved in SWEEP_DIR/sweep.yaml names (None: the default)."""
+    """The ``apibench`` folder the sweep file saved in SWEEP_DIR/sweep.yaml names (None: the default);
+    a relative one is found from the working directory or the sweep folder's parents
+    (:func:`ratune.sweep.schema.find_path`), so the report works from any directory."""
     path = sweep_dir / "sweep.yaml"
-    return load_yaml(path).get("apibench") if path.is_file() else None
+    named = load_yaml(path).get("apibench") if path.is_file() else None
+    return str(find_path(named, path)) if isinstance(named, str) else named
 
 
 def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:

@@ -88,7 +88,7 @@ class Sweep:
     base: dict
 
 
-def _find(name: str, sweep_file: Path) -> Path:
+def find_path(name: str, sweep_file: Path) -> Path:
     """A relative path a sweep file names: from the working directory, else from the sweep file's
     folder or the nearest folder above it that holds it (``configs/demo.yaml`` names
     ``configs/accelerate/cpu_1proc.yaml`` and works from any directory); else ``name`` as given."""
@@ -102,18 +102,30 @@ def _find(name: str, sweep_file: Path) -> Path:
 
 
 def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
-    """Read and validate a sweep file; ``out_dir`` overrides the file's ``out_dir``. A relative
-    ``base`` or ``accelerate_config`` path is looked up as :func:`_find` says.
+    """Read and validate a sweep file (:func:`sweep_from_data` of its YAML).
+
+    Raises:
+        RatuneError: an unreadable file; as :func:`sweep_from_data`.
+    """
+    return sweep_from_data(load_yaml(path), path, out_dir)
+
+
+def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = None) -> Sweep:
+    """Validate a sweep file's mapping ``data`` read from ``path``; ``out_dir`` overrides the file's
+    ``out_dir``. A relative ``base``, ``accelerate_config`` or ``apibench`` path is looked up as
+    :func:`find_path` says.
 
     Raises:
         RatuneError: unknown keys, bad values, a missing base config.
     """
     path = Path(path)
-    cfg = validate(SweepConfig, load_yaml(path), str(path))
+    cfg = validate(SweepConfig, data, str(path))
+    if cfg.apibench:
+        cfg = cfg.model_copy(update={"apibench": str(find_path(cfg.apibench, path))})
     if cfg.accelerate_config:
-        cfg = cfg.model_copy(update={"accelerate_config": str(_find(cfg.accelerate_config, path))})
+        cfg = cfg.model_copy(update={"accelerate_config": str(find_path(cfg.accelerate_config, path))})
     if isinstance(cfg.base, str):
-        base = load_yaml(_find(cfg.base, path))
+        base = load_yaml(find_path(cfg.base, path))
     else:
         base = dict(cfg.base)
     out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
