@@ -291,16 +291,13 @@ def validate(model: type[M], data: dict, source: str) -> M:
         raise RatuneError(format_validation_error(exc, model, source)) from None
 
 
-def load_config(model: type[M], path: str | Path, overrides: dict | None = None) -> M:
-    """Load a YAML config file into ``model``; ``overrides`` (dotted keys) are applied first."""
-    data = load_yaml(path)
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return validate(model, data, str(path))
+def load_config(model: type[M], path: str | Path) -> M:
+    """Load a YAML config file into ``model`` (:func:`load_yaml`, then :func:`validate`).
+
+    Raises:
+        RatuneError: as :func:`load_yaml` and :func:`validate`.
+    """
+    return validate(model, load_yaml(path), str(path))
 
 
 # ---------------------------------------------------------------- bounded fields of settings schemas

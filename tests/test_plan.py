@@ -47,6 +47,29 @@ def test_7b_zero3_8gpu_model_states_match_deepspeed_estimator_and_published_figu
     assert result["ideal_hours"] == pytest.approx(6 * P7B * tokens / (8 * 312e12 * 0.4) / 3600)
 
 
+def test_model_states_equal_deepspeed_s_own_estimators(tmp_path):
+    """ratune/plan keeps DeepSpeed's formulas as its own arithmetic (DeepSpeed is an optional extra,
+    and ``ratune plan`` runs without it); here they are checked against DeepSpeed's functions, which
+    return (cpu bytes, gpu bytes) per GPU."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    cases = [  # (config changes, GPUs, DeepSpeed's GPU bytes)
+        ({}, 8, estimate_zero3_model_states_mem_needs(P7B, EMBED7B, 8, 1, cpu_offload=False,
+                                                      cpu_offload_params=False)[1]),
+        ({}, 2, estimate_zero3_model_states_mem_needs(P7B, EMBED7B, 2, 1, cpu_offload=False,
+                                                      cpu_offload_params=False)[1]),
+        ({"deepspeed": str(ROOT / "configs/deepspeed/zero3_offload.json")}, 8,
+         estimate_zero3_model_states_mem_needs(P7B, EMBED7B, 8, 1, cpu_offload=True, cpu_offload_params=False)[1]),
+        ({"deepspeed": str(ROOT / "configs/deepspeed/zero2.json")}, 8,
+         estimate_zero2_model_states_mem_needs(P7B, 8, 1, cpu_offload=False)[1]),
+    ]
+    for changes, gpus, deepspeed_bytes in cases:
+        # DeepSpeed rounds its per-GPU share down to whole bytes
+        assert plan(_paper(tmp_path, **changes), gpus)["model_states_gib"] * GIB == pytest.approx(deepspeed_bytes,
+                                                                                                   abs=1.0)
+
+
 def test_zero2_ddp_offload_and_lora_accounting(tmp_path):
     zero2 = plan(_paper(tmp_path, deepspeed=str(ROOT / "configs/deepspeed/zero2.json")), 8)
     assert zero2["model_states_gib"] == pytest.approx((2 * P7B + 18 * P7B / 8) / GIB)  # DeepSpeed's ZeRO-2 estimate

@@ -10,7 +10,9 @@ device, which allocates nothing, and its parameters are counted, shared ones onc
 Model states per GPU (bytes; P = parameters, N = GPUs, L1 = largest parameter tensor), following
 DeepSpeed's own estimators ``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/
 stage_1_and_2.py) and ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py),
-without offload:
+without offload. Their formulas are written out here rather than called, because DeepSpeed is an
+optional extra and ``ratune plan`` must run without it; tests/test_plan.py checks the numbers
+against DeepSpeed's functions byte for byte:
 
 - ZeRO-3: ``4 L1 + 18 P / N`` in total. We attribute the 18 bytes/param as 2 (16-bit weights) +
   4 (fp32 gradient partition) + 12 (Adam: fp32 master weights + two fp32 moments), and the
