@@ -416,7 +416,7 @@ def stage_generate(plan: dict, work: Path) -> dict:
     import torch
 
     from ratune.data.prompt import encode_prompt, use_chat_template
-    from ratune.eval.run import resolve_placement
+    from ratune.eval.settings import resolve_placement
     from ratune.models import load_model, load_tokenizer
 
     et = _bench_module("eval_throughput")

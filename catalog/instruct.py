@@ -46,8 +46,7 @@ same file. Generation is a parameter (:data:`Generate`): :func:`load_generator` 
 transformers one; tests give a fake.
 
 The model alias ``smollm2-135m-instruct`` is resolved by the caller (ratune/cli.py passes
-:func:`ratune.models.resolve_model_path`): this module is in the data stage and imports no
-later stage.
+:func:`ratune.models.resolve_model_path`), so a test can pass any resolver.
 """
 
 from __future__ import annotations

@@ -391,7 +391,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
         (``policy``, ``near_threshold``, ``pairs``: ``[{"train_line", "eval_line", "kind",
         "similarity"}]``, lines of the source file), ``files`` (sha256 of each split file),
         ``generation`` (a file ``ratune catalog instruct`` wrote: its generation record,
-        :func:`ratune.catalog.instruct.generation_record`; None for pairs you wrote),
+        :func:`generation_record`; None for pairs you wrote),
         ``versions``, ``git_commit``.
     Raises:
         RatuneError: ``catalog_dir`` is not a catalog folder

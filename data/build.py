@@ -229,7 +229,7 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
             Built in a temporary sibling (:func:`ratune.locks.replacing_folder`) and swapped in
             when complete, so a failed or interrupted rebuild leaves the previous build as it was.
         tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
-            template training will use (:func:`ratune.models.load_tokenizer`); its registry
+            template training will use (:func:`ratune.data.prompt.use_chat_template`); its registry
             name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
         tokenizer_name: recorded in the manifest.
         modes: train-time retrieval modes to build.

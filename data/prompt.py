@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ratune.data.apibench import ANSWER_FIELDS, Answer
+from ratune.errors import RatuneError
 
 #: The exact phrase that introduces the retrieved document (Gorilla, section 3.2).
 REFERENCE_PHRASE = "Use this API documentation for reference: "
@@ -226,8 +227,6 @@ def use_chat_template(tokenizer, name: str | None):
     Raises:
         RatuneError: an unknown template name.
     """
-    from ratune.errors import RatuneError
-
     if name is None:
         return tokenizer
     if name not in CHAT_TEMPLATES:
@@ -258,8 +257,6 @@ def require_chat_template(tokenizer, *, source: str, hint: str) -> None:
     Raises:
         RatuneError: the tokenizer has no chat template.
     """
-    from ratune.errors import RatuneError
-
     if not getattr(tokenizer, "chat_template", None):
         raise RatuneError(f"{source}: the tokenizer has no chat template (a base model such as LLaMA-1); {hint} "
                           f"({' or '.join(CHAT_TEMPLATE_NAMES)}; gorilla_v0 is the paper's format, docs/prompts.md)")

@@ -22,7 +22,9 @@ from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS, EXPERIME
 
 
 def cli_run(args) -> int:
-    """``ratune eval run``: evaluate a checkpoint (or, with ``--all-checkpoints``, every checkpoint of a run: a learning curve) under the test settings (``args`` from its parser, ratune/cli.py); prints each setting's rates (or the curve). Returns 0."""
+    """``ratune eval run``: evaluate a checkpoint (or, with ``--all-checkpoints``, every checkpoint of
+    a run: a learning curve) under the test settings (``args`` from its parser, ratune/cli.py);
+    prints each setting's rates (or the curve). Returns 0."""
     values = values_from_args(args, EVAL_OPTIONS)
     values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
     settings = EvalSettings(**values)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from ratune.data.hubs import as_hub_source
 from ratune.errors import RatuneError
-from ratune.eval.run import EvalSettings, evaluate_checkpoint
+from ratune.eval.run import evaluate_checkpoint
+from ratune.eval.settings import EvalSettings
 from ratune.io import atomic_write, read_json_object, write_json, write_text
 from ratune.manifest import claim_folder, package_versions, require_owned
 from ratune.train.layout import checkpoint_epoch, trainer_checkpoints
@@ -73,13 +74,14 @@ def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> di
     return row
 
 
-def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
-                   settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> list[dict]:
+def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike, settings: EvalSettings,
+                   model_name: str | None = None, progress: bool = True) -> list[dict]:
     """Evaluate every Trainer checkpoint of ``run`` under ``settings`` and write the curve files.
 
     Each checkpoint's responses name the model ``{model_name}-step{STEP}`` (``model_name``
-    defaults to the run folder's name). Finished checkpoints and settings are skipped (each ``OUT/step{STEP}`` resumes as ``ratune
-    eval run`` does), so an interrupted curve continues where it stopped.
+    defaults to the run folder's name). Finished checkpoints and settings are skipped (each
+    ``OUT/step{STEP}`` resumes as ``ratune eval run`` does), so an interrupted curve continues
+    where it stopped.
 
     Returns:
         the rows, by step then in the order of ``settings.settings``.

@@ -434,7 +434,9 @@ def _generate_cell(responses_path: Path, done: dict[int, dict], examples: list, 
                 os.fsync(fh.fileno())
                 bar.update(len(batch))
         bar.close()
-        with atomic_write(responses_path) as fh:  # generation wrote in batch order
+        # generation wrote in batch order; lines of an interrupted earlier run take this run's model name
+        done = {line: {**row, **meta} for line, row in done.items()}
+        with atomic_write(responses_path) as fh:
             for row in sorted(done.values(), key=lambda r: r["question_id"]):
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return [done[e.line] for e in examples]

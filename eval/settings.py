@@ -13,8 +13,8 @@ from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
-from ratune.errors import RatuneError
 from ratune.data.prompt import CHAT_TEMPLATE_NAMES
+from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
                              RETRIEVERS)
@@ -141,4 +141,3 @@ def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
     return device, dtype
-

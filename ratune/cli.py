@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pairs_arguments(cp)
     cp.set_defaults(func=_handler("ratune.catalog.pairs:cli_pairs"))
     from ratune.catalog.instruct import add_instruct_arguments, cli_instruct
-    from ratune.models import resolve_model_path  # the model alias; the data stage does not import train
+    from ratune.models import resolve_model_path  # the model alias
 
     cg = catalog.add_parser("instruct", help="instructions for each catalog API written by a model from seed "
                                              "examples (Gorilla 3.1, self-instruct) -> a pairs file for `catalog pairs`")

@@ -8,7 +8,7 @@ last; a folder without it is never read as complete.
 This module is also the one owner of "this folder is a ratune output of stage X"
 (:func:`output_stage`): the :data:`OWNER_MARKER` file a stage writes when it makes the folder.
 ratune replaces, deletes or writes into an existing non-empty folder only when it is such an output
-of the same stage (:func:`require_owned`); :func:`replacing_folder` builds a new output in a
+of the same stage (:func:`require_owned`); :func:`ratune.locks.replacing_folder` builds a new output in a
 temporary sibling and swaps it in at the end, under the output's lock (:mod:`ratune.locks`).
 """
 

@@ -265,6 +265,7 @@ def test_a_yaml_specification_goes_through_the_one_loader_s_guards(tmp_path):
     bomb.write_text("openapi: 3.0.0\n" + "\n".join(levels) + "\n")
     # level k (line k + 2) expands to (10^(k+2) - 1) / 9 values (its list and everything in it):
     # the first level over the bound is named (a6 on line 8 for 5,000,000)
+    assert MAX_DOCUMENT_VALUES == 5_000_000
     first_over = next(k for k in range(10) if (10 ** (k + 2) - 1) // 9 > MAX_DOCUMENT_VALUES)
     assert _error(read_openapi_source, bomb) == (f"{bomb}:{first_over + 2}: aliases expand the document to more than "
                                                  f"{MAX_DOCUMENT_VALUES} values (an alias bomb?); write the values out")

@@ -48,6 +48,9 @@ def test_curve_row_counts_rates_and_wilson_interval():
     assert row["strict_ci"] == pytest.approx([0.1078, 0.6032], abs=1e-4)
     # 5 of 10: centre 0.5, half-width 1.41602 x sqrt(0.025 + 0.009604) = 0.26340 -> [0.2366, 0.7634]
     assert row["gorilla_ci"] == pytest.approx([0.2366, 0.7634], abs=1e-4)
+    # the row copies the cell's own rates and interval (one computation, in the cell's metrics.json)
+    copied = curve_row(21, 1.0, "0_shot", {**metrics, "strict": {**metrics["strict"], "accuracy_ci": [0.25, 0.5]}})
+    assert copied["strict_ci"] == [0.25, 0.5]
 
 
 def test_trainer_checkpoints_in_numeric_step_order(tmp_path, tiny_model_dir):

@@ -127,7 +127,8 @@ def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, 
     import torch
 
     import ratune.models as model_module
-    from ratune.eval.run import EvalSettings, evaluate_checkpoint, resolve_placement
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.eval.settings import resolve_placement
 
     assert resolve_placement() == ("cuda", "bfloat16")
     loaded = []
@@ -185,7 +186,7 @@ def test_a_test_without_the_gpu_marker_sees_no_cuda():
     import torch
     from transformers.utils import is_torch_cuda_available
 
-    from ratune.eval.run import resolve_placement
+    from ratune.eval.settings import resolve_placement
 
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     assert torch.cuda.is_available() is False and is_torch_cuda_available() is False

@@ -271,7 +271,7 @@ def test_no_shipped_config_hits_the_bf16_refusal():
 def test_eval_placement_defaults_and_validation(monkeypatch):
     import torch
 
-    from ratune.eval.run import resolve_placement
+    from ratune.eval.settings import resolve_placement
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_placement() == ("cuda", "bfloat16")

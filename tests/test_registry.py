@@ -62,6 +62,7 @@ def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys, tmp
     assert "{" + ",".join(("all", *(n for n in registry.RETRIEVERS if n != "none"))) + "}" in \
         _help(["retrieval", "eval"], capsys)
     assert SweepEval(settings=list(registry.EVAL_SETTINGS)).settings == list(registry.EVAL_SETTINGS)
+    assert set(load_sweep(ROOT / "configs" / "demo.yaml").config.eval.settings) <= set(registry.EVAL_SETTINGS)
     # the demo is a sweep file: its eval settings are checked against the registry, which the refusal lists
     demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     demo["eval"]["settings"] = ["0_shot", "nonesuch"]

@@ -64,6 +64,28 @@ def test_generation_resumes_after_sigkill(tmp_path, apibench, tiny_model_dir):
     assert new_metrics["accuracy"] == ref_metrics["accuracy"] and new_metrics["n"] == 40
 
 
+def test_a_resumed_cell_names_one_model_on_every_line(tmp_path, apibench, tiny_model_dir):
+    """Lines written before an interruption take the model name of the run that finishes the cell
+    (a sweep resumed by a newer ratune passes --model-name CELL where the older one wrote none)."""
+    from ratune.cli import main
+
+    out = tmp_path / "eval"
+    argv = ["eval", "run", "--checkpoint", str(tiny_model_dir), "--hub", "torchhub", "--apibench", str(apibench),
+            "--out", str(out), "--settings", "0_shot", "--n-questions", "4", "--batch-size", "2",
+            "--max-new-tokens", "4", "--threads", "1"]
+    assert main(argv) == 0
+    cell = out / "0_shot"
+    lines = cell.joinpath("responses.jsonl").read_text().splitlines()
+    assert {json.loads(x)["model"] for x in lines} == {tiny_model_dir.name}
+    (cell / ".complete").unlink()  # as a kill after the first batch leaves the cell
+    (cell / "metrics.json").unlink()
+    cell.joinpath("responses.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    assert main([*argv, "--model-name", "cellA"]) == 0
+    final = [json.loads(x) for x in cell.joinpath("responses.jsonl").read_text().splitlines()]
+    assert [r["question_id"] for r in final] == [1, 2, 3, 4] and {r["model"] for r in final} == {"cellA"}
+    assert [r["text"] for r in final] == [json.loads(x)["text"] for x in lines]
+
+
 def test_data_build_is_deterministic(tmp_path, apibench, smol_tokenizer):
     from ratune.data.build import BuildSettings, build_dataset
 

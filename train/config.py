@@ -266,4 +266,3 @@ def read_deepspeed_config(path: str | os.PathLike) -> dict:
         raise InputError(str(path), None, "zero_optimization.stage",
                          f"expected one of {', '.join(map(str, ZERO_STAGES))} (an integer), got {stage!r}")
     return {**ds, "zero_optimization": {**zero, "stage": int(stage)}}
-

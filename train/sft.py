@@ -74,7 +74,7 @@ from ratune.io import read_json, read_json_object, stale_temp_folders, swap_fold
 from ratune.locks import locked_output
 from ratune.manifest import base_manifest, is_complete, mark_complete
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
-                                resolve_model_path, set_torch_threads)
+                           resolve_model_path, set_torch_threads)
 from ratune.train import checks
 from ratune.train.config import TrainConfig, read_deepspeed_config
 from ratune.train.tokens import check_packing_attention, shares_for_rows
