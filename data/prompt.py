@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 from ratune.data.apibench import ANSWER_FIELDS, Answer
 from ratune.errors import RatuneError
+from ratune.registry import unknown_name
 
 #: The exact phrase that introduces the retrieved document (Gorilla, section 3.2).
 REFERENCE_PHRASE = "Use this API documentation for reference: "
@@ -230,7 +231,7 @@ def use_chat_template(tokenizer, name: str | None):
     if name is None:
         return tokenizer
     if name not in CHAT_TEMPLATES:
-        raise RatuneError(f"unknown chat template {name!r}: expected one of {', '.join(CHAT_TEMPLATE_NAMES)}")
+        raise RatuneError(unknown_name("chat template", name, CHAT_TEMPLATE_NAMES))
     tokenizer.chat_template = CHAT_TEMPLATES[name].jinja
     return tokenizer
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: ``{folder: package}`` of the ``ratune`` import name (``data`` -> ``ratune.data``, ...), in file order.
+PACKAGES = {folder: package for package, folder in tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+            ["tool"]["setuptools"]["package-dir"].items()}
 #: The folders of the ``ratune`` import name's packages (ratune/, data/, catalog/, ...), in file order.
-PACKAGE_DIRS = tuple(dict.fromkeys(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-                                   ["tool"]["setuptools"]["package-dir"].values()))
+PACKAGE_DIRS = tuple(PACKAGES)
 
 
 def source_files(*, bench: bool = False) -> list[Path]:

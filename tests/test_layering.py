@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 
 
-from source_tree import PACKAGE_DIRS, ROOT, source_files
+from source_tree import PACKAGE_DIRS, PACKAGES, ROOT, source_files
 
 #: Rank of each stage package: a module may import its own rank or lower ones (written out by hand).
 #: catalog/ is the data stage for a user's own APIs.
@@ -24,21 +24,10 @@ ALLOWED = {
 }
 
 
-def _packages() -> dict[str, str]:
-    """``{folder: package}`` from pyproject.toml's package-dir (data -> ratune.data, ...)."""
-    import tomllib
-
-    table = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
-    return {folder: package for package, folder in table.items()}
-
-
-_PACKAGES = _packages()
-
-
 def _module_name(path) -> str:
     """ratune.eval.scoring.parse for eval/scoring/parse.py; a package's ``__init__`` is the package."""
     folder, *rest = path.relative_to(ROOT).with_suffix("").parts
-    parts = [*_PACKAGES[folder].split("."), *rest]
+    parts = [*PACKAGES[folder].split("."), *rest]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
