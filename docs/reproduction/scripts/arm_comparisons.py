@@ -1,7 +1,8 @@
 """Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
 (gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the full-finetuning none arm against the LoRA one,
-setting by setting. Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
+setting by setting. An arm whose runs/ folders are gone is read from the cells already copied.
+Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys
 from pathlib import Path
 from ratune.eval.compare import compare_files, released_comparisons, released_markdown
@@ -15,9 +16,15 @@ ARMS = {"oracle": ("oracle arm, epoch 1", "runs/repro/eval_oracle_step105"),
         "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315"),
         "none_full": ("none arm, full finetuning, epoch 2", "runs/repro/eval_none_full_step210",
                       "runs/repro/curve_none_full/step210"),
-        "mix_full": ("mixture arm, full finetuning, epoch 2", "runs/repro/eval_mix_full_step210")}
+        "mix_full": ("mixture arm, full finetuning, epoch 2", "runs/repro/eval_mix_full_step210"),
+        "none_full3": ("none arm, full finetuning, epoch 3", "runs/repro/none_full3/cells/train_retriever-none-54af93f8/eval",
+                       "runs/repro/none_full3_more"),
+        "mix_bm25_full3": ("robust_bm25 mixture arm, full finetuning, epoch 3",
+                           "runs/repro/mix_bm25_full3/cells/train_retriever-mix-robust-bm25-85a312b4/eval",
+                           "runs/repro/mix_bm25_full3_more")}
 #: each mixture arm against these arms, setting by setting
-MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix")}
+MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix"),
+              "mix_bm25_full3": ("none_full3", "oracle", "mix_full")}
 RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
 
@@ -26,7 +33,13 @@ def cells_of(arm):
     label, *srcs = ARMS[arm]
     dst = Path("docs/reproduction") / arm
     out = {}
-    for cell in sorted(c for src in srcs for c in Path(src).iterdir() if c.is_dir()):
+    if not any(Path(src).is_dir() for src in srcs):  # runs/ is gone: the cells already copied here
+        for cell in sorted(c for c in dst.iterdir() if (c / "metrics.json").exists()):
+            m = json.loads((cell / "metrics.json").read_text())
+            out[cell.name] = {"cell": label, "path": cell, "setting": cell.name, "hub": "torchhub", "n": m["n"],
+                              "metrics": m}
+        return label, dst, out
+    for cell in sorted(c for src in srcs if Path(src).is_dir() for c in Path(src).iterdir() if c.is_dir()):
         if cell.name in out:
             continue
         if not (cell / ".complete").exists():

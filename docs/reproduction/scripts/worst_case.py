@@ -1,6 +1,9 @@
-"""Worst cell across the five retrieval settings (0_shot, released_bm25, gpt_index, dense_ft, oracle)
-per model that has all five (both metrics); each mixture arm's worst cell paired against every other
-model's worst cell. Run from the repository root after arm_comparisons.py has copied the cells."""
+"""Worst cell per model across the retrieval settings (both metrics), over two sets of settings:
+the four with a released Gorilla-7B counterpart (0_shot, released_bm25, gpt_index, oracle), which
+every model has, and those four plus our dense_ft, for the models that have all five. Each mixture
+arm's worst cell is paired against every other model's worst cell (McNemar and the paired bootstrap
+interval, ratune.eval.compare). Run from the repository root after the arms' cells are copied into
+docs/reproduction/ARM/SETTING/responses.jsonl; writes worst_case.json and worst_case.md there."""
 import json
 from pathlib import Path
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
@@ -9,54 +12,57 @@ from ratune.eval.scoring import Scorer, load_responses
 
 apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
-FIVE = ("0_shot", "released_bm25", "gpt_index", "dense_ft", "oracle")
+FOUR = ("0_shot", "released_bm25", "gpt_index", "oracle")
+SETS = {"four": FOUR, "five": FOUR + ("dense_ft",)}
 RELEASED = {"0_shot": "0_shot", "released_bm25": "bm25", "gpt_index": "gpt_index", "oracle": "oracle"}
-models = {}
-ARMS = (("mix", "mixture arm, epoch 1"), ("none", "none arm, epoch 3"), ("oracle", "oracle arm, epoch 1"),
-        ("mix_full", "mixture arm, full finetuning, epoch 2"), ("none_full", "none arm, full finetuning, epoch 2"))
+ARMS = (("mix", "mixture arm, LoRA, epoch 1"), ("none", "none arm, LoRA, epoch 3"),
+        ("oracle", "oracle arm, LoRA, epoch 1"),
+        ("mix_full", "mixture arm, full finetuning, epoch 2"), ("none_full", "none arm, full finetuning, epoch 2"),
+        ("none_full3", "none arm, full finetuning, epoch 3"),
+        ("mix_bm25_full3", "robust_bm25 mixture arm, full finetuning, epoch 3"))
+files = {}
 for arm, label in ARMS:
-    files = {s: Path("docs/reproduction") / arm / s / "responses.jsonl" for s in FIVE}
-    if all(f.exists() for f in files.values()):  # a worst case over fewer settings would not compare
-        models[label] = files
-    else:
-        print(f"{label}: left out, lacks {', '.join(s for s, f in files.items() if not f.exists())}")
+    found = {s: Path("docs/reproduction") / arm / s / "responses.jsonl" for s in SETS["five"]}
+    files[label] = {s: f for s, f in found.items() if f.exists()}
 for model in ("FT", "RT"):  # released: four settings, no dense_ft
-    models[f"released Gorilla-7B {model}"] = {s: released_responses_path(apibench, "torchhub", model, r)
-                                              for s, r in RELEASED.items()}
-counts = {}
-for label, files in models.items():
-    counts[label] = {}
-    for s, f in files.items():
-        score = scorer.score(load_responses(f, scorer.n_questions))
-        counts[label][s] = {m: score[m]["correct_n"] for m in ("gorilla", "strict")}
-out = {"settings": FIVE, "models": {}, "mixture_vs": []}
-lines = ["| model | settings | worst gorilla (setting) | worst strict (setting) |", "|---|---|---|---|"]
-worst = {}
-for label, c in counts.items():
-    worst[label] = {}
-    for m in ("gorilla", "strict"):
-        s = min(c, key=lambda k: (c[k][m], k))
-        worst[label][m] = (s, c[s][m])
-    out["models"][label] = {"counts": c, "worst": worst[label]}
-    lines.append(f"| {label} | {', '.join(c)} | {worst[label]['gorilla'][1]} ({worst[label]['gorilla'][0]}) | "
-                 f"{worst[label]['strict'][1]} ({worst[label]['strict'][0]}) |")
-for mix in [label for label in models if label.startswith("mixture")]:
-    lines += ["", f"The {mix}'s worst cell against each other model's worst cell (paired on the 186 questions):", "",
-              "| metric | mixture worst | other model | its worst | only mixture | only other | McNemar p | difference (points) [95 % CI] |",
-              "|---|---|---|---|---|---|---|---|"]
-    for m in ("gorilla", "strict"):
-        ms, mn = worst[mix][m]
-        for label in counts:
-            if label == mix:
-                continue
-            os_, on = worst[label][m]
-            r = compare_files(models[mix][ms], models[label][os_], hub="torchhub", metric=m, scorer=scorer)
-            t, d = r["contingency"], r["difference"]
-            out["mixture_vs"].append({"mixture_model": mix, "metric": m, "mixture": [ms, mn], "other": label,
-                                      "other_worst": [os_, on], "contingency": t, "mcnemar_p": r["mcnemar_p"],
-                                      "difference": d})
-            lines.append(f"| {m} | {mn} ({ms}) | {label} | {on} ({os_}) | {t['only_a']} | {t['only_b']} | {r['mcnemar_p']:.3g} | "
-                         f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
+    files[f"released Gorilla-7B {model}"] = {s: released_responses_path(apibench, "torchhub", model, r)
+                                             for s, r in RELEASED.items()}
+counts = {label: {s: {m: scorer.score(load_responses(f, scorer.n_questions))[m]["correct_n"]
+                      for m in ("gorilla", "strict")} for s, f in fs.items()} for label, fs in files.items()}
+out, lines = {}, []
+for name, settings in SETS.items():
+    models = [label for label in files if all(s in files[label] for s in settings)]
+    left = [label for label in files if label not in models]
+    worst = {label: {m: min(((counts[label][s][m], s) for s in settings)) for m in ("gorilla", "strict")}
+             for label in models}
+    out[name] = {"settings": settings, "left_out": left, "models": {}, "mixture_vs": []}
+    lines += [f"## Worst cell over {', '.join(settings)}", ""]
+    if left:
+        lines += [f"Left out (lack a setting): {', '.join(left)}.", ""]
+    lines += ["| model | worst gorilla (setting) | worst strict (setting) |", "|---|---|---|"]
+    for label in models:
+        out[name]["models"][label] = {"counts": {s: counts[label][s] for s in settings},
+                                      "worst": {m: [s, n] for m, (n, s) in worst[label].items()}}
+        g, s_ = worst[label]["gorilla"], worst[label]["strict"]
+        lines.append(f"| {label} | {g[0]} ({g[1]}) | {s_[0]} ({s_[1]}) |")
+    for mix in [label for label in models if "mixture" in label]:
+        lines += ["", f"The {mix}'s worst cell against each other model's worst cell (paired on the 186 questions):", "",
+                  "| metric | mixture worst | other model | its worst | only mixture | only other | McNemar p | difference (points) [95 % CI] |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for m in ("gorilla", "strict"):
+            mn, ms = worst[mix][m]
+            for label in models:
+                if label == mix:
+                    continue
+                on, os_ = worst[label][m]
+                r = compare_files(files[mix][ms], files[label][os_], hub="torchhub", metric=m, scorer=scorer)
+                t, d = r["contingency"], r["difference"]
+                out[name]["mixture_vs"].append({"mixture_model": mix, "metric": m, "mixture": [ms, mn], "other": label,
+                                                "other_worst": [os_, on], "contingency": t,
+                                                "mcnemar_p": r["mcnemar_p"], "difference": d})
+                lines.append(f"| {m} | {mn} ({ms}) | {label} | {on} ({os_}) | {t['only_a']} | {t['only_b']} | "
+                             f"{r['mcnemar_p']:.3g} | {100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
+    lines.append("")
 Path("docs/reproduction/worst_case.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
-Path("docs/reproduction/worst_case.md").write_text("\n".join(lines) + "\n")
+Path("docs/reproduction/worst_case.md").write_text("\n".join(lines))
 print("\n".join(lines))
