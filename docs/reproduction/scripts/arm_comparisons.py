@@ -29,15 +29,19 @@ RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
 
 
+def record(label, cell):
+    """The cell as ratune.eval.compare's released_comparisons takes it (cell = a folder with metrics.json)."""
+    m = json.loads((cell / "metrics.json").read_text())
+    return {"cell": label, "path": cell, "setting": cell.name, "hub": "torchhub", "n": m["n"], "metrics": m}
+
+
 def cells_of(arm):
     label, *srcs = ARMS[arm]
     dst = Path("docs/reproduction") / arm
     out = {}
     if not any(Path(src).is_dir() for src in srcs):  # runs/ is gone: the cells already copied here
         for cell in sorted(c for c in dst.iterdir() if (c / "metrics.json").exists()):
-            m = json.loads((cell / "metrics.json").read_text())
-            out[cell.name] = {"cell": label, "path": cell, "setting": cell.name, "hub": "torchhub", "n": m["n"],
-                              "metrics": m}
+            out[cell.name] = record(label, cell)
         return label, dst, out
     for cell in sorted(c for src in srcs if Path(src).is_dir() for c in Path(src).iterdir() if c.is_dir()):
         if cell.name in out:
@@ -47,9 +51,7 @@ def cells_of(arm):
         (dst / cell.name).mkdir(parents=True, exist_ok=True)
         for f in FILES:
             shutil.copyfile(cell / f, dst / cell.name / f)
-        m = json.loads((cell / "metrics.json").read_text())
-        out[cell.name] = {"cell": label, "path": dst / cell.name, "setting": cell.name, "hub": "torchhub", "n": m["n"],
-                          "metrics": m}
+        out[cell.name] = record(label, dst / cell.name)
     return label, dst, out
 
 
