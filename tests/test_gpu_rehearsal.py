@@ -69,6 +69,11 @@ LORA_CONFIG = "configs/train/llama7b_rat_paper_lora.yaml"
 GPU_LAUNCHERS = ("configs/accelerate/8gpu_zero3.yaml", "configs/accelerate/1gpu.yaml")
 CPU_LAUNCHER = "configs/accelerate/cpu_2proc_deepspeed.yaml"
 PAPER_MODEL = "huggyllama/llama-7b"
+# The logged loss of a step is the mean over 2 processes x 2 micro-batches, and each epoch deals the
+# 4 examples out in another order, so two steps on the same weights agree up to float32 summation
+# order: one ulp (4.8e-7 at a loss of 6.87) was seen in CI. 1e-6 relative is about 14 ulp there,
+# far below what one optimizer step moves (the next assertions: the loss falls at each update).
+SAME_LOSS_REL = 1e-6
 #: The only config values the rehearsal changes besides model, data_dir and output_dir.
 SIZES = {"max_examples": 4, "global_batch_size": 4, "per_device_batch_size": 1, "num_epochs": 4, "torch_threads": 1}
 EVAL_SIZES = ["--n-questions", "4", "--max-new-tokens", "32", "--threads", "1"]
@@ -385,7 +390,8 @@ def test_zero3_bf16_training_on_two_processes(full_runs, rehearsal):
     assert [lr for _, lr, _ in log] == pytest.approx([0.0, 2e-5, 1.5e-5, 5e-6])
     losses = [loss for _, _, loss in log]
     assert all(math.isfinite(x) for x in losses) and 6.0 < losses[0] < 7.5  # about ln(972) = 6.88 at random init
-    assert losses[1] == losses[0]  # the warmup step moved nothing: same batch, same weights, same loss
+    # the warmup step moved nothing: same batch, same weights, same loss up to float32 summation order
+    assert losses[1] == pytest.approx(losses[0], rel=SAME_LOSS_REL)
     assert losses[2] < losses[1] and losses[3] < losses[2]  # then the repeated batch's loss falls
 
     checks = manifest["save_checks"]
@@ -523,7 +529,8 @@ def test_lora_run_and_its_exports(lora_run, rehearsal):
     log = _log(lora_run)
     assert [lr for _, lr, _ in log] == pytest.approx([0.0, 2e-4, 1e-4])  # the LoRA config's lr, cosine
     losses = [loss for _, _, loss in log]
-    assert all(math.isfinite(x) for x in losses) and losses[1] == losses[0]  # the warmup step, then
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[1] == pytest.approx(losses[0], rel=SAME_LOSS_REL)  # the warmup step moved nothing, then
     assert losses[2] < losses[1]  # one update of the adapter (B was 0) lowers the repeated batch's loss
     checks_ = manifest["save_checks"]
     assert [c["folder"] for c in checks_] == [f"trainer/checkpoint-{k}" for k in (1, 2, 3)] + ["adapter", "model"]
