@@ -162,6 +162,14 @@ def curve_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def curve_xticks(xs: list[float], most: int = 12) -> list[float] | None:
+    """The x-axis ticks of a learning curve: the measured epochs (or steps) themselves, sorted, when
+    there are at most ``most`` of them, so a curve of whole epochs reads 1, 2, 3 and not 1.25, 1.5...;
+    None (matplotlib's own ticks) for more points."""
+    ticks = sorted(set(xs))
+    return ticks if len(ticks) <= most else None
+
+
 def plot_curve(rows: list[dict], out: str | os.PathLike, title: str = "") -> Path | None:
     """Accuracy (%) against epoch (or step, when an epoch is missing) per setting and metric, with
     the 95 % Wilson intervals as error bars, into ``out`` (PNG, written atomically); None when
@@ -178,7 +186,10 @@ def plot_curve(rows: list[dict], out: str | os.PathLike, title: str = "") -> Pat
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), sharey=True, squeeze=False)
     axes = axes[0]
     settings = list(dict.fromkeys(r["setting"] for r in rows))
+    ticks = curve_xticks([r["epoch"] if use_epoch else r["step"] for r in rows])
     for ax, metric in zip(axes, metrics):
+        if ticks is not None:
+            ax.set_xticks(ticks)
         for setting in settings:
             part = [r for r in rows if r["setting"] == setting and r[f"{metric}_accuracy"] is not None]
             x = [r["epoch"] if use_epoch else r["step"] for r in part]

@@ -53,6 +53,22 @@ def test_curve_row_counts_rates_and_wilson_interval():
     assert copied["strict_ci"] == [0.25, 0.5]
 
 
+def test_curve_ticks_are_the_measured_epochs(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from ratune.eval.curve import curve_row, curve_xticks, plot_curve
+
+    assert curve_xticks([3.0, 1.0, 2.0, 1.0]) == [1.0, 2.0, 3.0]  # whole epochs, once each, in order
+    assert curve_xticks([0.5, 1.0]) == [0.5, 1.0]
+    assert curve_xticks([float(k) for k in range(13)]) is None  # past 12 points: matplotlib's own ticks
+    seen = []
+    monkeypatch.setattr(Axes, "set_xticks", lambda ax, ticks, *a, **k: seen.append(list(ticks)))
+    metrics = {"n": 10, "strict": metric_block(3, 2, 5), "gorilla": metric_block(5, 1, 4)}
+    rows = [curve_row(105 * e, float(e), "0_shot", metrics) for e in (3, 1, 2)]
+    assert plot_curve(rows, tmp_path / "c.png").stat().st_size > 0
+    assert seen == [[1.0, 2.0, 3.0]] * 2  # one panel per metric
+
+
 def test_trainer_checkpoints_in_numeric_step_order(tmp_path, tiny_model_dir):
     from ratune.train.layout import trainer_checkpoints
     from ratune.train.sft import train
