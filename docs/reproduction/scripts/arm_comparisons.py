@@ -9,22 +9,10 @@ from ratune.eval.compare import compare_files, released_comparisons, released_ma
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.scoring import Scorer
 
+from arms import DOCS, MIXTURE_VS, label as label_of, sources
+
 apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
-ARMS = {"oracle": ("oracle arm, epoch 1", "runs/repro/eval_oracle_step105"),
-        "mix": ("mixture arm, epoch 1", "runs/repro/eval_mix_step105"),
-        "none": ("none arm, epoch 3", "runs/repro/eval_none_final", "runs/repro/curve_none/step315"),
-        "none_full": ("none arm, full finetuning, epoch 2", "runs/repro/eval_none_full_step210",
-                      "runs/repro/curve_none_full/step210"),
-        "mix_full": ("mixture arm, full finetuning, epoch 2", "runs/repro/eval_mix_full_step210"),
-        "none_full3": ("none arm, full finetuning, epoch 3", "runs/repro/none_full3/cells/train_retriever-none-54af93f8/eval",
-                       "runs/repro/none_full3_more"),
-        "mix_bm25_full3": ("robust_bm25 mixture arm, full finetuning, epoch 3",
-                           "runs/repro/mix_bm25_full3/cells/train_retriever-mix-robust-bm25-85a312b4/eval",
-                           "runs/repro/mix_bm25_full3_more")}
-#: each mixture arm against these arms, setting by setting
-MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix"),
-              "mix_bm25_full3": ("none_full3", "oracle", "mix_full")}
 RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
 
@@ -36,14 +24,14 @@ def record(label, cell):
 
 
 def cells_of(arm):
-    label, *srcs = ARMS[arm]
-    dst = Path("docs/reproduction") / arm
+    label, srcs = label_of(arm), sources(arm)
+    dst = DOCS / arm
     out = {}
-    if not any(Path(src).is_dir() for src in srcs):  # runs/ is gone: the cells already copied here
+    if not srcs:  # runs/ is gone: the cells already copied here
         for cell in sorted(c for c in dst.iterdir() if (c / "metrics.json").exists()):
             out[cell.name] = record(label, cell)
         return label, dst, out
-    for cell in sorted(c for src in srcs if Path(src).is_dir() for c in Path(src).iterdir() if c.is_dir()):
+    for cell in sorted(c for src in srcs for c in src.iterdir() if c.is_dir()):
         if cell.name in out:
             continue
         if not (cell / ".complete").exists():
@@ -87,13 +75,13 @@ for arm in [a for a in sys.argv[1:]]:
                 if s in ocells and s not in ("swap", "irrelevant"):
                     for metric in ("gorilla", "strict"):
                         r = compare_files(cells[s]["path"], ocells[s]["path"], hub="torchhub", metric=metric, scorer=scorer)
-                        pairs.append(row(r, label, s, ARMS[other][0]))
+                        pairs.append(row(r, label, s, label_of(other)))
         doc["vs_pure_arms"] = pairs
         md += "\nThe mixture arm against the pure arms, setting by setting (\"released\" column: the other arm):\n\n" + released_markdown(pairs)
     if arm == "none_full":  # full finetuning against the LoRA none arm, setting by setting
         _, _, lora = cells_of("none")
         pairs = [row(compare_files(cells[s]["path"], lora[s]["path"], hub="torchhub", metric=metric, scorer=scorer),
-                     label, s, ARMS["none"][0])
+                     label, s, label_of("none"))
                  for s in cells if s in lora for metric in ("gorilla", "strict")]
         doc["vs_lora_none_arm"] = pairs
         md += "\nFull finetuning against the LoRA none arm (\"released\" column: the LoRA arm):\n\n" + released_markdown(pairs)

@@ -5,24 +5,21 @@ arm's worst cell is paired against every other model's worst cell (McNemar and t
 interval, ratune.eval.compare). Run from the repository root after the arms' cells are copied into
 docs/reproduction/ARM/SETTING/responses.jsonl; writes worst_case.json and worst_case.md there."""
 import json
-from pathlib import Path
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, load_responses
+
+from arms import ARMS, DOCS, label as label_of
 
 apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
 FOUR = ("0_shot", "released_bm25", "gpt_index", "oracle")
 SETS = {"four": FOUR, "five": FOUR + ("dense_ft",)}
 RELEASED = {"0_shot": "0_shot", "released_bm25": "bm25", "gpt_index": "gpt_index", "oracle": "oracle"}
-ARMS = (("mix", "mixture arm, LoRA, epoch 1"), ("none", "none arm, LoRA, epoch 3"),
-        ("oracle", "oracle arm, LoRA, epoch 1"),
-        ("mix_full", "mixture arm, full finetuning, epoch 2"), ("none_full", "none arm, full finetuning, epoch 2"),
-        ("none_full3", "none arm, full finetuning, epoch 3"),
-        ("mix_bm25_full3", "robust_bm25 mixture arm, full finetuning, epoch 3"))
 files = {}
-for arm, label in ARMS:
-    found = {s: Path("docs/reproduction") / arm / s / "responses.jsonl" for s in SETS["five"]}
+for arm in ARMS:
+    label = label_of(arm)
+    found = {s: DOCS / arm / s / "responses.jsonl" for s in SETS["five"]}
     files[label] = {s: f for s, f in found.items() if f.exists()}
 for model in ("FT", "RT"):  # released: four settings, no dense_ft
     files[f"released Gorilla-7B {model}"] = {s: released_responses_path(apibench, "torchhub", model, r)
@@ -63,6 +60,6 @@ for name, settings in SETS.items():
                 lines.append(f"| {m} | {mn} ({ms}) | {label} | {on} ({os_}) | {t['only_a']} | {t['only_b']} | "
                              f"{r['mcnemar_p']:.3g} | {100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |")
     lines.append("")
-Path("docs/reproduction/worst_case.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
-Path("docs/reproduction/worst_case.md").write_text("\n".join(lines))
+(DOCS / "worst_case.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str) + "\n")
+(DOCS / "worst_case.md").write_text("\n".join(lines))
 print("\n".join(lines))

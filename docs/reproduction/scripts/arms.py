@@ -1,0 +1,36 @@
+"""The reproduction's arms, named once for both scripts in this folder: each arm's folder under
+docs/reproduction/, its label in the tables, and where its eval cells were written under runs/
+(glob patterns: a sweep cell's folder name carries its hash). runs/ does not outlive a session; an
+arm whose runs/ folders are gone is read from the cells already copied into docs/reproduction/ARM/."""
+from glob import glob
+from pathlib import Path
+
+#: arm -> (label (worst_case.py lists the models in this order), runs/ folders holding one subfolder per eval setting)
+ARMS = {
+    "mix": ("mixture arm, LoRA, epoch 1", ("runs/repro/eval_mix_step105",)),
+    "none": ("none arm, LoRA, epoch 3", ("runs/repro/eval_none_final", "runs/repro/curve_none/step315")),
+    "oracle": ("oracle arm, LoRA, epoch 1", ("runs/repro/eval_oracle_step105",)),
+    "mix_full": ("mixture arm, full finetuning, epoch 2", ("runs/repro/eval_mix_full_step210",)),
+    "none_full": ("none arm, full finetuning, epoch 2",
+                  ("runs/repro/eval_none_full_step210", "runs/repro/curve_none_full/step210")),
+    "none_full3": ("none arm, full finetuning, epoch 3",
+                   ("runs/repro/none_full3/cells/*/eval", "runs/repro/none_full3_more")),
+    "mix_bm25_full3": ("robust_bm25 mixture arm, full finetuning, epoch 3",
+                       ("runs/repro/mix_bm25_full3/cells/*/eval", "runs/repro/mix_bm25_full3_more")),
+    "mix_bm25_full4": ("robust_bm25 mixture arm, full finetuning, epoch 4", ("runs/repro/mix_bm25_full4/eval",)),
+}
+#: each mixture arm against these arms, setting by setting
+MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix"),
+              "mix_bm25_full3": ("none_full3", "oracle", "mix_full"),
+              "mix_bm25_full4": ("mix_bm25_full3", "none_full3", "oracle")}
+DOCS = Path("docs/reproduction")
+
+
+def label(arm: str) -> str:
+    """The arm's label in every table."""
+    return ARMS[arm][0]
+
+
+def sources(arm: str) -> list[Path]:
+    """The arm's runs/ folders that exist now (globs expanded, sorted)."""
+    return [Path(p) for pattern in ARMS[arm][1] for p in sorted(glob(pattern)) if Path(p).is_dir()]
