@@ -186,13 +186,16 @@ def plot_curve(rows: list[dict], out: str | os.PathLike, title: str = "") -> Pat
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), sharey=True, squeeze=False)
     axes = axes[0]
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    ticks = curve_xticks([r["epoch"] if use_epoch else r["step"] for r in rows])
+    def x_of(row: dict) -> float:
+        return row["epoch"] if use_epoch else row["step"]
+
+    ticks = curve_xticks([x_of(r) for r in rows])
     for ax, metric in zip(axes, metrics):
         if ticks is not None:
             ax.set_xticks(ticks)
         for setting in settings:
             part = [r for r in rows if r["setting"] == setting and r[f"{metric}_accuracy"] is not None]
-            x = [r["epoch"] if use_epoch else r["step"] for r in part]
+            x = [x_of(r) for r in part]
             y = [100 * r[f"{metric}_accuracy"] for r in part]
             err = [[100 * (r[f"{metric}_accuracy"] - r[f"{metric}_ci"][0]) for r in part],
                    [100 * (r[f"{metric}_ci"][1] - r[f"{metric}_accuracy"]) for r in part]]

@@ -3,16 +3,17 @@
 learning_curve.{md,csv,png} in the sweep report's format (ratune.eval.curve.write_curves_report).
 Run from the repository root:
     python docs/reproduction/scripts/join_curve.py OUT LABEL STEP:EPOCH:CELL_FOLDER..."""
-import json, sys
+import sys
 from pathlib import Path
 
 from ratune.eval.curve import curve_row, write_curves_report
+from ratune.io import read_json
 
 out, label, *points = sys.argv[1:]
 rows = []
 for point in points:
     step, epoch, cell = point.split(":", 2)
-    metrics = json.loads((Path(cell) / "metrics.json").read_text())
+    metrics = read_json(Path(cell) / "metrics.json")
     rows.append(curve_row(int(step), float(epoch), Path(cell).name, metrics))
 write_curves_report({label: rows}, out)
 print((Path(out) / "learning_curve.md").read_text())

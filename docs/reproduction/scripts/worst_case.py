@@ -9,12 +9,13 @@ from ratune.data.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, load_responses
 
-from arms import ARMS, DOCS, label as label_of
+from arms import ARMS, DOCS, MIXTURE_VS, label as label_of
 
 apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
 FOUR = ("0_shot", "released_bm25", "gpt_index", "oracle")
 SETS = {"four": FOUR, "five": FOUR + ("dense_ft",)}
+MIXTURES = {label_of(arm) for arm in MIXTURE_VS}  # the arms paired against every other model
 RELEASED = {"0_shot": "0_shot", "released_bm25": "bm25", "gpt_index": "gpt_index", "oracle": "oracle"}
 files = {}
 for arm in ARMS:
@@ -42,7 +43,7 @@ for name, settings in SETS.items():
                                       "worst": {m: [s, n] for m, (n, s) in worst[label].items()}}
         g, s_ = worst[label]["gorilla"], worst[label]["strict"]
         lines.append(f"| {label} | {g[0]} ({g[1]}) | {s_[0]} ({s_[1]}) |")
-    for mix in [label for label in models if "mixture" in label]:
+    for mix in [label for label in models if label in MIXTURES]:
         lines += ["", f"The {mix}'s worst cell against each other model's worst cell (paired on the 186 questions):", "",
                   "| metric | mixture worst | other model | its worst | only mixture | only other | McNemar p | difference (points) [95 % CI] |",
                   "|---|---|---|---|---|---|---|---|"]
