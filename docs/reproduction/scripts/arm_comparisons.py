@@ -1,6 +1,7 @@
 """Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
-(gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the full-finetuning none arm against the LoRA one,
+(gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the pairs VS names (full finetuning against LoRA
+for the none and oracle arms, epoch 4 against epoch 3),
 setting by setting. An arm whose runs/ folders are gone is read from the cells already copied.
 Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys
@@ -9,7 +10,7 @@ from ratune.eval.compare import compare_files, released_comparisons, released_ma
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.scoring import Scorer
 
-from arms import DOCS, MIXTURE_VS, label as label_of, sources
+from arms import DOCS, MIXTURE_VS, VS, label as label_of, sources
 
 apibench = resolve_apibench_dir(None)
 scorer = Scorer.from_apibench("torchhub", apibench)
@@ -78,13 +79,14 @@ for arm in [a for a in sys.argv[1:]]:
                         pairs.append(row(r, label, s, label_of(other)))
         doc["vs_pure_arms"] = pairs
         md += "\nThe mixture arm against the pure arms, setting by setting (\"released\" column: the other arm):\n\n" + released_markdown(pairs)
-    if arm == "none_full":  # full finetuning against the LoRA none arm, setting by setting
-        _, _, lora = cells_of("none")
-        pairs = [row(compare_files(cells[s]["path"], lora[s]["path"], hub="torchhub", metric=metric, scorer=scorer),
-                     label, s, label_of("none"))
-                 for s in cells if s in lora for metric in ("gorilla", "strict")]
-        doc["vs_lora_none_arm"] = pairs
-        md += "\nFull finetuning against the LoRA none arm (\"released\" column: the LoRA arm):\n\n" + released_markdown(pairs)
+    if arm in VS:  # one more arm, setting by setting
+        other, key, heading = VS[arm]
+        _, _, ocells = cells_of(other)
+        pairs = [row(compare_files(cells[s]["path"], ocells[s]["path"], hub="torchhub", metric=metric, scorer=scorer),
+                     label, s, label_of(other))
+                 for s in cells if s in ocells for metric in ("gorilla", "strict")]
+        doc[key] = pairs
+        md += f"\n{heading} (\"released\" column: {label_of(other)}):\n\n" + released_markdown(pairs)
     (dst / "comparisons.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
     (dst / "comparisons.md").write_text(md)
     summary[arm] = {s: (c["metrics"]["gorilla"]["correct_n"], c["metrics"]["strict"]["correct_n"],
