@@ -1,7 +1,7 @@
 """Copy finished reproduction cells into docs/reproduction/ARM/ and write the comparisons:
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
 (gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the pairs VS names (full finetuning against LoRA
-for the none and oracle arms, epoch 4 against epoch 3),
+for the none and oracle arms, later epochs against earlier ones),
 setting by setting. An arm whose runs/ folders are gone is read from the cells already copied.
 Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys

@@ -18,6 +18,7 @@ ARMS = {
     "none_full4": ("none arm, full finetuning, epoch 4",
                    ("runs/repro/none_full4/cells/*/eval", "runs/repro/none_full4_more")),
     "oracle_full1": ("oracle arm, full finetuning, epoch 1", ("runs/repro/oracle_full1/cells/*/eval",)),
+    "oracle_full3": ("oracle arm, full finetuning, epoch 3", ("runs/repro/oracle_full3/eval",)),
     "mix_bm25_full3": ("robust_bm25 mixture arm, full finetuning, epoch 3",
                        ("runs/repro/mix_bm25_full3/cells/*/eval", "runs/repro/mix_bm25_full3_more")),
     "mix_bm25_full4": ("robust_bm25 mixture arm, full finetuning, epoch 4", ("runs/repro/mix_bm25_full4/eval",)),
@@ -25,11 +26,12 @@ ARMS = {
 #: each mixture arm against these arms, setting by setting
 MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix"),
               "mix_bm25_full3": ("none_full3", "oracle", "mix_full"),
-              "mix_bm25_full4": ("mix_bm25_full3", "none_full3", "none_full4", "oracle", "oracle_full1")}
+              "mix_bm25_full4": ("mix_bm25_full3", "none_full3", "none_full4", "oracle", "oracle_full1", "oracle_full3")}
 #: arm -> (the other arm, key in comparisons.json, heading): one more arm compared setting by setting
 VS = {"none_full": ("none", "vs_lora_none_arm", "Full finetuning against the LoRA none arm"),
       "none_full4": ("none_full3", "vs_epoch3", "The fourth epoch against the third"),
-      "oracle_full1": ("oracle", "vs_lora_oracle_arm", "Full finetuning against the LoRA oracle arm")}
+      "oracle_full1": ("oracle", "vs_lora_oracle_arm", "Full finetuning against the LoRA oracle arm"),
+      "oracle_full3": ("oracle_full1", "vs_epoch1", "The third epoch against the first")}
 DOCS = Path("docs/reproduction")
 
 
