@@ -32,6 +32,12 @@ VS = {"none_full": ("none", "vs_lora_none_arm", "Full finetuning against the LoR
       "none_full4": ("none_full3", "vs_epoch3", "The fourth epoch against the third"),
       "oracle_full1": ("oracle", "vs_lora_oracle_arm", "Full finetuning against the LoRA oracle arm"),
       "oracle_full3": ("oracle_full1", "vs_epoch1", "The third epoch against the first")}
+#: an arm of configs/sweeps/reproduce_torchhub.yaml (its train_retriever) -> the arm folders that hold its cells
+#: (check_reproduce.py): "final" -> the cells of the trained model, and its learning curve as curve_stepN/;
+#: a step -> the cells of that checkpoint, committed by a shorter run of the same recipe
+SWEEP_ARMS = {"none": {"final": "none_full3", 210: "none_full"},
+              "oracle": {"final": "oracle_full3", 105: "oracle_full1"},
+              "mix-robust_bm25": {"final": "mix_bm25_full3"}}
 DOCS = Path("docs/reproduction")
 
 

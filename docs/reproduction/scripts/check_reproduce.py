@@ -1,0 +1,115 @@
+"""Does a `make reproduce` run give the committed report's numbers? Compares every eval cell of a
+sweep run of configs/sweeps/reproduce_torchhub.yaml (finished or not) with the cell of the same
+arm, checkpoint and setting committed under docs/reproduction/, response by response.
+
+    python docs/reproduction/scripts/check_reproduce.py [SWEEP_DIR] [--json]   # SWEEP_DIR: runs/reproduce/sweep
+
+Run from the repository root. Prints one row per eval cell: the sweep's correct counts (gorilla
+metric / strict), the committed cell's, and how many of the 186 responses have the same text.
+A cell's status is `same` (every response text equal), `differs`, `new` (nothing committed for
+it: the sweep adds it) or `not run yet`. Exits 1 when any cell differs, else 0. The arms were
+committed one at a time (docs/reproduction/README.md), so the committed counterpart of a sweep
+cell is found through SWEEP_ARMS in arms.py."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ratune.io import iter_jsonl, read_json
+
+from arms import DOCS, SWEEP_ARMS
+
+FINAL = "final"
+
+
+def responses(cell: Path) -> dict[int, str]:
+    """question_id -> response text of an eval cell folder (its responses.jsonl)."""
+    return {obj["question_id"]: obj["text"] for _, obj in iter_jsonl(cell / "responses.jsonl")}
+
+
+def counts(cell: Path) -> tuple[int, int]:
+    """(gorilla metric correct, strict correct) from the cell's metrics.json."""
+    metrics = read_json(cell / "metrics.json")
+    return metrics["gorilla"]["correct_n"], metrics["strict"]["correct_n"]
+
+
+def committed(arm: str, point: str | int, setting: str, last_step: int | None, docs: Path = DOCS) -> Path | None:
+    """The committed cell of sweep arm ``arm`` at ``point`` (FINAL: the trained model; an int: the
+    checkpoint of that optimizer step) under ``setting``, or None. The final model is also the
+    checkpoint of the last step (``last_step``), so either names the same cell."""
+    folders = SWEEP_ARMS[arm]
+    is_final = point in (FINAL, last_step)
+    steps = [s for s in (point, last_step if point == FINAL else None) if isinstance(s, int)]
+    candidates = [docs / folders[FINAL] / setting] if is_final and FINAL in folders else []
+    candidates += [docs / folders[FINAL] / f"curve_step{s}" / setting for s in steps if FINAL in folders]
+    candidates += [docs / folders[s] / setting for s in steps if s in folders]
+    return next((c for c in candidates if (c / "responses.jsonl").is_file()), None)
+
+
+def sweep_cells(sweep_dir: Path, settings: list[str], curve_settings: list[str]):
+    """Yield (arm, point, setting, folder, last step) for every eval cell the sweep asks for, run or not."""
+    for cell in sorted((sweep_dir / "cells").glob("*/cell.json")):
+        arm = read_json(cell)["axes"]["train_retriever"]
+        root = cell.parent
+        steps = sorted(int(p.name[4:]) for p in (root / "curve").glob("step*") if p.name[4:].isdigit())
+        last = steps[-1] if steps else None
+        for setting in settings:
+            yield arm, FINAL, setting, root / "eval" / setting, last
+        for step in steps:
+            for setting in curve_settings:
+                yield arm, step, setting, root / "curve" / f"step{step}" / setting, last
+
+
+def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
+    """One record per eval cell of the sweep in ``sweep_dir`` (its sweep.yaml names the settings).
+
+    Raises:
+        FileNotFoundError: when ``sweep_dir`` has no sweep.yaml (not a sweep folder).
+        KeyError: for an arm that SWEEP_ARMS does not name.
+    """
+    import yaml
+    spec = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())
+    rows = []
+    for arm, point, setting, folder, last in sweep_cells(sweep_dir, spec["eval"]["settings"],
+                                                         spec["eval"].get("curve_settings") or []):
+        ours = folder if (folder / "metrics.json").is_file() else None
+        theirs = committed(arm, point, setting, last, docs)
+        row = {"arm": arm, "checkpoint": point if point == FINAL else f"step{point}", "setting": setting,
+               "sweep": list(counts(ours)) if ours else None,
+               "committed": list(counts(theirs)) if theirs else None,
+               "committed_cell": str(theirs) if theirs else None, "same_texts": None, "n": None}
+        if ours and theirs:
+            a, b = responses(ours), responses(theirs)
+            row["n"] = len(a.keys() | b.keys())
+            row["same_texts"] = sum(a.get(q) == b.get(q) for q in a.keys() | b.keys())
+            row["status"] = "same" if row["same_texts"] == row["n"] else "differs"
+        else:
+            row["status"] = "not run yet" if not ours else "new"
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The records as a markdown table."""
+    fmt = lambda c: f"{c[0]} / {c[1]}" if c else "-"
+    same = lambda r: "-" if r["n"] is None else f"{r['same_texts']} / {r['n']}"
+    lines = ["| arm | checkpoint | setting | sweep (gorilla / strict) | committed | same texts | status |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['checkpoint']} | {r['setting']} | {fmt(r['sweep'])} | {fmt(r['committed'])} | "
+              f"{same(r)} | {r['status']} |" for r in rows]
+    tally = {s: sum(r["status"] == s for r in rows) for s in ("same", "differs", "new", "not run yet")}
+    return "\n".join(lines + ["", ", ".join(f"{v} {k}" for k, v in tally.items())])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", nargs="?", default="runs/reproduce/sweep", type=Path)
+    parser.add_argument("--json", action="store_true", help="print the records as JSON")
+    args = parser.parse_args(argv)
+    rows = check(args.sweep_dir)
+    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    return 1 if any(r["status"] == "differs" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

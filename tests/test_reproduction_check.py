@@ -1,0 +1,71 @@
+"""docs/reproduction/scripts/check_reproduce.py: a `make reproduce` sweep's cells against the committed
+report's, response by response, on hand-made folders."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "scripts"))
+import check_reproduce  # noqa: E402
+
+
+def _cell(folder: Path, texts: dict[int, str], gorilla: int, strict: int) -> None:
+    folder.mkdir(parents=True)
+    (folder / "responses.jsonl").write_text("".join(
+        json.dumps({"question_id": q, "text": t, "model": "m"}) + "\n" for q, t in texts.items()))
+    (folder / "metrics.json").write_text(json.dumps({"gorilla": {"correct_n": gorilla}, "strict": {"correct_n": strict}}))
+
+
+@pytest.fixture
+def folders(tmp_path):
+    docs, sweep = tmp_path / "docs", tmp_path / "sweep"
+    # committed: the none arm's final 0_shot and its curve at step 2; the oracle arm's step-1 checkpoint
+    _cell(docs / "none_full3" / "0_shot", {1: "a", 2: "b", 3: "c"}, 3, 2)
+    _cell(docs / "none_full3" / "curve_step2" / "0_shot", {1: "a", 2: "b", 3: "c"}, 3, 2)
+    _cell(docs / "none_full3" / "curve_step1" / "0_shot", {1: "a", 2: "x", 3: "c"}, 2, 1)
+    _cell(docs / "oracle_full1" / "oracle", {1: "o", 2: "o", 3: "o"}, 3, 3)
+    sweep.mkdir()
+    (sweep / "sweep.yaml").write_text("eval:\n  settings: [0_shot, oracle]\n  curve_settings: [0_shot]\n")
+    none, oracle = sweep / "cells" / "train_retriever-none-1", sweep / "cells" / "train_retriever-oracle-2"
+    for cell, arm in ((none, "none"), (oracle, "oracle")):
+        cell.mkdir(parents=True)
+        (cell / "cell.json").write_text(json.dumps({"axes": {"train_retriever": arm}}))
+    _cell(none / "eval" / "0_shot", {1: "a", 2: "b", 3: "c"}, 3, 2)                 # same as committed
+    _cell(none / "curve" / "step1" / "0_shot", {1: "a", 2: "y", 3: "c"}, 2, 1)      # one text differs
+    _cell(none / "curve" / "step2" / "0_shot", {1: "a", 2: "b", 3: "c"}, 3, 2)      # the final model's checkpoint
+    _cell(oracle / "eval" / "0_shot", {1: "z", 2: "z", 3: "z"}, 0, 0)               # nothing committed: new
+    (oracle / "curve" / "step1").mkdir(parents=True)                                  # oracle at step 1: not run yet
+    return docs, sweep
+
+
+def test_check_pairs_each_sweep_cell_with_its_committed_cell(folders):
+    docs, sweep = folders
+    rows = {(r["arm"], r["checkpoint"], r["setting"]): r for r in check_reproduce.check(sweep, docs)}
+    assert len(rows) == 7  # 2 arms x 2 settings + none's 2 curve points + oracle's 1
+    same = rows[("none", "final", "0_shot")]
+    assert (same["status"], same["same_texts"], same["n"], same["sweep"], same["committed"]) == ("same", 3, 3, [3, 2], [3, 2])
+    differs = rows[("none", "step1", "0_shot")]
+    assert (differs["status"], differs["same_texts"], differs["committed"]) == ("differs", 2, [2, 1])
+    assert differs["committed_cell"] == str(docs / "none_full3" / "curve_step1" / "0_shot")
+    assert rows[("none", "step2", "0_shot")]["status"] == "same"
+    assert rows[("none", "final", "oracle")]["status"] == "not run yet"
+    assert (rows[("oracle", "final", "0_shot")]["status"], rows[("oracle", "final", "0_shot")]["sweep"]) == ("new", [0, 0])
+    # the oracle arm's step-1 checkpoint is committed as its own arm folder (oracle_full1), not run yet here
+    assert rows[("oracle", "step1", "0_shot")]["status"] == "not run yet"
+    assert rows[("oracle", "final", "oracle")]["committed"] is None
+
+
+def test_committed_finds_the_final_model_as_its_last_checkpoint(tmp_path):
+    _cell(tmp_path / "oracle_full3" / "swap", {1: "s"}, 1, 1)
+    _cell(tmp_path / "oracle_full1" / "swap", {1: "t"}, 0, 0)
+    assert check_reproduce.committed("oracle", 315, "swap", 315, tmp_path) == tmp_path / "oracle_full3" / "swap"
+    assert check_reproduce.committed("oracle", 105, "swap", 315, tmp_path) == tmp_path / "oracle_full1" / "swap"
+    assert check_reproduce.committed("oracle", 210, "swap", 315, tmp_path) is None
+
+
+def test_table_tallies_the_statuses(folders):
+    docs, sweep = folders
+    text = check_reproduce.table(check_reproduce.check(sweep, docs))
+    assert "| none | step1 | 0_shot | 2 / 1 | 2 / 1 | 2 / 3 | differs |" in text
+    assert text.endswith("2 same, 1 differs, 1 new, 3 not run yet")
