@@ -26,7 +26,8 @@ def folders(tmp_path):
     _cell(docs / "none_full3" / "curve_step1" / "0_shot", {1: "a", 2: "x", 3: "c"}, 2, 1)
     _cell(docs / "oracle_full1" / "oracle", {1: "o", 2: "o", 3: "o"}, 3, 3)
     sweep.mkdir()
-    (sweep / "sweep.yaml").write_text("eval:\n  settings: [0_shot, oracle]\n  curve_settings: [0_shot]\n")
+    (sweep / "sweep.yaml").write_text("eval:\n  settings: [0_shot, oracle]\n  curve_settings: [0_shot]\n"
+                                      "axes:\n  train_retriever: [none, oracle, mix-robust_bm25]\n")
     none, oracle = sweep / "cells" / "train_retriever-none-1", sweep / "cells" / "train_retriever-oracle-2"
     for cell, arm in ((none, "none"), (oracle, "oracle")):
         cell.mkdir(parents=True)
@@ -42,7 +43,7 @@ def folders(tmp_path):
 def test_check_pairs_each_sweep_cell_with_its_committed_cell(folders):
     docs, sweep = folders
     rows = {(r["arm"], r["checkpoint"], r["setting"]): r for r in check_reproduce.check(sweep, docs)}
-    assert len(rows) == 7  # 2 arms x 2 settings + none's 2 curve points + oracle's 1
+    assert len(rows) == 9  # 3 arms x 2 settings + none's 2 curve points + oracle's 1
     same = rows[("none", "final", "0_shot")]
     assert (same["status"], same["same_texts"], same["n"], same["sweep"], same["committed"]) == ("same", 3, 3, [3, 2], [3, 2])
     differs = rows[("none", "step1", "0_shot")]
@@ -54,6 +55,8 @@ def test_check_pairs_each_sweep_cell_with_its_committed_cell(folders):
     # the oracle arm's step-1 checkpoint is committed as its own arm folder (oracle_full1), not run yet here
     assert rows[("oracle", "step1", "0_shot")]["status"] == "not run yet"
     assert rows[("oracle", "final", "oracle")]["committed"] is None
+    # the mixture arm's cell folder does not exist yet: its settings are listed, not run yet
+    assert [rows[("mix-robust_bm25", "final", s)]["status"] for s in ("0_shot", "oracle")] == ["not run yet"] * 2
 
 
 def test_committed_finds_the_final_model_as_its_last_checkpoint(tmp_path):
@@ -68,4 +71,4 @@ def test_table_tallies_the_statuses(folders):
     docs, sweep = folders
     text = check_reproduce.table(check_reproduce.check(sweep, docs))
     assert "| none | step1 | 0_shot | 2 / 1 | 2 / 1 | 2 / 3 | differs |" in text
-    assert text.endswith("2 same, 1 differs, 1 new, 3 not run yet")
+    assert text.endswith("2 same, 1 differs, 1 new, 5 not run yet")

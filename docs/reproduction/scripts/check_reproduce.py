@@ -46,10 +46,15 @@ def committed(arm: str, point: str | int, setting: str, last_step: int | None, d
     return next((c for c in candidates if (c / "responses.jsonl").is_file()), None)
 
 
-def sweep_cells(sweep_dir: Path, settings: list[str], curve_settings: list[str]):
-    """Yield (arm, point, setting, folder, last step) for every eval cell the sweep asks for, run or not."""
+def sweep_cells(sweep_dir: Path, spec: dict):
+    """Yield (arm, point, setting, folder, last step) for every eval cell the sweep file ``spec`` asks
+    for, run or not: an arm whose cell folder does not exist yet gets its final settings only (its
+    checkpoints' steps are known once it trains)."""
+    settings, curve_settings = spec["eval"]["settings"], spec["eval"].get("curve_settings") or []
+    seen = set()
     for cell in sorted((sweep_dir / "cells").glob("*/cell.json")):
         arm = read_json(cell)["axes"]["train_retriever"]
+        seen.add(arm)
         root = cell.parent
         steps = sorted(int(p.name[4:]) for p in (root / "curve").glob("step*") if p.name[4:].isdigit())
         last = steps[-1] if steps else None
@@ -58,6 +63,10 @@ def sweep_cells(sweep_dir: Path, settings: list[str], curve_settings: list[str])
         for step in steps:
             for setting in curve_settings:
                 yield arm, step, setting, root / "curve" / f"step{step}" / setting, last
+    for arm in spec.get("axes", {}).get("train_retriever", []):
+        if arm not in seen:
+            for setting in settings:
+                yield arm, FINAL, setting, sweep_dir / "cells" / "(not created yet)" / setting, None
 
 
 def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
@@ -70,8 +79,7 @@ def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
     import yaml
     spec = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())
     rows = []
-    for arm, point, setting, folder, last in sweep_cells(sweep_dir, spec["eval"]["settings"],
-                                                         spec["eval"].get("curve_settings") or []):
+    for arm, point, setting, folder, last in sweep_cells(sweep_dir, spec):
         ours = folder if (folder / "metrics.json").is_file() else None
         theirs = committed(arm, point, setting, last, docs)
         row = {"arm": arm, "checkpoint": point if point == FINAL else f"step{point}", "setting": setting,
