@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from ratune.eval.curve import step_folder
 from ratune.io import iter_jsonl, read_json
 
 from arms import DOCS, SWEEP_ARMS
@@ -48,8 +49,8 @@ def committed(arm: str, point: str | int, setting: str, last_step: int | None, d
 
 def sweep_cells(sweep_dir: Path, spec: dict):
     """Yield (arm, point, setting, folder, last step) for every eval cell the sweep file ``spec`` asks
-    for, run or not: an arm whose cell folder does not exist yet gets its final settings only (its
-    checkpoints' steps are known once it trains)."""
+    for, run or not: an arm whose cell folder does not exist yet gets its final settings only, with
+    folder None (its checkpoints' steps are known once it trains)."""
     settings, curve_settings = spec["eval"]["settings"], spec["eval"].get("curve_settings") or []
     seen = set()
     for cell in sorted((sweep_dir / "cells").glob("*/cell.json")):
@@ -62,11 +63,11 @@ def sweep_cells(sweep_dir: Path, spec: dict):
             yield arm, FINAL, setting, root / "eval" / setting, last
         for step in steps:
             for setting in curve_settings:
-                yield arm, step, setting, root / "curve" / f"step{step}" / setting, last
+                yield arm, step, setting, step_folder(root / "curve", step) / setting, last
     for arm in spec.get("axes", {}).get("train_retriever", []):
         if arm not in seen:
             for setting in settings:
-                yield arm, FINAL, setting, sweep_dir / "cells" / "(not created yet)" / setting, None
+                yield arm, FINAL, setting, None, None
 
 
 def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
@@ -80,7 +81,7 @@ def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
     spec = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())
     rows = []
     for arm, point, setting, folder, last in sweep_cells(sweep_dir, spec):
-        ours = folder if (folder / "metrics.json").is_file() else None
+        ours = folder if folder is not None and (folder / "metrics.json").is_file() else None
         theirs = committed(arm, point, setting, last, docs)
         row = {"arm": arm, "checkpoint": point if point == FINAL else f"step{point}", "setting": setting,
                "sweep": list(counts(ours)) if ours else None,
