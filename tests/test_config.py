@@ -93,7 +93,7 @@ def test_a_relative_apibench_is_found_from_any_working_directory(tmp_path, monke
     """A sweep file's relative ``apibench:`` is found as its other paths are, when the sweep runs
     and when its report reads the copy in SWEEP_DIR/sweep.yaml from another directory."""
     from ratune.sweep import load_sweep
-    from ratune.sweep.report import _sweep_apibench
+    from ratune.sweep.schema import load_saved_sweep
 
     project = tmp_path / "project"
     (project / "data" / "apibench").mkdir(parents=True)
@@ -102,14 +102,15 @@ def test_a_relative_apibench_is_found_from_any_working_directory(tmp_path, monke
     (project / "runs" / "s" / "sweep.yaml").write_text(text)  # as a sweep saves its file
     monkeypatch.chdir(project)  # from the project root: as given (the commands keep it)
     assert load_sweep(project / "runs" / "s" / "sweep.yaml").config.apibench == "data/apibench"
-    assert _sweep_apibench(Path("runs/s")) == "data/apibench"
+    assert load_saved_sweep(Path("runs/s")).config.apibench == "data/apibench"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # from elsewhere: the nearest folder above the file that holds it
     assert load_sweep(project / "runs" / "s" / "sweep.yaml").config.apibench == str(project / "data" / "apibench")
-    assert _sweep_apibench(project / "runs" / "s") == str(project / "data" / "apibench")
+    assert load_saved_sweep(project / "runs" / "s").config.apibench == str(project / "data" / "apibench")
     (project / "runs" / "s" / "sweep.yaml").write_text("base: {model: m}\n")
-    assert _sweep_apibench(project / "runs" / "s") is None  # none named: the default
+    assert load_saved_sweep(project / "runs" / "s").config.apibench is None  # none named: the default
+    assert load_saved_sweep(elsewhere) is None  # not a sweep folder
 
 
 def test_cpu_starter_configs_load_resolve_and_match_the_demo():

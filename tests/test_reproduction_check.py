@@ -26,7 +26,7 @@ def folders(tmp_path):
     _cell(docs / "none_full3" / "curve_step1" / "0_shot", {1: "a", 2: "x", 3: "c"}, 2, 1)
     _cell(docs / "oracle_full1" / "oracle", {1: "o", 2: "o", 3: "o"}, 3, 3)
     sweep.mkdir()
-    (sweep / "sweep.yaml").write_text("eval:\n  settings: [0_shot, oracle]\n  curve_settings: [0_shot]\n"
+    (sweep / "sweep.yaml").write_text("base: {}\neval:\n  settings: [0_shot, oracle]\n  curve_settings: [0_shot]\n"
                                       "axes:\n  train_retriever: [none, oracle, mix-robust_bm25]\n")
     none, oracle = sweep / "cells" / "train_retriever-none-1", sweep / "cells" / "train_retriever-oracle-2"
     for cell, arm in ((none, "none"), (oracle, "oracle")):
@@ -72,3 +72,10 @@ def test_table_tallies_the_statuses(folders):
     text = check_reproduce.table(check_reproduce.check(sweep, docs))
     assert "| none | step1 | 0_shot | 2 / 1 | 2 / 1 | 2 / 3 | differs |" in text
     assert text.endswith("2 same, 1 differs, 1 new, 5 not run yet")
+
+
+def test_check_refuses_a_folder_without_a_saved_sweep_file(tmp_path):
+    from ratune.errors import RatuneError
+
+    with pytest.raises(RatuneError, match=r"no sweep.yaml; not a folder a sweep ran in"):
+        check_reproduce.check(tmp_path)

@@ -150,6 +150,33 @@ def test_sweep_file_compare_list_is_stored_and_used(tmp_path, sweep_dir):
         sw.load_sweep(path)
 
 
+def test_the_saved_sweep_file_is_self_contained_and_loads_back_where_the_folder_moved(tmp_path, sweep_dir):
+    """save_sweep_file stores the base config inline (the base file may change or vanish after the
+    run) and load_saved_sweep reads it back with the folder it is in as out_dir; a saved file that
+    does not validate is refused, naming the file and the field."""
+    from ratune.sweep.schema import load_saved_sweep
+
+    (tmp_path / "base.yaml").write_text("model: m\nhub: torchhub\ntrain_retriever: none\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"out_dir": str(sweep_dir), "base": "base.yaml",
+                                    "axes": {"train_retriever": ["none", "oracle"]},
+                                    "compare": [CHOSEN.model_dump(mode="json")]}))
+    sw.save_sweep_file(sw.load_sweep(path))
+    saved = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())
+    assert (saved["base"], saved["source"]) == ({"model": "m", "hub": "torchhub", "train_retriever": "none"}, str(path))
+    (tmp_path / "base.yaml").unlink()
+    moved = tmp_path / "moved"
+    sweep_dir.rename(moved)
+    loaded = load_saved_sweep(moved)
+    assert (loaded.out_dir, loaded.source, loaded.base) == (moved, str(moved / "sweep.yaml"), saved["base"])
+    assert loaded.config.compare == [CHOSEN] and sw.load_compare_pairs(moved) == [CHOSEN]
+    sw.report_sweep(moved)  # the stored pair, read through the one loader
+    assert json.loads((moved / "report" / "sweep.json").read_text())["comparisons"]["ok"] == 1
+    (moved / "sweep.yaml").write_text("base: {}\ncompare: [{a: {}, b: {test_retriever: oracle}}]\n")
+    with pytest.raises(RatuneError, match=r"moved/sweep.yaml.*compare.*a selector needs at least one dimension"):
+        sw.report_sweep(moved)
+
+
 def test_cli_pair_flag(sweep_dir, capsys):
     assert cli_main(["report", str(sweep_dir), "--pair", "train_retriever=oracle,test_retriever=oracle",
                      "train_retriever=none,test_retriever=0_shot"]) == 0

@@ -22,7 +22,8 @@ Sweep file (validated with ``extra="forbid"``)::
 
 Sweep folder::
 
-    sweep.yaml                  the validated sweep file as it was last run (the report reads ``compare``)
+    sweep.yaml                  the validated sweep file as it was last run, its base config inline
+                                (load_saved_sweep reads it back; the report takes ``compare`` and ``apibench``)
 
     data/{hub}/                 the shared ``ratune data build`` output (once per hub)
     cells/{name}/cell.json      axis values, resolved training config, data and eval settings
@@ -46,7 +47,8 @@ reruns and across edits of the base config, so that an edited config is *detecte
 Modules (each imports only the ones above it; ``ratune.sweep`` re-exports their public names)::
 
     pairs.py      chosen-pair comparisons: ComparePair, parse_selector, compare_pairs
-    schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep, sweep_from_data
+    schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep, sweep_from_data,
+                  load_saved_sweep (a sweep folder's saved copy)
     cells.py      the grid: Cell, cell_name, config_hash, expand, the _check_* rules, data_plan, sweep_mixtures
     commands.py   data_command, train_command, eval_command
     state.py      cell.json and change detection: cell_record, changed_keys, is_finished,
@@ -63,7 +65,8 @@ a test that replaces one patches it there (``monkeypatch.setattr("ratune.sweep.l
 from __future__ import annotations
 
 from ratune.sweep.pairs import ComparePair
-from ratune.sweep.schema import SlurmSettings, Sweep, SweepConfig, SweepData, SweepEval, load_sweep, sweep_from_data
+from ratune.sweep.schema import (SlurmSettings, Sweep, SweepConfig, SweepData, SweepEval, load_saved_sweep, load_sweep,
+                                 sweep_from_data)
 from ratune.sweep.cells import OWNED_KEYS, Cell, cell_name, config_hash, data_plan, expand, sweep_mixtures
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
@@ -74,7 +77,8 @@ from ratune.sweep.cli import add_sweep_arguments, cli_sweep
 
 __all__ = [
     "ComparePair",
-    "SlurmSettings", "Sweep", "SweepConfig", "SweepData", "SweepEval", "load_sweep", "sweep_from_data",
+    "SlurmSettings", "Sweep", "SweepConfig", "SweepData", "SweepEval", "load_saved_sweep", "load_sweep",
+    "sweep_from_data",
     "OWNED_KEYS", "Cell", "cell_name", "config_hash", "data_plan", "expand", "sweep_mixtures",
     "_fmt", "data_command", "eval_command", "train_command",
     "cell_record", "changed_keys", "check_changed", "is_curve_finished", "is_finished",

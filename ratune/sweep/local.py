@@ -14,7 +14,7 @@ from ratune.io import read_json_object, write_json, write_text
 from ratune.manifest import is_complete, require_owned
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.schema import Sweep
+from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
@@ -149,10 +149,13 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
 
 
 def save_sweep_file(sweep: Sweep) -> Path:
-    """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` (what ``report_sweep`` reads its
-    chosen ``compare`` pairs from); returns its path."""
-    path = sweep.out_dir / "sweep.yaml"
-    write_text(path, _yaml({"source": sweep.source, **sweep.config.model_dump(mode="json")}))
+    """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` with its ``base`` config inline
+    (the run's record even if the base file changes later) and ``source``, the file the run started
+    from; :func:`ratune.sweep.schema.load_saved_sweep` reads it back (``report_sweep`` takes its
+    ``compare`` pairs and ``apibench`` folder from it). Returns its path."""
+    path = sweep.out_dir / SAVED_SWEEP_FILE
+    config = {**sweep.config.model_dump(mode="json"), "base": sweep.base}
+    write_text(path, _yaml({"source": sweep.source, **config}))
     return path
 
 

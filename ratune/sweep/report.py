@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratune.config import load_yaml
 from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
@@ -23,7 +22,7 @@ from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep.cells import _hub_name, _slug_value
 from ratune.sweep.commands import _fmt
 from ratune.sweep.pairs import ComparePair, compare_pairs, comparisons_csv_rows, comparisons_markdown, parse_selector
-from ratune.sweep.schema import find_path
+from ratune.sweep.schema import load_saved_sweep
 from ratune.sweep.state import _read_cell_record
 
 
@@ -222,8 +221,9 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         write_json(out / "experiments.json", {"experiments": exp_rows})
         write_text(out / "experiments.md", experiments_markdown(exp_rows))
         summary["experiments"] = len(exp_rows)
+    saved = load_saved_sweep(sweep_dir)  # the run's sweep file: its compare pairs and apibench folder
     if pairs is None:
-        pairs = load_compare_pairs(sweep_dir)
+        pairs = saved.config.compare if saved else []
     if pairs:
         results = compare_pairs(finished, pairs)
         write_json(out / "comparisons.json", {"comparisons": results})
@@ -238,12 +238,12 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                        "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
                       if f["dims"]["hub"] in HUBS]  # released Gorilla-7B responses exist for APIBench only
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
-        named_apibench = _sweep_apibench(sweep_dir)
+        named_apibench = saved.config.apibench if saved else None  # None: the default folder
         if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
             try:
                 resolve_apibench_dir(named_apibench)
             except RatuneError as err:
-                raise RatuneError(f"{sweep_dir / 'sweep.yaml'}: apibench: {err}") from None
+                raise RatuneError(f"{saved.source}: apibench: {err}") from None
         try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
             apibench = resolve_apibench_dir(named_apibench)
         except RatuneError as err:
@@ -260,31 +260,15 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     return tables
 
 
-def _sweep_apibench(sweep_dir: Path) -> str | None:
-    """The ``apibench`` folder the sweep file saved in SWEEP_DIR/sweep.yaml names (None: the default);
-    a relative one is found from the working directory or the sweep folder's parents
-    (:func:`ratune.sweep.schema.find_path`), so the report works from any directory."""
-    path = sweep_dir / "sweep.yaml"
-    named = load_yaml(path).get("apibench") if path.is_file() else None
-    return str(find_path(named, path)) if isinstance(named, str) else named
-
-
 def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
-    """The ``compare`` pairs of ``SWEEP_DIR/sweep.yaml`` (empty when the file or the key is absent).
+    """The ``compare`` pairs of the sweep file saved in ``SWEEP_DIR/sweep.yaml``
+    (:func:`ratune.sweep.schema.load_saved_sweep`); empty when the file or the key is absent.
 
     Raises:
-        RatuneError: the stored pairs do not validate (naming the file).
+        RatuneError: the saved file does not validate (naming it and the field).
     """
-    from pydantic import ValidationError
-
-    path = Path(sweep_dir) / "sweep.yaml"
-    if not path.is_file():
-        return []
-    data = load_yaml(path)
-    try:
-        return [ComparePair.model_validate(p) for p in data.get("compare") or []]
-    except ValidationError as err:
-        raise RatuneError(f"{path}: compare: {err}") from None
+    saved = load_saved_sweep(sweep_dir)
+    return saved.config.compare if saved else []
 
 
 def _seed_key(seed: Any) -> tuple:
@@ -316,9 +300,9 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
         print(table2_markdown(table))
         print("Worst case across test settings:\n")
         print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
-    if pairs is not None or load_compare_pairs(sweep_dir):
-        print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
     summary = read_json_object(report_dir / "sweep.json")
+    if "comparisons" in summary:  # chosen pairs were compared (given, or the sweep file's)
+        print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
     for name, b in summary.get("best", {}).items():
         where = f"(train {b['train_retriever']}, test {b['test_retriever']}, accuracy {100 * b['accuracy']:.1f} %, " \
                 f"n = {b['n']})"

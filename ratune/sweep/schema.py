@@ -110,6 +110,29 @@ def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
     return sweep_from_data(load_yaml(path), path, out_dir)
 
 
+SAVED_SWEEP_FILE = "sweep.yaml"  # a run's copy of its validated sweep file, in its out_dir
+
+
+def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
+    """The sweep file a run saved in ``SWEEP_DIR/sweep.yaml`` (:func:`ratune.sweep.local.save_sweep_file`),
+    validated as :func:`sweep_from_data` with ``out_dir`` ``sweep_dir`` (the folder may have moved);
+    None when the folder has none. The saved ``source`` key (the file the run started from) is
+    dropped: ``Sweep.source`` is the saved file, so errors name the file read. A relative path it
+    names is found from the working directory or the folders above the saved file
+    (:func:`find_path`), so a report works from any directory.
+
+    Raises:
+        RatuneError: the saved file does not validate (naming it and the field); a ``base`` it names
+            by path (files saved before the base was stored inline) that cannot be found.
+    """
+    path = Path(sweep_dir) / SAVED_SWEEP_FILE
+    if not path.is_file():
+        return None
+    data = load_yaml(path)
+    data.pop("source", None)
+    return sweep_from_data(data, path, sweep_dir)
+
+
 def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = None) -> Sweep:
     """Validate a sweep file's mapping ``data`` read from ``path``; ``out_dir`` overrides the file's
     ``out_dir``. A relative ``base``, ``accelerate_config`` or ``apibench`` path is looked up as

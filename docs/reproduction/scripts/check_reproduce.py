@@ -15,8 +15,10 @@ import json
 import sys
 from pathlib import Path
 
+from ratune.errors import RatuneError
 from ratune.eval.curve import step_folder
 from ratune.io import iter_jsonl, read_json
+from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep, load_saved_sweep
 
 from arms import DOCS, SWEEP_ARMS
 
@@ -47,11 +49,11 @@ def committed(arm: str, point: str | int, setting: str, last_step: int | None, d
     return next((c for c in candidates if (c / "responses.jsonl").is_file()), None)
 
 
-def sweep_cells(sweep_dir: Path, spec: dict):
-    """Yield (arm, point, setting, folder, last step) for every eval cell the sweep file ``spec`` asks
+def sweep_cells(sweep: Sweep):
+    """Yield (arm, point, setting, folder, last step) for every eval cell the saved sweep file asks
     for, run or not: an arm whose cell folder does not exist yet gets its final settings only, with
     folder None (its checkpoints' steps are known once it trains)."""
-    settings, curve_settings = spec["eval"]["settings"], spec["eval"].get("curve_settings") or []
+    sweep_dir, settings, curve_settings = sweep.out_dir, sweep.config.eval.settings, sweep.config.eval.curve_settings
     seen = set()
     for cell in sorted((sweep_dir / "cells").glob("*/cell.json")):
         arm = read_json(cell)["axes"]["train_retriever"]
@@ -64,7 +66,7 @@ def sweep_cells(sweep_dir: Path, spec: dict):
         for step in steps:
             for setting in curve_settings:
                 yield arm, step, setting, step_folder(root / "curve", step) / setting, last
-    for arm in spec.get("axes", {}).get("train_retriever", []):
+    for arm in sweep.config.axes.get("train_retriever", []):
         if arm not in seen:
             for setting in settings:
                 yield arm, FINAL, setting, None, None
@@ -74,13 +76,15 @@ def check(sweep_dir: Path, docs: Path = DOCS) -> list[dict]:
     """One record per eval cell of the sweep in ``sweep_dir`` (its sweep.yaml names the settings).
 
     Raises:
-        FileNotFoundError: when ``sweep_dir`` has no sweep.yaml (not a sweep folder).
+        RatuneError: ``sweep_dir`` has no saved sweep file (not a sweep folder) or it does not
+            validate (ratune.sweep.schema.load_saved_sweep).
         KeyError: for an arm that SWEEP_ARMS does not name.
     """
-    import yaml
-    spec = yaml.safe_load((sweep_dir / "sweep.yaml").read_text())
+    sweep = load_saved_sweep(sweep_dir)
+    if sweep is None:
+        raise RatuneError(f"{sweep_dir}: no {SAVED_SWEEP_FILE}; not a folder a sweep ran in")
     rows = []
-    for arm, point, setting, folder, last in sweep_cells(sweep_dir, spec):
+    for arm, point, setting, folder, last in sweep_cells(sweep):
         ours = folder if folder is not None and (folder / "metrics.json").is_file() else None
         theirs = committed(arm, point, setting, last, docs)
         row = {"arm": arm, "checkpoint": point if point == FINAL else f"step{point}", "setting": setting,
