@@ -18,7 +18,9 @@ from pathlib import Path
 from ratune.errors import RatuneError
 from ratune.eval.curve import step_folder
 from ratune.io import iter_jsonl, read_json
+from ratune.manifest import is_complete
 from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep, load_saved_sweep
+from ratune.train.layout import trainer_checkpoints
 
 from arms import DOCS, SWEEP_ARMS
 
@@ -51,16 +53,19 @@ def committed(arm: str, point: str | int, setting: str, last_step: int | None, d
 
 def sweep_cells(sweep: Sweep):
     """Yield (arm, point, setting, folder, last step) for every eval cell the saved sweep file asks
-    for, run or not: an arm whose cell folder does not exist yet gets its final settings only, with
-    folder None (its checkpoints' steps are known once it trains)."""
+    for, run or not: the final model's settings, and the curve's settings at every Trainer checkpoint
+    the arm's training run has saved so far (train/layout.py ``trainer_checkpoints``); an arm whose
+    cell folder does not exist yet gets its final settings only, with folder None. The last step is
+    None until the training run is complete."""
     sweep_dir, settings, curve_settings = sweep.out_dir, sweep.config.eval.settings, sweep.config.eval.curve_settings
     seen = set()
     for cell in sorted((sweep_dir / "cells").glob("*/cell.json")):
         arm = read_json(cell)["axes"]["train_retriever"]
         seen.add(arm)
         root = cell.parent
-        steps = sorted(int(p.name[4:]) for p in (root / "curve").glob("step*") if p.name[4:].isdigit())
-        last = steps[-1] if steps else None
+        train = root / "train"  # its checkpoints so far are the curve's points, evaluated or not
+        steps = [c.step for c in trainer_checkpoints(train)] if (train / "manifest.json").is_file() else []
+        last = steps[-1] if steps and is_complete(train) else None  # the final model's step, once trained
         for setting in settings:
             yield arm, FINAL, setting, root / "eval" / setting, last
         for step in steps:
