@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ratune.manifest import package_versions
 from ratune.models import DEMO_MODEL_ALIAS, resolve_model_path
@@ -19,7 +19,8 @@ torch.set_num_threads(2)
 WARMUP = 8
 gen = torch.Generator().manual_seed(0)
 lengths = [int(x) for x in torch.randint(150, 251, (24,), generator=gen)]
-seqs = [torch.randint(0, 49152, (1, n), generator=gen) for n in lengths]
+VOCAB = AutoConfig.from_pretrained(resolve_model_path(DEMO_MODEL_ALIAS)).vocab_size  # 49,152 for SmolLM2
+seqs = [torch.randint(0, VOCAB, (1, n), generator=gen) for n in lengths]
 
 
 def run(adapter: str, compiled: bool) -> dict:

@@ -25,8 +25,15 @@ for arm in ARMS:
 for model in ("FT", "RT"):  # released: four settings, no dense_ft
     files[f"released Gorilla-7B {model}"] = {s: released_responses_path(apibench, "torchhub", model, r)
                                              for s, r in RELEASED.items()}
-counts = {label: {s: {m: scorer.score(load_responses(f, scorer.n_questions))[m]["correct_n"]
-                      for m in ("gorilla", "strict")} for s, f in fs.items()} for label, fs in files.items()}
+
+
+def correct_counts(path) -> dict[str, int]:
+    """{"gorilla": correct, "strict": correct} of one response file, scored once."""
+    scores = scorer.score(load_responses(path, scorer.n_questions))
+    return {m: scores[m]["correct_n"] for m in ("gorilla", "strict")}
+
+
+counts = {label: {s: correct_counts(f) for s, f in fs.items()} for label, fs in files.items()}
 out, lines = {}, []
 for name, settings in SETS.items():
     models = [label for label in files if all(s in files[label] for s in settings)]
