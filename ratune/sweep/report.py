@@ -65,7 +65,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
         without ``seed`` when replicates are aggregated).
     Raises:
-        RatuneError: no finished cell; a chosen pair naming an unknown dimension or matching
+        RatuneError: no finished cell; a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
+            (:func:`ratune.sweep.schema.load_saved_sweep`); a chosen pair naming an unknown dimension or matching
             several cells in one context; an ``apibench`` folder named by the sweep file that does
             not exist, when cells could be compared with the released responses (after the tables
             are written).
