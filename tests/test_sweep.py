@@ -425,3 +425,57 @@ def test_finetuned_retriever_rows_and_columns_reach_the_commands(tmp_path):
     assert "--dense-model" not in sw.eval_command(plain, sw.expand(plain)[0])
     with pytest.raises(RatuneError, match="dense_fine"):
         sw.load_sweep(write_sweep(tmp_path, eval={"settings": ["dense_fine"]}))
+
+
+# ------------------------------------------------------------------ --only
+
+
+def only_args(path, *only, dry_run=False) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sw.add_sweep_arguments(parser)
+    flags = [a for o in only for a in ("--only", o)] + (["--dry-run"] if dry_run else [])
+    return parser.parse_args([str(path), *flags])
+
+
+def test_only_runs_the_chosen_arm_and_leaves_the_rest(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "oracle"], "lora.r": [8, 16]})
+    cells = sw.expand(sw.load_sweep(path))
+    runner = FakeRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(only_args(path, "train_retriever=oracle", "lora.r=16")) == 0
+    out = capsys.readouterr().out
+    [chosen] = [c for c in cells if c.axes == {"train_retriever": "oracle", "lora.r": 16}]
+    assert "1/1 cells finished, 0 failed" in out
+    trained = [Path(c[c.index("--config") + 1]).parent.name for c in runner.calls if c[0] == "accelerate"]
+    assert trained == [chosen.name]
+    assert sorted(p.name for p in (tmp_path / "sweep" / "cells").iterdir()) == [chosen.name]
+    # the shared data build is the whole sweep's, so the other cells later find every mode they need
+    build = next(c for c in runner.calls if c[:3] == ["ratune", "data", "build"])
+    assert build[build.index("--modes") + 1:build.index("--max-length")] == ["none", "oracle"]
+    # values of one key are alternatives; the full sweep later runs only what is left
+    sw.cli_sweep(only_args(path, "lora.r=16", dry_run=True))
+    out = capsys.readouterr().out
+    assert out.count("\ncell ") == 2 and f"cell {chosen.name} [finished]" in out
+    runner = FakeRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(only_args(path)) == 0
+    assert sum(c[0] == "accelerate" for c in runner.calls) == 3
+    assert not any(c[:3] == ["ratune", "data", "build"] for c in runner.calls)
+    assert chosen.name not in " ".join(" ".join(c) for c in runner.calls)
+
+
+def test_only_selects_by_text_or_value_and_names_what_it_cannot_match(tmp_path):
+    path = write_sweep(tmp_path, axes={"train_retriever": ["none", "oracle"], "lora.r": [8, 16]})
+    sweep = sw.load_sweep(path)
+    cells = sw.expand(sweep)
+    picked = sw.select_cells(cells, ["lora.r=8", "train_retriever=none", "train_retriever=oracle"], str(path))
+    assert sorted((c.axes["train_retriever"], c.axes["lora.r"]) for c in picked) == [("none", 8), ("oracle", 8)]
+    assert sw.select_cells(cells, [], str(path)) == cells
+    with pytest.raises(RatuneError, match=r"--only learning_rate: not an axis or group key of this sweep "
+                                          r"\(its keys: lora\.r, train_retriever\)"):
+        sw.select_cells(cells, ["learning_rate=1e-4"], str(path))
+    with pytest.raises(RatuneError,
+                       match=r"--only train_retriever=bm25: no cell has it \(train_retriever takes none, oracle\)"):
+        sw.select_cells(cells, ["train_retriever=bm25"], str(path))
+    with pytest.raises(RatuneError, match=r"--only 'oracle': expected KEY=VALUE"):
+        sw.select_cells(cells, ["oracle"], str(path))

@@ -144,6 +144,45 @@ def expand(sweep: Sweep) -> list[Cell]:
     return cells
 
 
+def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
+    """The cells whose axis values match every ``KEY=VALUE`` of ``only`` (``ratune sweep --only``):
+    values of one key are alternatives, different keys must all match. A value matches an axis
+    value when its YAML reading equals it (``lora.r=16`` matches 16) or it is the value's text.
+    An empty ``only`` selects every cell. The order of ``cells`` is kept.
+
+    Raises:
+        RatuneError: an entry without ``=``, a key that is no axis or group key of the sweep, or a
+            value no cell has, naming the sweep file and the values it has.
+    """
+    import yaml
+
+    wanted: dict[str, list[str]] = {}
+    for entry in only:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise RatuneError(f"--only {entry!r}: expected KEY=VALUE, e.g. train_retriever=oracle")
+        wanted.setdefault(key.strip(), []).append(value.strip())
+    keys = sorted({k for c in cells for k in c.axes})
+
+    def matches(value: Any, text: str) -> bool:
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError:
+            parsed = text
+        return parsed == value or text == str(value)
+
+    for key, texts in wanted.items():
+        if key not in keys:
+            raise RatuneError(f"{source}: --only {key}: not an axis or group key of this sweep "
+                              f"(its keys: {', '.join(keys) or 'none, it has one cell'})")
+        values = list(dict.fromkeys(json.dumps(c.axes[key]) if isinstance(c.axes[key], (dict, list))
+                                    else str(c.axes[key]) for c in cells))
+        for text in texts:
+            if not any(matches(c.axes[key], text) for c in cells):
+                raise RatuneError(f"{source}: --only {key}={text}: no cell has it ({key} takes {', '.join(values)})")
+    return [c for c in cells if all(any(matches(c.axes[key], t) for t in texts) for key, texts in wanted.items())]
+
+
 def _hub_name(hub: str, where: str) -> str:
     """:func:`ratune.data.hubs.hub_name` of a cell's ``hub`` (an APIBench name or a catalog folder).
 

@@ -1,18 +1,18 @@
-"""``ratune sweep FILE [--dry-run] [--launcher local|slurm] [--out DIR] [--rerun-changed]``."""
+"""``ratune sweep FILE [--dry-run] [--launcher local|slurm] [--out DIR] [--rerun-changed] [--only KEY=VALUE ...]``."""
 
 from __future__ import annotations
 
 import argparse
 
 from ratune.args import input_file, output_dir
-from ratune.sweep.cells import expand
+from ratune.sweep.cells import expand, select_cells
 from ratune.sweep.local import dry_run, run_local
 from ratune.sweep.schema import load_sweep
 from ratune.sweep.slurm import write_slurm
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed."""
+    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed, --only."""
     parser.add_argument("file", type=input_file, help="sweep file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
@@ -20,15 +20,20 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, type=output_dir, help="sweep folder (default: the file's out_dir)")
     parser.add_argument("--rerun-changed", action="store_true",
                         help="delete and rerun cells whose resolved config changed since they ran")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                        help="run only the cells with this axis value (repeat it: values of one key are "
+                             "alternatives, different keys must all match), e.g. --only train_retriever=oracle; "
+                             "the other cells are left as they are")
 
 
 def cli_sweep(args: argparse.Namespace) -> int:
     """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit status."""
     sweep = load_sweep(args.file, args.out)
-    cells = expand(sweep)
+    every = expand(sweep)
+    cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's
     if args.dry_run:
-        return dry_run(sweep, cells)
+        return dry_run(sweep, cells, data_cells=every)
     if args.launcher == "slurm":
-        write_slurm(sweep, cells, rerun_changed=args.rerun_changed)
+        write_slurm(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)
         return 0
-    return run_local(sweep, cells, rerun_changed=args.rerun_changed)
+    return run_local(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)

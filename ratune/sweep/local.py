@@ -71,8 +71,13 @@ def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, ou
 
 
 def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
-              runner: Callable[[list[str], Path], None] | None = None, out=None) -> int:
+              runner: Callable[[list[str], Path], None] | None = None, out=None,
+              data_cells: list[Cell] | None = None) -> int:
     """Run the sweep on this machine: shared data build per hub, then train and evaluate each cell.
+
+    ``data_cells`` (default ``cells``) are the cells the shared data build is planned for: the whole
+    sweep when ``cells`` is a selection (``ratune sweep --only``), so a data folder built for one
+    selection holds every mode the others need and is never rebuilt with fewer.
 
     Finished cells are skipped; a cell whose stored config differs is refused (before anything
     runs) unless ``rerun_changed``, which deletes its results first; a failing cell's error goes to
@@ -87,7 +92,7 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
     save_sweep_file(sweep)
 
-    plan = data_plan(sweep, cells)
+    plan = data_plan(sweep, data_cells or cells)
     status: dict[str, str] = {}
     errors: dict[str, str] = {}
     data_errors: dict[str, str] = {}
@@ -165,10 +170,11 @@ def _yaml(data: dict) -> str:
     return yaml.safe_dump(data, sort_keys=True)
 
 
-def dry_run(sweep: Sweep, cells: list[Cell], out=None) -> int:
-    """Print the cells (with their status) and the exact commands, running nothing; returns 0."""
+def dry_run(sweep: Sweep, cells: list[Cell], out=None, data_cells: list[Cell] | None = None) -> int:
+    """Print the cells (with their status) and the exact commands, running nothing; returns 0.
+    ``data_cells``: as for :func:`run_local`."""
     out = out or sys.stdout
-    plan = data_plan(sweep, cells)
+    plan = data_plan(sweep, data_cells or cells)
     print(f"sweep {sweep.source}: {len(cells)} cells -> {sweep.out_dir}", file=out)
     for hub, entry in plan.items():
         print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)

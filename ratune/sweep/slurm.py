@@ -24,18 +24,20 @@ def _sbatch_header(job: str, log: Path, *, nodes: int, gpus: int, time: str, s: 
     return lines
 
 
-def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False, out=None) -> Path:
+def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False, out=None,
+                data_cells: list[Cell] | None = None) -> Path:
     """Write one data sbatch script per hub, ``train.sbatch`` and ``eval.sbatch`` per cell, and
     ``slurm/submit.sh`` which submits them with ``--dependency=afterok`` chains (data -> train -> eval).
 
     The training script launches accelerate once per node (``srun``) with the rendezvous taken from
     SLURM's environment. Finished cells are left out of submit.sh (commented). Changed cells are
-    refused as in :func:`run_local`. Returns the submit.sh path.
+    refused as in :func:`run_local`; ``data_cells`` plans the shared data build as there. Returns the
+    submit.sh path.
     """
     out = out or sys.stdout
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
     s = sweep.config.slurm
-    plan = data_plan(sweep, cells)
+    plan = data_plan(sweep, data_cells or cells)
     save_sweep_file(sweep)
     slurm_dir = sweep.out_dir / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
