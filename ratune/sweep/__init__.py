@@ -49,7 +49,7 @@ Modules (each imports only the ones above it; ``ratune.sweep`` re-exports their 
     pairs.py      chosen-pair comparisons: ComparePair, parse_selector, compare_pairs
     schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep, sweep_from_data,
                   load_saved_sweep (a sweep folder's saved copy)
-    cells.py      the grid: Cell, cell_name, config_hash, expand, select_cells (--only), the _check_* rules,
+    cells.py      the grid: Cell, cell_name, config_hash, expand, parse_only, select_cells (--only), the _check_* rules,
                   data_plan, sweep_mixtures
     commands.py   data_command, train_command, eval_command
     state.py      cell.json and change detection: cell_record, changed_keys, is_finished,
@@ -68,7 +68,8 @@ from __future__ import annotations
 from ratune.sweep.pairs import ComparePair
 from ratune.sweep.schema import (SlurmSettings, Sweep, SweepConfig, SweepData, SweepEval, load_saved_sweep, load_sweep,
                                  sweep_from_data)
-from ratune.sweep.cells import OWNED_KEYS, Cell, cell_name, config_hash, data_plan, expand, select_cells, sweep_mixtures
+from ratune.sweep.cells import (OWNED_KEYS, Cell, cell_name, config_hash, data_plan, expand, parse_only, select_cells,
+                                sweep_mixtures)
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 from ratune.sweep.local import dry_run, run_command, run_local, save_sweep_file
@@ -80,7 +81,8 @@ __all__ = [
     "ComparePair",
     "SlurmSettings", "Sweep", "SweepConfig", "SweepData", "SweepEval", "load_saved_sweep", "load_sweep",
     "sweep_from_data",
-    "OWNED_KEYS", "Cell", "cell_name", "config_hash", "data_plan", "expand", "select_cells", "sweep_mixtures",
+    "OWNED_KEYS", "Cell", "cell_name", "config_hash", "data_plan", "expand", "parse_only", "select_cells",
+    "sweep_mixtures",
     "_fmt", "data_command", "eval_command", "train_command",
     "cell_record", "changed_keys", "check_changed", "is_curve_finished", "is_finished",
     "dry_run", "run_command", "run_local", "save_sweep_file",

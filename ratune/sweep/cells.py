@@ -144,6 +144,18 @@ def expand(sweep: Sweep) -> list[Cell]:
     return cells
 
 
+def parse_only(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (one ``ratune sweep --only``) -> ``(KEY, VALUE)``, both stripped; VALUE may be empty.
+
+    Raises:
+        RatuneError: no ``=`` or an empty KEY.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise RatuneError(f"{text!r}: expected KEY=VALUE, e.g. train_retriever=oracle")
+    return key.strip(), value.strip()
+
+
 def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
     """The cells whose axis values match every ``KEY=VALUE`` of ``only`` (``ratune sweep --only``):
     values of one key are alternatives, different keys must all match. A value matches an axis
@@ -158,10 +170,11 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
 
     wanted: dict[str, list[str]] = {}
     for entry in only:
-        key, sep, value = entry.partition("=")
-        if not sep or not key:
-            raise RatuneError(f"--only {entry!r}: expected KEY=VALUE, e.g. train_retriever=oracle")
-        wanted.setdefault(key.strip(), []).append(value.strip())
+        try:
+            key, value = parse_only(entry)
+        except RatuneError as exc:
+            raise RatuneError(f"--only {exc}") from None
+        wanted.setdefault(key, []).append(value)
     keys = sorted({k for c in cells for k in c.axes})
 
     def matches(value: Any, text: str) -> bool:

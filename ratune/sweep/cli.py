@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ratune.args import input_file, output_dir
-from ratune.sweep.cells import expand, select_cells
+from ratune.args import checked, input_file, output_dir
+from ratune.sweep.cells import expand, parse_only, select_cells
 from ratune.sweep.local import dry_run, run_local
 from ratune.sweep.schema import load_sweep
 from ratune.sweep.slurm import write_slurm
@@ -21,6 +21,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rerun-changed", action="store_true",
                         help="delete and rerun cells whose resolved config changed since they ran")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                        type=checked(parse_only, "cell choice", good="train_retriever=oracle",
+                                     bad=("oracle", "=oracle")),
                         help="run only the cells with this axis value (repeat it: values of one key are "
                              "alternatives, different keys must all match), e.g. --only train_retriever=oracle; "
                              "the other cells are left as they are")
