@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratune.config import validate
+from ratune.config import parse_yaml, validate
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import hub_name
 from ratune.data.mixture import Mixture
@@ -166,8 +166,6 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
         RatuneError: an entry without ``=``, a key that is no axis or group key of the sweep, or a
             value no cell has, naming the sweep file and the values it has.
     """
-    import yaml
-
     wanted: dict[str, list[str]] = {}
     for entry in only:
         try:
@@ -179,8 +177,8 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
 
     def matches(value: Any, text: str) -> bool:
         try:
-            parsed = yaml.safe_load(text)
-        except yaml.YAMLError:
+            parsed = parse_yaml(text, "--only", what="an axis value")
+        except RatuneError:
             parsed = text
         return parsed == value or text == str(value)
 
