@@ -166,32 +166,35 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
         RatuneError: an entry without ``=``, a key that is no axis or group key of the sweep, or a
             value no cell has, naming the sweep file and the values it has.
     """
-    wanted: dict[str, list[str]] = {}
+    def reading(text: str) -> Any:  # the YAML value of a choice, or its text when it is not YAML
+        try:
+            return parse_yaml(text, "--only", what="an axis value")
+        except RatuneError:
+            return text
+
+    wanted: dict[str, list[tuple[str, Any]]] = {}  # key -> its choices as (text, YAML reading), read once
     for entry in only:
         try:
-            key, value = parse_only(entry)
+            key, text = parse_only(entry)
         except RatuneError as exc:
             raise RatuneError(f"--only {exc}") from None
-        wanted.setdefault(key, []).append(value)
+        wanted.setdefault(key, []).append((text, reading(text)))
     keys = sorted({k for c in cells for k in c.axes})
 
-    def matches(value: Any, text: str) -> bool:
-        try:
-            parsed = parse_yaml(text, "--only", what="an axis value")
-        except RatuneError:
-            parsed = text
-        return parsed == value or text == str(value)
+    def matches(value: Any, choice: tuple[str, Any]) -> bool:
+        return choice[1] == value or choice[0] == str(value)
 
-    for key, texts in wanted.items():
+    for key, choices in wanted.items():
         if key not in keys:
             raise RatuneError(f"{source}: --only {key}: not an axis or group key of this sweep "
                               f"(its keys: {', '.join(keys) or 'none, it has one cell'})")
-        values = list(dict.fromkeys(json.dumps(c.axes[key]) if isinstance(c.axes[key], (dict, list))
-                                    else str(c.axes[key]) for c in cells))
-        for text in texts:
-            if not any(matches(c.axes[key], text) for c in cells):
-                raise RatuneError(f"{source}: --only {key}={text}: no cell has it ({key} takes {', '.join(values)})")
-    return [c for c in cells if all(any(matches(c.axes[key], t) for t in texts) for key, texts in wanted.items())]
+        for choice in choices:
+            if not any(matches(c.axes[key], choice) for c in cells):
+                values = dict.fromkeys(json.dumps(c.axes[key]) if isinstance(c.axes[key], (dict, list))
+                                       else str(c.axes[key]) for c in cells)
+                raise RatuneError(f"{source}: --only {key}={choice[0]}: no cell has it "
+                                  f"({key} takes {', '.join(values)})")
+    return [c for c in cells if all(any(matches(c.axes[key], ch) for ch in choices) for key, choices in wanted.items())]
 
 
 def _hub_name(hub: str, where: str) -> str:
