@@ -479,3 +479,16 @@ def test_only_selects_by_text_or_value_and_names_what_it_cannot_match(tmp_path):
         sw.select_cells(cells, ["train_retriever=bm25"], str(path))
     with pytest.raises(RatuneError, match=r"--only 'oracle': expected KEY=VALUE"):
         sw.select_cells(cells, ["oracle"], str(path))
+
+
+def test_only_lists_a_list_valued_axis_as_json_and_selects_by_that_text(tmp_path):
+    path = write_sweep(tmp_path, axes={"lora.target_modules": [["q_proj", "v_proj"], "all-linear"]})
+    cells = sw.expand(sw.load_sweep(path))
+    with pytest.raises(RatuneError) as err:
+        sw.select_cells(cells, ["lora.target_modules=k_proj"], str(path))
+    listed = str(err.value).split("(lora.target_modules takes ")[1].rstrip(")")
+    assert listed == '["q_proj", "v_proj"], all-linear'
+    # the value as the error lists it selects that cell (the text a cell name is slugged from)
+    [picked] = sw.select_cells(cells, ['lora.target_modules=["q_proj", "v_proj"]'], str(path))
+    assert picked.axes == {"lora.target_modules": ["q_proj", "v_proj"]}
+    assert picked.name.startswith("lora-target_modules-q-proj-v-proj-")

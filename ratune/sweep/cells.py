@@ -59,9 +59,14 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _value_text(value: Any) -> str:
+    """An axis value as text: JSON (sorted keys) for a dict or list, else ``str``; the text a cell
+    name is slugged from and ``--only`` matches and lists."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
 def _slug_value(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", _value_text(value)).strip("-") or "x"
 
 
 def cell_name(axes: dict) -> str:
@@ -182,7 +187,7 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
     keys = sorted({k for c in cells for k in c.axes})
 
     def matches(value: Any, choice: tuple[str, Any]) -> bool:
-        return choice[1] == value or choice[0] == str(value)
+        return choice[1] == value or choice[0] == _value_text(value)
 
     for key, choices in wanted.items():
         if key not in keys:
@@ -190,8 +195,7 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
                               f"(its keys: {', '.join(keys) or 'none, it has one cell'})")
         for choice in choices:
             if not any(matches(c.axes[key], choice) for c in cells):
-                values = dict.fromkeys(json.dumps(c.axes[key]) if isinstance(c.axes[key], (dict, list))
-                                       else str(c.axes[key]) for c in cells)
+                values = dict.fromkeys(_value_text(c.axes[key]) for c in cells)
                 raise RatuneError(f"{source}: --only {key}={choice[0]}: no cell has it "
                                   f"({key} takes {', '.join(values)})")
     return [c for c in cells if all(any(matches(c.axes[key], ch) for ch in choices) for key, choices in wanted.items())]
