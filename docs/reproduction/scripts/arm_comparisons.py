@@ -2,7 +2,7 @@
 same-setting released comparisons, our retrieved cells vs the released models' best retrieved cell
 (gpt_index), each mixture arm against the pure arms (MIXTURE_VS) and the pairs VS names (full finetuning against LoRA
 for the none and oracle arms, later epochs against earlier ones),
-setting by setting. An arm whose runs/ folders are gone is read from the cells already copied.
+setting by setting. The cells already copied count too, so runs/ need hold only new cells.
 Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
 import json, shutil, sys
 from pathlib import Path
@@ -25,23 +25,20 @@ def record(label, cell):
 
 
 def cells_of(arm):
-    label, srcs = label_of(arm), sources(arm)
-    dst = DOCS / arm
-    out = {}
-    if not srcs:  # runs/ is gone: the cells already copied here
-        for cell in sorted(c for c in dst.iterdir() if (c / "metrics.json").exists()):
-            out[cell.name] = record(label, cell)
-        return label, dst, out
-    for cell in sorted(c for src in srcs for c in src.iterdir() if c.is_dir()):
-        if cell.name in out:
+    """The arm's eval cells: those already copied into docs/reproduction/ARM/, and every finished cell
+    of its runs/ folders copied there (over a copied cell of the same setting: a rerun replaces it)."""
+    label, dst = label_of(arm), DOCS / arm
+    out = {c.name: record(label, c) for c in dst.iterdir() if (c / "metrics.json").exists()} if dst.is_dir() else {}
+    copied = set()
+    for cell in sorted(c for src in sources(arm) for c in src.iterdir() if c.is_dir()):
+        if cell.name in copied or not (cell / ".complete").exists():
             continue
-        if not (cell / ".complete").exists():
-            continue
+        copied.add(cell.name)
         (dst / cell.name).mkdir(parents=True, exist_ok=True)
         for f in FILES:
             shutil.copyfile(cell / f, dst / cell.name / f)
         out[cell.name] = record(label, dst / cell.name)
-    return label, dst, out
+    return label, dst, dict(sorted(out.items()))
 
 
 def row(r, label, setting, released):

@@ -18,7 +18,7 @@ ARMS = {
     "none_full4": ("none arm, full finetuning, epoch 4",
                    ("runs/repro/none_full4/cells/*/eval", "runs/repro/none_full4_more")),
     "oracle_full1": ("oracle arm, full finetuning, epoch 1", ("runs/repro/oracle_full1/cells/*/eval",)),
-    "oracle_full3": ("oracle arm, full finetuning, epoch 3", ("runs/repro/oracle_full3/eval",)),
+    "oracle_full3": ("oracle arm, full finetuning, epoch 3", ("runs/repro/oracle_full3/eval", "runs/repro/oracle_full3_more")),
     "mix_bm25_full3": ("robust_bm25 mixture arm, full finetuning, epoch 3",
                        ("runs/repro/mix_bm25_full3/cells/*/eval", "runs/repro/mix_bm25_full3_more")),
     "mix_bm25_full4": ("robust_bm25 mixture arm, full finetuning, epoch 4", ("runs/repro/mix_bm25_full4/eval",)),
