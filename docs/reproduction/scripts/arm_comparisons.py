@@ -4,7 +4,7 @@ same-setting released comparisons, our retrieved cells vs the released models' b
 for the none and oracle arms, later epochs against earlier ones),
 setting by setting. The cells already copied count too, so runs/ need hold only new cells.
 Run from the repository root: python docs/reproduction/scripts/arm_comparisons.py ARM..."""
-import json, shutil, sys
+import json, os, shutil, sys
 from pathlib import Path
 from ratune.eval.compare import compare_files, released_comparisons, released_markdown
 from ratune.data.apibench import released_responses_path, resolve_apibench_dir
@@ -12,7 +12,7 @@ from ratune.eval.scoring import Scorer
 
 from arms import DOCS, MIXTURE_VS, VS, label as label_of, sources
 
-apibench = resolve_apibench_dir(None)
+apibench = Path(os.path.relpath(resolve_apibench_dir(None)))  # relative: the committed files name no machine's paths
 scorer = Scorer.from_apibench("torchhub", apibench)
 RETRIEVED = ("bm25", "dense", "dense_ft")
 FILES = ("metrics.json", "identity.json", "responses.jsonl")
@@ -50,7 +50,7 @@ def row(r, label, setting, released):
 summary = {}
 for arm in [a for a in sys.argv[1:]]:
     label, dst, cells = cells_of(arm)
-    results, skipped = released_comparisons(list(cells.values()))
+    results, skipped = released_comparisons(list(cells.values()), apibench)
     for r in results:
         r["a"]["path"] = str(r["a"].get("path", ""))
     best = []  # our retrieved cells vs each released model's gpt_index cell (their best retrieved, strict 17)
