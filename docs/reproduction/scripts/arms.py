@@ -25,7 +25,7 @@ ARMS = {
 }
 #: each mixture arm against these arms, setting by setting
 MIXTURE_VS = {"mix": ("none", "oracle"), "mix_full": ("none_full", "oracle", "mix"),
-              "mix_bm25_full3": ("none_full3", "oracle", "mix_full"),
+              "mix_bm25_full3": ("none_full3", "oracle", "mix_full", "oracle_full3"),
               "mix_bm25_full4": ("mix_bm25_full3", "none_full3", "none_full4", "oracle", "oracle_full1", "oracle_full3")}
 #: arm -> (the other arm, key in comparisons.json, heading): one more arm compared setting by setting
 VS = {"none_full": ("none", "vs_lora_none_arm", "Full finetuning against the LoRA none arm"),
