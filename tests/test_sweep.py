@@ -492,3 +492,19 @@ def test_only_lists_a_list_valued_axis_as_json_and_selects_by_that_text(tmp_path
     [picked] = sw.select_cells(cells, ['lora.target_modules=["q_proj", "v_proj"]'], str(path))
     assert picked.axes == {"lora.target_modules": ["q_proj", "v_proj"]}
     assert picked.name.startswith("lora-target_modules-q-proj-v-proj-")
+
+
+def test_only_lists_a_dict_valued_axis_with_sorted_keys_as_in_its_cell_name(tmp_path):
+    path = write_sweep(tmp_path, axes={"lora": [{"r": 8, "alpha": 16, "enabled": True},
+                                                {"r": 16, "alpha": 32, "enabled": True}]})
+    cells = sw.expand(sw.load_sweep(path))
+    # keys sorted, as the cell names are slugged (written r, alpha, enabled in the sweep file)
+    assert sorted(c.name.rsplit("-", 1)[0] for c in cells) == ["lora-alpha-16-enabled-true-r-8",
+                                                               "lora-alpha-32-enabled-true-r-16"]
+    with pytest.raises(RatuneError) as err:
+        sw.select_cells(cells, ["lora=x"], str(path))
+    listed = str(err.value).split("(lora takes ")[1].rstrip(")")
+    assert sorted(listed.split(", {")) == ['"alpha": 32, "enabled": true, "r": 16}',
+                                           '{"alpha": 16, "enabled": true, "r": 8}']
+    [picked] = sw.select_cells(cells, ['lora={"alpha": 32, "enabled": true, "r": 16}'], str(path))
+    assert picked.axes["lora"]["r"] == 16
