@@ -39,16 +39,18 @@ demo: setup
 # The reproduction (docs/reproduction/README.md): hours on 2 CPU cores, alone on the machine;
 # every step resumes, so rerun `make reproduce` after an interruption. The retriever folder is
 # swapped in only when its training finished, so its presence means done. The last step compares
-# every cell with the committed one, text by text, and fails if any differs.
+# every cell with the committed one, text by text, and fails if any differs significantly (paired
+# McNemar p < 0.05 for either metric; CHECK=--exact fails on any text that differs).
 # `make reproduce ARM=oracle` runs one training arm (none, oracle or mix-robust_bm25) and its cells;
 # the report and the check then cover what the sweep folder holds.
 REPRODUCE := runs/reproduce
 ARM :=
+CHECK :=
 reproduce: setup
 	test -d $(REPRODUCE)/retriever || $(VENV)/bin/ratune retrieval train --hub torchhub --out $(REPRODUCE)/retriever
 	$(VENV)/bin/ratune sweep configs/sweeps/reproduce_torchhub.yaml $(if $(ARM),--only train_retriever=$(ARM))
 	$(VENV)/bin/ratune report $(REPRODUCE)/sweep
-	$(PY) docs/reproduction/scripts/check_reproduce.py $(REPRODUCE)/sweep
+	$(PY) docs/reproduction/scripts/check_reproduce.py $(REPRODUCE)/sweep $(CHECK)
 
 # The catalog walk-through (docs/catalogs.md): RAT on an API catalog nobody here wrote, the OpenAPI
 # petstore, with its hand-written pairs: import, split, the two-arm sweep, its report (minutes).

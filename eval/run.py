@@ -64,7 +64,8 @@ from ratune.eval.stats import count_rates, rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
 from ratune.locks import locked_output
-from ratune.manifest import OWNER_MARKER, base_manifest, claim_folder, is_complete, mark_complete, package_versions
+from ratune.manifest import (OWNER_MARKER, base_manifest, claim_folder, host_facts, is_complete, mark_complete,
+                             package_versions)
 from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
 from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever, unknown_name)
@@ -460,7 +461,7 @@ def _cell_metrics(scored: dict, *, hub_source, responses: list[dict], head: dict
         "strict": scored["strict"], "parser": scored["parser"],
         "per_question": scored.get("per_question", []),
         "generation": generation,
-        "device_name": _device_name(device),
+        "device_name": _device_name(device), "host": host_facts(),
         "versions": package_versions(),
         "abstention": abstention(responses),
         "inputs": inputs,

@@ -43,6 +43,41 @@ def package_versions() -> dict:
     return out
 
 
+def host_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
+    """The processor a run computes on, for manifests and results files: fp32 results on a CPU depend
+    on it (which kernels torch and its BLAS pick), so two runs that differ can be told apart.
+
+    Args:
+        cpuinfo: the file to read the first processor's block from (Linux's; a missing file is no error).
+
+    Returns:
+        ``{"cpu": the model name from /proc/cpuinfo (``platform.processor()`` where there is none;
+        None when neither says), "cpu_id": ``"cpu family F, model M, stepping S"`` from /proc/cpuinfo
+        (None without it; a hypervisor may show only a family name such as "AMD EPYC", and this tells
+        its generations apart), "cpu_capability": the vector ISA torch dispatches to (``"AVX2"``,
+        ``"AVX512"``, ``"DEFAULT"``, ...), "cpu_count": logical CPUs, "torch_threads":
+        ``torch.get_num_threads()`` at the time of the call}``.
+    """
+    import os
+    import platform
+
+    import torch
+
+    fields = {}
+    try:
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block ends at its blank line
+            fields.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    ident = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if fields.get(k)]
+    return {"cpu": fields.get("model name") or platform.processor() or None, "cpu_id": ", ".join(ident) or None,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads()}
+
+
 def git_commit() -> str | None:
     """The git commit of the ratune source tree (with ``-dirty`` when modified), or None."""
     here = Path(__file__).resolve().parent.parent

@@ -35,6 +35,9 @@ def test_accelerate_launch_single_process_cpu(tmp_path, apibench, tiny_model_dir
     import torch
 
     assert manifest["device"] == {"type": "cpu", "torch": torch.__version__, "cuda_build": torch.version.cuda}
+    # the processor it computed on, with the config's thread count in force (ratune.manifest.host_facts)
+    assert (manifest["host"]["cpu_capability"], manifest["host"]["torch_threads"]) == \
+        (torch.backends.cpu.get_cpu_capability(), 1)
     assert (tmp_path / "run" / ".complete").exists()
 
     # rerunning into the same folder without --resume-from is refused, with a clear message

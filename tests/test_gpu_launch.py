@@ -308,6 +308,7 @@ def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_mo
     identity = json.loads((tmp_path / "cpu" / "0_shot" / "identity.json").read_text())
     assert (identity["generation"]["device"], identity["generation"]["dtype"]) == ("cpu", "float32")
     assert (cpu["generation"]["device"], cpu["generation"]["dtype"], cpu["device_name"]) == ("cpu", "float32", "cpu")
+    assert (cpu["host"]["cpu_capability"], cpu["host"]["torch_threads"]) == (torch.backends.cpu.get_cpu_capability(), 1)
     # the same cell on a GPU machine (auto: cuda, bfloat16) is another cell
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different settings \(generation.device: "

@@ -10,11 +10,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "reproduct
 import check_reproduce  # noqa: E402
 
 
-def _cell(folder: Path, texts: dict[int, str], gorilla: int, strict: int) -> None:
+def _cell(folder: Path, texts: dict[int, str], gorilla: int, strict: int, right: dict[int, tuple] | None = None) -> None:
+    """An eval cell; ``right``: question -> (gorilla correct, strict correct), by default the first
+    ``gorilla`` / ``strict`` questions in id order."""
     folder.mkdir(parents=True)
     (folder / "responses.jsonl").write_text("".join(
         json.dumps({"question_id": q, "text": t, "model": "m"}) + "\n" for q, t in texts.items()))
-    (folder / "metrics.json").write_text(json.dumps({"gorilla": {"correct_n": gorilla}, "strict": {"correct_n": strict}}))
+    ids = sorted(texts)
+    right = right or {q: (i < gorilla, i < strict) for i, q in enumerate(ids)}
+    outcome = lambda ok: "correct" if ok else "error"
+    per_question = [{"question_id": q, "gorilla": outcome(right[q][0]), "strict": outcome(right[q][1])} for q in ids]
+    (folder / "metrics.json").write_text(json.dumps({"gorilla": {"correct_n": gorilla}, "strict": {"correct_n": strict},
+                                                     "per_question": per_question}))
 
 
 @pytest.fixture
@@ -52,9 +59,11 @@ def test_check_pairs_each_sweep_cell_with_its_committed_cell(folders):
     assert len(rows) == 10  # 3 arms x 2 settings + none's 3 curve points + oracle's 1
     same = rows[("none", "final", "0_shot")]
     assert (same["status"], same["same_texts"], same["n"], same["sweep"], same["committed"]) == ("same", 3, 3, [3, 2], [3, 2])
-    differs = rows[("none", "step1", "0_shot")]
-    assert (differs["status"], differs["same_texts"], differs["committed"]) == ("differs", 2, [2, 1])
-    assert differs["committed_cell"] == str(docs / "none_full3" / "curve_step1" / "0_shot")
+    # one text differs, the same questions right in both: no discordant question, p = 1 for both metrics
+    close = rows[("none", "step1", "0_shot")]
+    assert (close["status"], close["same_texts"], close["committed"], close["p"]) == \
+        ("close", 2, [2, 1], {"gorilla": 1.0, "strict": 1.0})
+    assert close["committed_cell"] == str(docs / "none_full3" / "curve_step1" / "0_shot")
     assert rows[("none", "step2", "0_shot")]["status"] == "same"
     # step 3 is the last step of a finished training run: the committed final 0_shot cell is its counterpart
     last = rows[("none", "step3", "0_shot")]
@@ -80,8 +89,34 @@ def test_committed_finds_the_final_model_as_its_last_checkpoint(tmp_path):
 def test_table_tallies_the_statuses(folders):
     docs, sweep = folders
     text = check_reproduce.table(check_reproduce.check(sweep, docs))
-    assert "| none | step1 | 0_shot | 2 / 1 | 2 / 1 | 2 / 3 | differs |" in text
-    assert text.endswith("2 same, 1 differs, 1 new, 6 not run yet")
+    assert "| none | step1 | 0_shot | 2 / 1 | 2 / 1 | 2 / 3 | 1 / 1 | close |" in text
+    assert "| none | final | 0_shot | 3 / 2 | 3 / 2 | 3 / 3 | - | same |" in text
+    assert text.endswith("2 same, 1 close, 0 differs, 1 new, 6 not run yet")
+
+
+def test_a_significant_paired_difference_differs_and_close_fails_only_with_exact(tmp_path, capsys):
+    """Six questions, all right in the committed cell by the official metric and wrong in the rerun:
+    McNemar b = 0, c = 6, p = 2 * (1/2)**6 = 0.03125 < 0.05; strict wrong in both (p = 1)."""
+    docs, sweep = tmp_path / "docs", tmp_path / "sweep"
+    ids = range(1, 7)
+    _cell(docs / "none_full3" / "0_shot", {q: "right" for q in ids}, 6, 0, {q: (True, False) for q in ids})
+    sweep.mkdir()
+    (sweep / "sweep.yaml").write_text("base: {}\neval:\n  settings: [0_shot]\naxes:\n  train_retriever: [none]\n")
+    cell = sweep / "cells" / "train_retriever-none-1"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text(json.dumps({"axes": {"train_retriever": "none"}}))
+    _cell(cell / "eval" / "0_shot", {q: "wrong" for q in ids}, 0, 0, {q: (False, False) for q in ids})
+    (row,) = check_reproduce.check(sweep, docs)
+    assert (row["status"], row["p"]) == ("differs", {"gorilla": 0.03125, "strict": 1.0})
+    assert check_reproduce.main([str(sweep)], docs) == 1
+    assert "| none | final | 0_shot | 0 / 0 | 6 / 0 | 0 / 6 | 0.031 / 1 | differs |" in capsys.readouterr().out
+
+
+def test_exit_codes_close_passes_unless_exact(folders, capsys):
+    docs, sweep = folders
+    assert check_reproduce.main([str(sweep)], docs) == 0
+    assert check_reproduce.main([str(sweep), "--exact"], docs) == 1
+    assert "1 close, 0 differs" in capsys.readouterr().out
 
 
 def test_check_refuses_a_folder_without_a_saved_sweep_file(tmp_path):

@@ -72,7 +72,7 @@ from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
 from ratune.io import read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder, write_json, write_text
 from ratune.locks import locked_output
-from ratune.manifest import base_manifest, is_complete, mark_complete
+from ratune.manifest import base_manifest, host_facts, is_complete, mark_complete
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
@@ -669,7 +669,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         "num_processes": nproc, "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
         "global_batch_size": per_device * accumulation * nproc, "seed": config.seed, "data": stats,
         "resumed_from": resume, "distributed": {**facts, "partitioned_load": partitioned_load},
-        "device": device_facts(trainer.args.device),
+        "device": device_facts(trainer.args.device), "host": host_facts(),
         "compute": {"dtype": config.dtype, "autocast": "bfloat16" if autocast_dtype else None,
                     "deepspeed_bf16": bool(config.deepspeed and config.bf16),
                     "attn_implementation": checks.attn_implementation_of(model)},
