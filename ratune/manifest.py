@@ -43,21 +43,32 @@ def package_versions() -> dict:
     return out
 
 
-def host_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
+def host_facts(cpuinfo: str | Path = "/proc/cpuinfo", cpu_sysfs: str | Path = "/sys/devices/system/cpu/cpu0") -> dict:
     """The processor a run computes on, for manifests and results files: fp32 results on a CPU depend
-    on it (which kernels torch and its BLAS pick), so two runs that differ can be told apart.
+    on it (which kernels torch and its BLAS pick, and how they block for its caches), so two runs that
+    differ can be told apart.
+
+    Equal facts do not promise equal bits: a virtual machine may show the same processor on other
+    physical hosts (docs/reproduction/README.md, "make reproduce from a fresh clone").
 
     Args:
         cpuinfo: the file to read the first processor's block from (Linux's; a missing file is no error).
+        cpu_sysfs: the first CPU's sysfs folder, whose ``cache/index*/{level,type,size}`` give the cache
+            sizes (Linux's; missing files are no error).
 
     Returns:
         ``{"cpu": the model name from /proc/cpuinfo (``platform.processor()`` where there is none;
         None when neither says), "cpu_id": ``"cpu family F, model M, stepping S"`` from /proc/cpuinfo
         (None without it; a hypervisor may show only a family name such as "AMD EPYC", and this tells
-        its generations apart), "cpu_capability": the vector ISA torch dispatches to (``"AVX2"``,
-        ``"AVX512"``, ``"DEFAULT"``, ...), "cpu_count": logical CPUs, "torch_threads":
-        ``torch.get_num_threads()`` at the time of the call}``.
+        its generations apart), "microcode": its microcode revision, "bogomips": the kernel's BogoMIPS
+        (twice the clock it calibrated against, in millions per second: a hint of the host's clock),
+        "flags_sha256": the first 16 hex digits of the sha256 of its sorted feature flags joined by
+        spaces (each None where /proc/cpuinfo does not say), "caches": ``{"L1d", "L1i", "L2", "L3":
+        size as sysfs writes it, e.g. "32768K"}`` (None without sysfs), "cpu_capability": the vector
+        ISA torch dispatches to (``"AVX2"``, ``"AVX512"``, ``"DEFAULT"``, ...), "cpu_count": logical
+        CPUs, "torch_threads": ``torch.get_num_threads()`` at the time of the call}``.
     """
+    import hashlib
     import os
     import platform
 
@@ -73,9 +84,19 @@ def host_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
     except OSError:
         pass
     ident = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if fields.get(k)]
+    flags = " ".join(sorted(fields.get("flags", "").split()))
+    caches = {}
+    for index in Path(cpu_sysfs, "cache").glob("index*"):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches[f"L{level}" + {"Data": "d", "Instruction": "i"}.get(kind, "")] = size
     return {"cpu": fields.get("model name") or platform.processor() or None, "cpu_id": ", ".join(ident) or None,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
+            "microcode": fields.get("microcode"), "bogomips": fields.get("bogomips"),
+            "flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else None,
+            "caches": caches or None, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
 def git_commit() -> str | None:
