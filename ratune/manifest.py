@@ -86,7 +86,7 @@ def host_facts(cpuinfo: str | Path = "/proc/cpuinfo", cpu_sysfs: str | Path = "/
     ident = [f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if fields.get(k)]
     flags = " ".join(sorted(fields.get("flags", "").split()))
     caches = {}
-    for index in Path(cpu_sysfs, "cache").glob("index*"):
+    for index in sorted(Path(cpu_sysfs, "cache").glob("index*")):
         try:
             level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
         except OSError:
