@@ -1,4 +1,5 @@
 # ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce | make catalog-demo
+#         make gpu-bench | make gpu-smoke (GPU machines) | make clean
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip

@@ -1,8 +1,10 @@
 """The ``ratune`` command: one sub-command per stage.
 
     ratune data build       APIBench -> chats per train-time retrieval mode (datasets + manifest)
+    ratune data utility     per-example document utility: answer loss without minus with the document
     ratune retrieval eval   retrieval quality (top-1, recall@k, NDCG@k) per retriever
     ratune retrieval index  build and save a BM25 index (bm25s) that refuses another hub or corpus
+    ratune retrieval train  finetune the dense retriever on a hub's train pairs (dense_ft)
     ratune plan             per-GPU memory (weights, gradients, optimizer, activations) and ideal hours
     ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--model", default=DEMO_MODEL_ALIAS, type=model_ref, help="model folder (or the demo alias)")
     u.add_argument("--out", required=True, type=output_dir,
                    help="output folder (utility.jsonl, utility.json, utility.png)")
-    u.add_argument("--split", default="train", choices=("train", "eval"))
+    u.add_argument("--split", default="train", choices=("train", "eval"), help="the split to measure (default train)")
     u.add_argument("--max-examples", type=bounded(Count), default=None, help="the first N examples only")
     u.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
     u.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None, help="torch threads")

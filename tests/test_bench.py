@@ -328,3 +328,61 @@ def test_gpu_smoke_dry_run_runs_every_stage_on_cpu(tmp_path):
     table = gs.format_table(report)
     assert "DRY RUN" in table and "hand loop (ceiling)" in table and "save checks of the 1B run" in table
     assert table.splitlines()[0] in proc.stdout
+
+
+def test_train_throughput_side_by_side_on_a_tiny_model(apibench_tiny, tiny_model_dir, capsys):
+    """bench/train_throughput.py end to end with a tiny model: each candidate is a real training run
+    of the same examples; without LoRA dropout, batch 2 keeps the batch-1 loss within the packing
+    tests' tolerance, and the summary's speedup and best are derived from the candidates' numbers."""
+    import json
+
+    tt = _load("train_throughput")
+    assert tt.main(["--apibench", str(apibench_tiny), "--model", str(tiny_model_dir), "--steps", "2",
+                    "--threads", "1", "--candidates", "baseline,dropout0,dropout0_batch2", "--profile",
+                    "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    candidates = out["candidates"]
+    assert set(candidates) == {"baseline", "dropout0", "dropout0_batch2"}
+    assert out["model"] == str(tiny_model_dir) and out["steps"] == 2
+    for name, r in candidates.items():
+        assert len(r["losses"]) == 2 and r["tokens"] > 0 and r["tokens_per_s"] > 0, name
+    assert candidates["baseline"]["settings"]["lora_dropout"] == 0.05
+    assert candidates["dropout0_batch2"]["settings"]["per_device_batch_size"] == 2
+    assert candidates["dropout0_batch2"]["reference"] == "dropout0"
+    assert candidates["dropout0"]["reference"] == "baseline"  # a change of recipe, compared with the baseline
+    assert {n for n, r in candidates.items() if r["changes_recipe"]} == {"dropout0", "dropout0_batch2"}
+    # the same 16 examples either way: the same real-token count, and the same loss without dropout
+    assert candidates["dropout0_batch2"]["tokens"] == candidates["dropout0"]["tokens"] == candidates["baseline"]["tokens"]
+    assert candidates["dropout0_batch2"]["loss_max_abs_diff"] <= tt.LOSS_TOLERANCE
+    assert candidates["dropout0_batch2"]["keeps_loss"] is True
+    assert candidates["baseline"]["loss_max_abs_diff"] == 0 and candidates["baseline"]["speedup"] == 1.0
+    # the only candidate with the baseline's recipe is the baseline: it is the best, at 1.0x
+    assert out["best"] == "baseline" and out["speedup"] == 1.0 and out["loss_max_abs_diff"] == 0
+    change = out["best_recipe_change"]
+    assert change["name"] == max(("dropout0", "dropout0_batch2"), key=lambda n: candidates[n]["tokens_per_s"])
+    assert change["speedup"] == candidates[change["name"]]["tokens_per_s"] / out["baseline_tokens_per_s"]
+    assert out["matmul_gflops"] > 0
+    assert "micro-batch 1 (" in out["profile"] and "micro-batch 8 (" in out["profile"]
+
+
+def test_train_throughput_judge_by_hand():
+    """judge(): a change of batching under the baseline's recipe counts only when it keeps the
+    baseline's loss; LoRA dropout 0 is judged against the baseline (it drops the dropout noise, so
+    its loss moves) and the dropout0_* candidates against dropout0; numbers worked out by hand."""
+    tt = _load("train_throughput")
+    results = {"baseline": {"tokens_per_s": 100.0, "losses": [2.0, 1.5]},
+               "batch2": {"tokens_per_s": 90.0, "losses": [2.0, 1.5000001]},      # slower, same loss
+               "batch8": {"tokens_per_s": 150.0, "losses": [2.0004, 1.5]},        # faster, loss moved 4e-4
+               "baseline_eager": {"tokens_per_s": 120.0, "losses": [2.000002, 1.5]},  # 1.2x, 2e-6 apart
+               "dropout0": {"tokens_per_s": 140.0, "losses": [1.99, 1.49]},
+               "dropout0_batch2": {"tokens_per_s": 160.0, "losses": [1.99, 1.490003]},
+               "dropout0_batch8": {"tokens_per_s": 200.0, "losses": [1.9902, 1.49]}}  # 2e-4 from dropout0
+    verdict = tt.judge(results)
+    assert verdict["best"] == "baseline_eager"
+    assert verdict["speedup"] == pytest.approx(1.2) and verdict["best_tokens_per_s"] == 120.0
+    assert verdict["loss_max_abs_diff"] == pytest.approx(2e-6)
+    assert verdict["best_recipe_change"] == {"name": "dropout0_batch2", "tokens_per_s": 160.0, "speedup": 1.6}
+    assert results["batch8"]["keeps_loss"] is False and results["batch8"]["loss_max_abs_diff"] == pytest.approx(4e-4)
+    assert results["dropout0"]["reference"] == "baseline" and results["dropout0"]["keeps_loss"] is False
+    assert results["dropout0_batch8"]["reference"] == "dropout0" and results["dropout0_batch8"]["keeps_loss"] is False
+    assert results["dropout0_batch2"]["loss_max_abs_diff"] == pytest.approx(3e-6)

@@ -46,8 +46,8 @@ class TrainConfig(BaseModel):
             catalog-built ``data_dir`` needs ``hub: CATALOG_DIR``; the run manifest records the
             hub's name and, for a catalog, the data manifest's ``catalog`` record, and
             ``ratune export`` names the catalog on the model card (docs/catalogs.md).
-        train_retriever: which built mode to train on (one of ratune/registry.py TRAIN_MODES:
-            none, oracle, bm25, bm25_replica, dense, dense_ft), or a mixture ``mix-NAME`` built
+        train_retriever: which built mode to train on (one of ratune/registry.py
+            TRAIN_MODES), or a mixture ``mix-NAME`` built
             with ``ratune data build --mixture`` (data/mixture.py).
         output_dir: the run folder; refused when it exists unless resuming.
         max_length: tokens per row [2048]; rows are never truncated here (the builder already

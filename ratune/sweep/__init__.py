@@ -5,7 +5,7 @@ finished cells into Table 2 per hub.
 Sweep file (validated with ``extra="forbid"``)::
 
     name: table2_torchhub
-    out_dir: runs/sweeps/table2_torchhub    # default runs/sweeps/{file stem}
+    out_dir: runs/sweeps/table2_torchhub    # default runs/sweeps/{name}, else runs/sweeps/{file stem}
     base: configs/train/x.yaml              # or an inline mapping of TrainConfig keys
     data: {max_length: 768, max_document_tokens: 128}
     eval: {settings: [0_shot, bm25], n_questions: 50}
