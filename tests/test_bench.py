@@ -1,4 +1,6 @@
-"""Smoke tests of the bench scripts' arithmetic (bench/token_efficiency.py, bench/eval_throughput.py).
+"""Tests of the bench scripts (bench/token_efficiency.py, eval_throughput.py, train_throughput.py,
+score_released.py, retrieval_scale.py and the GPU scripts' CPU paths): their arithmetic, and
+runs end to end on tiny models or the real released files.
 
 The scripts are not part of the ``ratune`` package; they are loaded from their files. Nothing here
 times anything: throughput targets are checked by running the benches, not by tests.
@@ -386,3 +388,20 @@ def test_train_throughput_judge_by_hand():
     assert results["dropout0"]["reference"] == "baseline" and results["dropout0"]["keeps_loss"] is False
     assert results["dropout0_batch8"]["reference"] == "dropout0" and results["dropout0_batch8"]["keeps_loss"] is False
     assert results["dropout0_batch2"]["loss_max_abs_diff"] == pytest.approx(3e-6)
+
+
+def test_score_released_counts_the_released_torchhub_table(apibench, capsys):
+    """bench/score_released.py scores all 24 released files; its TorchHub rows are the released
+    Gorilla-7B counts of 186 questions (issue 18's anchor table, scored by ratune)."""
+    import json
+
+    sr = _load("score_released")
+    assert sr.main(["--apibench", str(apibench), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total"]["files"] == 24 == len(out["files"])
+    torchhub = {(f["mode"], f["setting"]): (f["gorilla"]["correct_n"], f["strict"]["correct_n"])
+                for f in out["files"] if f["hub"] == "torchhub"}
+    assert torchhub == {("FT", "0_shot"): (141, 18), ("FT", "bm25"): (83, 13), ("FT", "gpt_index"): (144, 17),
+                        ("FT", "oracle"): (110, 144), ("RT", "0_shot"): (0, 0), ("RT", "bm25"): (93, 14),
+                        ("RT", "gpt_index"): (143, 17), ("RT", "oracle"): (173, 182)}
+    assert all(f["n"] == 186 for f in out["files"] if f["hub"] == "torchhub")
