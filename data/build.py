@@ -384,7 +384,8 @@ def cli_build(args) -> int:
     """``ratune data build``: build the chats of a hub (``args`` from its parser, ratune/cli.py); prints a summary (``--json``: one object). Returns 0.
 
     Raises:
-        RatuneError: nothing to build, ``--utility-file`` without ``--min-utility`` or ``--mixture``; as :func:`build_dataset`.
+        RatuneError: nothing to build, ``--utility-file`` without ``--min-utility`` or ``--mixture``,
+            ``--min-utility`` without ``--utility-file``; as :func:`build_dataset`.
     """
     # an APIBench hub needs the APIBench folder; a catalog folder does not
     source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
@@ -392,6 +393,8 @@ def cli_build(args) -> int:
     if not args.modes and not mixtures:
         raise RatuneError("nothing to build: give --modes and/or --mixture")
     utility_keep = utility_meta = None
+    if args.min_utility is not None and not args.utility_file:
+        raise RatuneError("--min-utility is a threshold on --utility-file's measurements; give --utility-file too")
     if args.utility_file:
         if args.min_utility is None or not mixtures:
             raise RatuneError("--utility-file filters a --mixture's documents and needs --min-utility")

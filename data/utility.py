@@ -28,7 +28,7 @@ from ratune.data.labels import tokenize_row
 from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
-from ratune.manifest import base_manifest, is_complete, mark_complete
+from ratune.manifest import base_manifest, is_complete, mark_complete, own_output_folder, require_owned
 from ratune.models import load_model, load_tokenizer, resolve_model_path, set_torch_threads
 
 #: Which data-build mode measures the utility of each mixture component's document.
@@ -142,15 +142,24 @@ def summarize(records: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
+#: The stage name of ``ratune data utility`` (its manifest's command, its folder's owner marker).
+UTILITY_STAGE = "data utility"
+
+
 def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
-    """Write utility.jsonl, utility.json (``meta`` + per-mode summary) and utility.png; returns the summary."""
+    """Write utility.jsonl, utility.json (``meta`` + per-mode summary) and utility.png into ``out_dir``
+    (new, empty or an earlier ``data utility`` output: :func:`ratune.manifest.own_output_folder`);
+    returns the summary.
+
+    Raises:
+        RatuneError: ``out_dir`` is a file, or a non-empty folder ratune did not make.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_output_folder(out_dir, UTILITY_STAGE)
     with atomic_write(out / "utility.jsonl") as fh:
         for r in records:
             fh.write(json.dumps(r, sort_keys=True) + "\n")
@@ -189,6 +198,7 @@ def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
 
 def cli_utility(args) -> int:
     """``ratune data utility``: measure each built row's document utility with a model and write it (``args`` from its parser, ratune/cli.py). Returns 0."""
+    require_owned(args.out, UTILITY_STAGE, action="write into")  # refused before a model is loaded
     set_torch_threads(args.threads)
     model_path = resolve_model_path(args.model)
     built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)
@@ -199,7 +209,7 @@ def cli_utility(args) -> int:
     model = load_model(model_path)
     records = measure_utility(args.data, args.modes, model, tokenizer, split=args.split,
                               max_examples=args.max_examples, batch_size=args.batch_size)
-    meta = {**base_manifest("data utility"), "data": args.data, "model": str(model_path), "split": args.split,
+    meta = {**base_manifest(UTILITY_STAGE), "data": args.data, "model": str(model_path), "split": args.split,
             "max_examples": args.max_examples}
     summary = write_utility(records, args.out, meta=meta)
     for mode, s in summary.items():

@@ -11,7 +11,7 @@ from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.data.hubs import resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
-from ratune.eval.report import make_cell, read_metrics, table2_markdown, write_table2
+from ratune.eval.report import make_cell, own_report_folder, read_metrics, table2_markdown, write_table2
 from ratune.eval.robustness import experiment_rows, experiments_markdown
 from ratune.eval.run import evaluate_checkpoint
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
@@ -77,7 +77,8 @@ def cli_report(args) -> int:
                     if cell.name == "oracle" and metrics.get("abstention"):
                         false_abstention[train_retriever] = metrics["abstention"]
     if not cells:
-        raise RatuneError("no complete eval cells found in the --eval folders")
+        raise RatuneError("no complete eval cells (SETTING/ folders with .complete) in the --eval folders: "
+                          + ", ".join(spec.split("=", 1)[1] for spec in args.eval))
     if len(hubs) > 1:  # one table, one hub: the cells' own metrics.json say which
         raise RatuneError("the --eval cells are of different hubs: " + "; ".join(
             f"{cell}: {hub}" for hub, cell in sorted(hubs.items())))
@@ -89,6 +90,7 @@ def cli_report(args) -> int:
     hub, first = next(iter(hubs.items())) if hubs else (given, None)
     if given is not None and given != hub:
         raise RatuneError(f"--hub {args.hub}: the cells were evaluated on {hub} ({first / 'metrics.json'})")
+    own_report_folder(args.out)  # a folder ratune did not make is refused before anything is written
     table = write_table2(cells, hub=hub, model=args.model, out_dir=args.out)
     print(table2_markdown(table))
     if experiments:

@@ -39,10 +39,25 @@ from typing import Sequence
 from ratune.errors import InputError
 from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import package_versions
+from ratune.manifest import own_output_folder, package_versions
 from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
 #: The reported fractions, with the count field each is computed from.
+#: The stage name in a report folder's owner marker (:func:`ratune.manifest.claim_folder`).
+REPORT_STAGE = "report"
+
+
+def own_report_folder(out_dir: str | Path) -> Path:
+    """Refuse a report folder ratune did not make, before anything is written into it; else create
+    and mark it (:func:`ratune.manifest.own_output_folder`). An old report that holds ``table2.json``
+    reads as a ``demo`` output (ratune/manifest.py LEGACY_OWNER_FILES) and is accepted.
+
+    Raises:
+        RatuneError: ``out_dir`` is a file, or a non-empty folder that is no ratune report.
+    """
+    return own_output_folder(out_dir, REPORT_STAGE, also=("demo",))
+
+
 RATES = (("accuracy", "correct_n"), ("hallucination", "hallucination_n"), ("error", "error_n"))
 
 #: What the ``*_ci`` fields are (recorded in table2.json and printed under table2.md).

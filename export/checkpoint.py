@@ -35,7 +35,7 @@ from ratune.args import input_dir, input_file, output_dir
 from ratune.data.apibench import HUBS
 from ratune.errors import RatuneError
 from ratune.eval.report import _axes, _complete, headline_metric, make_cell, metric_block
-from ratune.io import read_json, sha256_file, stale_temp_folders, temp_folder, write_json
+from ratune.io import open_file_modes, read_json, sha256_file, stale_temp_folders, temp_folder, write_json
 from ratune.locks import locked_output
 from ratune.manifest import is_complete, package_versions
 from ratune.models import load_model, load_tokenizer
@@ -546,6 +546,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             stray.unlink()
         if out.exists():
             out.rmdir()  # empty (checked above)
+        open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -119,6 +119,10 @@ def _report(args) -> int:
 
         if args.eval:
             raise RatuneError("give either SWEEP_DIR or --eval folders, not both")
+        ignored = [flag for flag, value in (("--hub", args.hub), ("--model", args.model)) if value is not None]
+        if ignored:  # a sweep report takes each cell's hub and model from the cell itself
+            raise RatuneError(f"{' and '.join(ignored)}: for --eval folders only; a sweep report takes every "
+                              "cell's hub and model from its cell.json (one table per hub)")
         return cli_report_sweep(args.sweep_dir, out=args.out, pair_args=args.pair)
     from ratune.eval.cli import cli_report
 
@@ -259,9 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
     rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR", type=key_equals_dir)
-    rp.add_argument("--hub", **hub_ref, help="optional check: the hub the cells were evaluated on (their "
-                                            "metrics.json record it; an APIBench hub or a catalog folder)")
-    rp.add_argument("--model", help="the model's name in the table")
+    rp.add_argument("--hub", **hub_ref, help="with --eval, optional check: the hub the cells were evaluated on "
+                                            "(their metrics.json record it; an APIBench hub or a catalog folder)")
+    rp.add_argument("--model", help="with --eval: the model's name in the table")
     rp.add_argument("--out", type=output_dir)
     rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), type=selector,
                     help="with SWEEP_DIR: compare the cells selected by A and B (key=value,... e.g. "

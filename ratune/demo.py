@@ -23,6 +23,8 @@ from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
 from ratune.models import resolve_model_path
 from ratune.sweep import check_changed, expand, is_finished, report_sweep, run_local, sweep_from_data
 from ratune.sweep import local as sweep_local
+from ratune.sweep.local import SWEEP_STAGE
+from ratune.sweep.schema import check_files
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -65,6 +67,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
                                        *([] if "base" in data else ["the training settings go under base:"]),
                                        OLD_DEMO_ALSO]))
     sweep = sweep_from_data(data, path, out_dir)
+    check_files(sweep)
     if apibench is not None:
         sweep.config = sweep.config.model_copy(update={"apibench": apibench})
     resolve_apibench_dir(sweep.config.apibench)
@@ -73,9 +76,9 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     if (out / "table2.json").is_file() or any(out.glob("train_*/manifest.json")):
         raise RatuneError(f"{out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
                           "table2.*); move it away or pass --out NEW_DIR")
-    require_owned(out, "demo", action="write into")
+    require_owned(out, "demo", action="write into", also=(SWEEP_STAGE,))  # a demo folder is a sweep folder
     with output_lock(out, command="demo"):
-        require_owned(out, "demo", action="write into")
+        require_owned(out, "demo", action="write into", also=(SWEEP_STAGE,))
         if not (out / OWNER_MARKER).exists():
             claim_folder(out, "demo")
         return _run_demo(sweep, cells, rerun_changed=rerun_changed)

@@ -139,8 +139,20 @@ def stale_temp_folders(out: str | os.PathLike) -> list[Path]:
     return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
 
 
+def open_file_modes(folder: str | os.PathLike) -> None:
+    """Give every file under ``folder`` (a folder ratune just wrote) the mode ``open()`` would,
+    ``0o666 & ~umask``: safetensors 0.8 writes its files 0600, so a model.safetensors that ratune
+    saved or exported was unreadable to the group where every other file of the folder was readable."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, 0o666 & ~umask)
+
+
 def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder).
+    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder),
+    its files given the mode ``open()`` would (:func:`open_file_modes`).
 
     The old ``out`` is first renamed to a :func:`temp_folder` of kind ``old``, then ``tmp`` is
     renamed to ``out``, then the old folder is deleted; if the second rename fails the old folder
@@ -150,6 +162,7 @@ def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
     import shutil
 
     tmp, out = Path(tmp), Path(out)
+    open_file_modes(tmp)
     if not out.exists():
         os.replace(tmp, out)
         return

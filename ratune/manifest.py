@@ -23,13 +23,19 @@ TRACKED_PACKAGES = ("ratune", "torch", "transformers", "trl", "peft", "accelerat
                     "sentence-transformers", "rank-bm25", "bm25s", "tree-sitter", "tree-sitter-languages", "tokenizers")
 
 COMPLETE_MARKER = ".complete"
-#: Written into every output folder ratune makes (data build, train, eval run, retrieval train,
-#: retrieval index, demo), holding ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
+#: Written into every output folder ratune makes (data build, data utility, train, eval run,
+#: retrieval train, retrieval index, retrieval eval, sweep, report, demo), holding
+#: ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
 OWNER_MARKER = ".ratune-output"
 #: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
-#: ``manifest.json`` whose ``command`` names the stage, and eval cells' ``identity.json``).
+#: ``manifest.json`` whose ``command`` names the stage, and eval cells' ``identity.json``); the
+#: first stage that matches wins. A sweep folder (``sweep.yaml``) reads as ``demo``: the demo is a
+#: sweep, and the two accept each other's folders. ``retrieval eval --out`` and ``data utility``
+#: folders made before the marker are not recognised (their file names are too plain to tell a
+#: user's file from ratune's): they are refused, and a new folder is the way on.
 LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
-                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json", "sweep.yaml")}
+                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json", "sweep.yaml"),
+                      "report": ("sweep.json",)}
 
 
 def package_versions() -> dict:
@@ -136,6 +142,24 @@ def claim_folder(folder: str | Path, stage: str) -> None:
     write_json(Path(folder, OWNER_MARKER), {"stage": stage})
 
 
+def own_output_folder(folder: str | Path, stage: str, *, also: tuple[str, ...] = ()) -> Path:
+    """Make ``folder`` ready for ``stage`` to write files into: refuse it unless it is new, empty or
+    already ratune's (:func:`require_owned`, action "write into"), create it, and mark it as a
+    ``stage`` output (:func:`claim_folder`) unless it carries a marker already. For the commands
+    that write fixed file names into a folder they may share with earlier runs of themselves
+    (``sweep``, ``report``, ``retrieval eval --out``, ``data utility``). Returns the folder.
+
+    Raises:
+        RatuneError: as :func:`require_owned` (nothing is created then).
+    """
+    folder = Path(folder)
+    require_owned(folder, stage, action="write into", also=also)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / OWNER_MARKER).exists():
+        claim_folder(folder, stage)
+    return folder
+
+
 def output_stage(folder: str | Path) -> str | None:
     """The stage whose output ``folder`` is, or None when ratune did not make it.
 
@@ -171,8 +195,10 @@ def output_stage(folder: str | Path) -> str | None:
     return None
 
 
-def require_owned(folder: str | Path, stage: str, *, action: str = "replace") -> None:
-    """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune ``stage`` output.
+def require_owned(folder: str | Path, stage: str, *, action: str = "replace", also: tuple[str, ...] = ()) -> None:
+    """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune ``stage`` output
+    (or an output of one of the stages ``also`` names: a sweep writes into a demo folder, a report
+    into an old report that reads as a demo's, :data:`LEGACY_OWNER_FILES`).
 
     A folder that does not exist, or is empty, passes.
 
@@ -190,7 +216,7 @@ def require_owned(folder: str | Path, stage: str, *, action: str = "replace") ->
     if not any(folder.iterdir()):
         return
     found = output_stage(folder)
-    if found == stage:
+    if found == stage or found in also:
         return
     what = f"it is a ratune {found} output" if found else f"it has no {OWNER_MARKER} marker"
     raise RatuneError(f"{folder}: not a ratune {stage} output ({what}); ratune does not {action} folders it did "

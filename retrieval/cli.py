@@ -11,11 +11,15 @@ from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
 from ratune.data.hubs import resolve_hub
 from ratune.errors import RatuneError
 from ratune.io import write_json, write_text
-from ratune.manifest import package_versions
+from ratune.manifest import own_output_folder, package_versions, require_owned
 from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
 from ratune.retrieval.metrics import evaluate_retriever, retrieval_chart, retrieval_markdown, top1_agreement
 from ratune.retrieval.bm25 import BM25Retriever, saved_index_metadata
 from ratune.retrieval.retrievers import make_retriever
+
+
+#: The stage name in a ``retrieval eval --out`` folder's owner marker.
+EVAL_STAGE = "retrieval eval"
 
 
 def cli_eval(args) -> int:
@@ -25,7 +29,8 @@ def cli_eval(args) -> int:
 
     Raises:
         RatuneError: a finetuned retriever without ``--dense-model`` or for several hubs; ``--bm25-index``
-            for a retriever that is not BM25 or for several hubs.
+            for a retriever that is not BM25 or for several hubs; ``--out`` a non-empty folder ratune
+            did not make (:func:`ratune.manifest.own_output_folder`).
     """
     hubs = list(HUBS) if args.hub == "all" else [args.hub]
     # an APIBench hub needs the APIBench folder; a catalog folder does not
@@ -45,11 +50,13 @@ def cli_eval(args) -> int:
                           f"not {', '.join(names)}")
     if args.bm25_index and len(hubs) > 1:
         raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
+    if args.out:  # a folder ratune did not make is refused before anything is computed
+        require_owned(args.out, EVAL_STAGE, action="write into")
     index_variant = _index_variant(args.bm25_index)
     reports = {s.name: _hub_report(args, s, names, index_variant) for s in sources}
     hubs = list(reports)  # the hubs' names (a catalog's name, not its path)
     if args.out:
-        out = Path(args.out)
+        out = own_output_folder(args.out, EVAL_STAGE)
         versions = package_versions()
         for hub, (results, agreement, markdown, inputs) in reports.items():
             write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement, "inputs": inputs,

@@ -212,6 +212,137 @@ def test_eval_run_refuses_to_write_into_a_user_folder(tmp_path, apibench, tiny_m
     assert _snapshot(user) == {"0_shot/responses.jsonl": theirs}
 
 
+
+# ------------------------------------------- commands that write fixed file names into a folder
+
+
+def _sweep_file(tmp_path: Path, **over) -> Path:
+    import yaml
+
+    data = {"name": "t", "out_dir": str(tmp_path / "sweep"),
+            "base": {"model": "tiny-model", "hub": "torchhub", "train_retriever": "none", "global_batch_size": 4,
+                     "max_steps": 2},
+            "eval": {"settings": ["0_shot"], "n_questions": 2}, "axes": {"train_retriever": ["none", "oracle"]},
+            **over}
+    path = tmp_path / "sweep_file.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_sweep_never_writes_into_a_user_folder(tmp_path, capsys):
+    """Both launchers refuse a non-empty folder ratune did not make before writing (its sweep.yaml
+    and slurm/submit.sh were overwritten before); a new folder is marked and can be written again;
+    a sweep folder from before the marker (its sweep.yaml) is still accepted."""
+    from ratune.cli import main
+
+    user = tmp_path / "mine"
+    (user / "slurm").mkdir(parents=True)
+    (user / "sweep.txt").write_text("mine\n")
+    (user / "slurm" / "submit.sh").write_text("my own script\n")
+    path = _sweep_file(tmp_path)
+    for launcher in ("local", "slurm"):
+        assert main(["sweep", str(path), "--launcher", launcher, "--out", str(user)]) == 2
+        assert f"{user}: not a ratune sweep output (it has no .ratune-output marker)" in \
+            _one_error_line(capsys.readouterr().err)
+    assert _snapshot(user) == {"sweep.txt": b"mine\n", "slurm/submit.sh": b"my own script\n"}
+
+    new = tmp_path / "new"
+    for _ in range(2):  # a second run writes into its own folder
+        assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(new)]) == 0
+    assert json.loads((new / ".ratune-output").read_text()) == {"stage": "sweep"}
+    assert (new / "slurm" / "submit.sh").is_file()
+
+    old = tmp_path / "old"  # made before the marker: read as a demo (a sweep) folder, accepted
+    old.mkdir()
+    (old / "sweep.yaml").write_text("name: t\n")
+    assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(old)]) == 0
+    capsys.readouterr()
+
+
+def test_sweep_refuses_a_missing_accelerate_config_before_anything_runs(tmp_path, capsys):
+    from ratune.cli import main
+
+    path = _sweep_file(tmp_path, accelerate_config="no/such/accelerate.yaml")
+    for launcher in (["--dry-run"], ["--launcher", "slurm"]):
+        assert main(["sweep", str(path), *launcher]) == 2
+        assert _one_error_line(capsys.readouterr().err) == (
+            f"ratune: error: {path}: accelerate_config: no/such/accelerate.yaml: no such file (a relative path is "
+            "looked up from the working directory, then from the sweep file's folder and the folders above it)")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_report_never_writes_into_a_user_folder(tmp_path, capsys):
+    """ratune report (a sweep folder, or --eval folders) refuses --out folders ratune did not make
+    (a user's sweep.csv was overwritten before); its own report folders, old ones included, are
+    written again; --hub and --model, which a sweep report cannot use, are refused, not ignored."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sweep_cells import finished_cell, rate_metrics
+
+    from ratune.cli import main
+
+    sweep_dir = tmp_path / "sweep"
+    cell = finished_cell(sweep_dir, "train_retriever-none", {"train_retriever": "none"},
+                         {"0_shot": {**rate_metrics(10, 4, 2), "hub": "torchhub"}})
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "sweep.csv").write_text("my own table\n")
+    assert main(["report", str(sweep_dir), "--out", str(user)]) == 2
+    assert f"{user}: not a ratune report output" in _one_error_line(capsys.readouterr().err)
+    assert main(["report", "--eval", f"none={cell / 'eval'}", "--model", "m", "--out", str(user)]) == 2
+    assert f"{user}: not a ratune report output" in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(user) == {"sweep.csv": b"my own table\n"}
+
+    for _ in range(2):
+        assert main(["report", str(sweep_dir)]) == 0
+    assert json.loads((sweep_dir / "report" / ".ratune-output").read_text()) == {"stage": "report"}
+    old_sweep_report, old_eval_report = tmp_path / "old1", tmp_path / "old2"  # made before the marker
+    for folder, name in ((old_sweep_report, "sweep.json"), (old_eval_report, "table2.json")):
+        folder.mkdir()
+        (folder / name).write_text("{}")
+    assert main(["report", str(sweep_dir), "--out", str(old_sweep_report)]) == 0
+    assert main(["report", "--eval", f"none={cell / 'eval'}", "--model", "m", "--out", str(old_eval_report)]) == 0
+    assert json.loads((old_eval_report / "table2.json").read_text())["hub"] == "torchhub"
+    capsys.readouterr()
+
+    assert main(["report", str(sweep_dir), "--hub", "huggingface"]) == 2
+    assert _one_error_line(capsys.readouterr().err) == (
+        "ratune: error: --hub: for --eval folders only; a sweep report takes every cell's hub and model from its "
+        "cell.json (one table per hub)")
+    assert main(["report", str(sweep_dir), "--hub", "torchhub", "--model", "m"]) == 2
+    assert "--hub and --model: for --eval folders only" in _one_error_line(capsys.readouterr().err)
+    empty = tmp_path / "empty_eval"
+    empty.mkdir()
+    assert main(["report", "--eval", f"none={empty}", "--model", "m", "--out", str(tmp_path / "r")]) == 2
+    assert _one_error_line(capsys.readouterr().err) == (
+        f"ratune: error: no complete eval cells (SETTING/ folders with .complete) in the --eval folders: {empty}")
+
+
+def test_retrieval_eval_and_data_utility_never_write_into_a_user_folder(tmp_path, apibench, tiny_model_dir, capsys):
+    from ratune.cli import main
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "retrieval_torchhub.json").write_text("my own numbers\n")
+    (user / "utility.json").write_text("my own numbers\n")
+    assert main(["retrieval", "eval", "--apibench", str(apibench), "--hub", "torchhub", "--retriever", "oracle",
+                 "--out", str(user)]) == 2
+    assert f"{user}: not a ratune retrieval eval output" in _one_error_line(capsys.readouterr().err)
+    data = tmp_path / "data"
+    data.mkdir()
+    assert main(["data", "utility", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(user)]) == 2
+    assert f"{user}: not a ratune data utility output" in _one_error_line(capsys.readouterr().err)
+    assert _snapshot(user) == {"retrieval_torchhub.json": b"my own numbers\n", "utility.json": b"my own numbers\n"}
+
+    out = tmp_path / "retrieval"
+    for _ in range(2):
+        assert main(["retrieval", "eval", "--apibench", str(apibench), "--hub", "torchhub", "--retriever", "oracle",
+                     "--out", str(out)]) == 0
+    assert json.loads((out / ".ratune-output").read_text()) == {"stage": "retrieval eval"}
+    assert json.loads((out / "retrieval_torchhub.json").read_text())["results"][0]["retriever"] == "oracle"
+
+
 @pytest.mark.apibench_data  # the command reads the real APIBench before what is tested
 def test_demo_never_deletes_an_unfinished_arm_it_did_not_make(tmp_path, tiny_model_dir, capsys):
     from ratune.cli import main
@@ -256,6 +387,29 @@ def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint):
     assert out == (tmp_path / "exported").resolve() and (out / "model.safetensors").exists()
     assert _snapshot(users) == {"thesis.tex": b"months of work\n"}
     assert _ratune_temps(tmp_path) == []
+    # every exported file has open()'s mode (safetensors 0.8 writes 0600 on its own)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == \
+        {p.name: 0o666 & ~umask for p in out.iterdir() if p.is_file()}
+
+
+def test_swap_folder_gives_files_the_mode_open_would(tmp_path):
+    """A 0600 file (as safetensors writes model.safetensors) in a folder being swapped in gets
+    0o666 & ~umask, as every other file ratune writes; so do files in sub-folders."""
+    from ratune.io import swap_folder, temp_folder
+
+    out = tmp_path / "model"
+    tmp = temp_folder(out)
+    (tmp / "sub").mkdir()
+    for name in ("model.safetensors", "sub/weights.safetensors"):
+        (tmp / name).write_bytes(b"x")
+        os.chmod(tmp / name, 0o600)
+    swap_folder(tmp, out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (out / "sub" / "weights.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_export_resolves_dotdot_and_refuses_an_output_inside_the_checkpoint(tmp_path, checkpoint, capsys):
@@ -393,3 +547,21 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, apibench, capsys):
         with output_lock(index):
             pass
     assert lock.exists()
+
+
+def test_train_into_a_user_folder_says_it_is_not_ratunes(tmp_path, tiny_model_dir):
+    """A non-empty output_dir ratune did not make is refused as such (the message was "exists from an
+    earlier run; pass --resume-from latest", wrong for a user's folder); the user's file stays."""
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import _prepare_output_dir
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine\n")
+    (tmp_path / "data").mkdir()
+    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(tmp_path / "data"), train_retriever="none",
+                      output_dir=str(user))
+    with pytest.raises(RatuneError, match=rf"^{user}: not a ratune train output \(it has no .ratune-output marker\); "
+                                          "ratune does not write into folders it did not make"):
+        _prepare_output_dir(cfg, None)
+    assert _snapshot(user) == {"notes.txt": b"mine\n"}

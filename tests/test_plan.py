@@ -11,7 +11,7 @@ import pytest
 from ratune.config import load_config, validate
 from ratune.errors import RatuneError
 from ratune.train.config import TrainConfig
-from ratune.train.plan import GIB, add_plan_arguments, cli_plan, model_size, plan
+from ratune.train.plan import GIB, _format, add_plan_arguments, cli_plan, model_size, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ROOT / "configs" / "train" / "llama7b_rat_paper.yaml"
@@ -108,6 +108,13 @@ def test_params_from_local_config_json_and_tokens_from_data_manifest(tmp_path, t
     assert result["tokens"] == 800 * 2 * 600 and result["zero_stage"] == 0
     with pytest.raises(RatuneError, match="not divisible"):
         plan(cfg, 3)
+
+    # max_steps, not epochs, then sets the tokens, and the text says so (it printed "2 epochs" before)
+    steps = plan(cfg.model_copy(update={"max_steps": 10}), 1)
+    assert steps["tokens"] == 10 * 8 * 600 and steps["max_steps"] == 10
+    text = _format(steps)
+    assert "10 steps x 8 examples x 600 tokens (" in text and "epochs" not in text.splitlines()[-1]
+    assert "800 examples x 2 epochs x 600 tokens (" in _format(result)
 
 
 def test_cli_json(capsys):

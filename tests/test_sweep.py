@@ -299,6 +299,8 @@ def test_report_sweep(tmp_path, capsys):
     assert "| oracle |" in out
     rows = list(csv.DictReader((sweep_dir / "report" / "sweep.csv").open()))
     assert len(rows) == 3
+    header = (sweep_dir / "report" / "sweep.csv").read_text().splitlines()[0].split(",")
+    assert header.count("train_retriever") == 1  # an axis that is also a fixed column appears once
     assert {"cell", "train_retriever", "lora.r", "test_retriever", "accuracy", "strict_accuracy"} <= set(rows[0])
     assert {r["lora.r"] for r in rows} == {"8"}
     assert (sweep_dir / "report" / "torchhub__lora-r-8" / "table2.png").exists()

@@ -116,3 +116,8 @@ def test_cli_utility_then_filtered_mixture(tmp_path, apibench, tiny_model_dir, t
     assert main(["data", "build", *common, "--out", str(tmp_path / "x"), "--utility-file",
                  str(out / "utility.jsonl")]) == 2
     assert "--utility-file filters a --mixture's documents and needs --min-utility" in capsys.readouterr().err
+    assert main(["data", "build", *common, "--out", str(tmp_path / "y"), "--mixture", "gold:oracle=1",
+                 "--min-utility", "0.1"]) == 2  # was silently ignored
+    assert ("--min-utility is a threshold on --utility-file's measurements; give --utility-file too"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "y").exists()

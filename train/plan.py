@@ -254,7 +254,8 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
         "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
         "global_batch_size": per_device * accumulation * gpus, "accounting": accounting,
         "per_gpu_gib": per_gpu, "model_states_gib": (weights + gradients + optimizer) / GIB,
-        "examples": examples, "epochs": config.num_epochs, "mean_tokens_per_example": mean_tokens,
+        "examples": examples, "epochs": config.num_epochs, "max_steps": config.max_steps,
+        "mean_tokens_per_example": mean_tokens,
         "tokens_source": tokens_source, "tokens": tokens, "train_flops": flops, "mfu": mfu,
         "peak_tflops_per_gpu": peak_tflops, "ideal_hours": seconds / 3600,
     }
@@ -282,6 +283,8 @@ def format_count(n: float) -> str:
 
 def _format(result: dict) -> str:
     g = result["per_gpu_gib"]
+    amount = (f"{result['max_steps']} steps x {result['global_batch_size']} examples"  # max_steps sets the tokens
+              if result.get("max_steps") is not None else f"{result['examples']} examples x {result['epochs']:g} epochs")
     stage = f"ZeRO-{result['zero_stage']}" if result["zero_stage"] else "DDP (no DeepSpeed)"
     lines = [
         f"model {result['model']}: {format_count(result['params'])} parameters ({result['model_source']}), "
@@ -295,8 +298,7 @@ def _format(result: dict) -> str:
         f"  (model states {result['model_states_gib']:.2f} GiB; {result['accounting']})",
         f"ideal time: {result['ideal_hours']:.2f} h = 6 x {result['params']:.3g} params x {result['tokens']:.3g} tokens "
         f"/ ({result['gpus']} x {result['peak_tflops_per_gpu']:g} TFLOP/s x MFU {result['mfu']:g}); "
-        f"{result['examples']} examples x {result['epochs']:g} epochs x {result['mean_tokens_per_example']:g} "
-        f"tokens ({result['tokens_source']})",
+        f"{amount} x {result['mean_tokens_per_example']:g} tokens ({result['tokens_source']})",
     ]
     return "\n".join(lines)
 

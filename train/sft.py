@@ -510,6 +510,9 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
     out = Path(config.output_dir)
     # only the main process checks: the others would see the folder it has just started writing
     if resume_from is None and _is_main_process() and out.exists() and any(out.iterdir()):
+        from ratune.manifest import require_owned
+
+        require_owned(out, "train", action="write into")  # a folder ratune did not make: say so, not "resume"
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)

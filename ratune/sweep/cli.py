@@ -7,7 +7,7 @@ import argparse
 from ratune.args import checked, input_file, output_dir
 from ratune.sweep.cells import expand, parse_only, select_cells
 from ratune.sweep.local import dry_run, run_local
-from ratune.sweep.schema import load_sweep
+from ratune.sweep.schema import check_files, load_sweep
 from ratune.sweep.slurm import write_slurm
 
 
@@ -31,6 +31,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_sweep(args: argparse.Namespace) -> int:
     """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit status."""
     sweep = load_sweep(args.file, args.out)
+    check_files(sweep)
     every = expand(sweep)
     cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's
     if args.dry_run:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, write_json, write_text
-from ratune.manifest import is_complete, require_owned
+from ratune.manifest import is_complete, own_output_folder, require_owned
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
 from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep
@@ -84,11 +84,13 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     ``cell/error.txt`` and the sweep continues. Returns 0 when every cell finished, else 1.
 
     Raises:
-        RatuneError: changed cells without ``rerun_changed``.
+        RatuneError: the sweep folder is not new, empty or ratune's (:func:`own_sweep_folder`);
+            changed cells without ``rerun_changed``.
         KeyboardInterrupt: after printing where it stopped (a rerun continues).
     """
     out = out or sys.stdout
     runner = runner or run_command
+    own_sweep_folder(sweep)
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
     save_sweep_file(sweep)
 
@@ -151,6 +153,21 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     for name, err in errors.items():
         print(f"  FAILED {name}: {err}", file=out)
     return 1 if errors else 0
+
+
+#: The stage name in a sweep folder's owner marker (:func:`ratune.manifest.claim_folder`).
+SWEEP_STAGE = "sweep"
+
+
+def own_sweep_folder(sweep: Sweep) -> Path:
+    """Refuse a sweep folder ratune did not make, before anything is written or deleted in it; else
+    create and mark it (:func:`ratune.manifest.own_output_folder`). A ``demo`` output is a sweep
+    folder too (ratune/demo.py runs its sweep file into one).
+
+    Raises:
+        RatuneError: ``sweep.out_dir`` is a file, or a non-empty folder that is no sweep or demo output.
+    """
+    return own_output_folder(sweep.out_dir, SWEEP_STAGE, also=("demo",))
 
 
 def save_sweep_file(sweep: Sweep) -> Path:

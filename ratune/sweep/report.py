@@ -14,7 +14,7 @@ from ratune.data.apibench import HUBS, resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
-                                metric_block, read_metrics, table2_markdown, write_table2)
+                                metric_block, own_report_folder, read_metrics, table2_markdown, write_table2)
 from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
 from ratune.manifest import is_complete
@@ -65,7 +65,8 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
         without ``seed`` when replicates are aggregated).
     Raises:
-        RatuneError: no finished cell; a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
+        RatuneError: no finished cell; ``out_dir`` a folder ratune did not make
+            (:func:`ratune.eval.report.own_report_folder`); a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
             (:func:`ratune.sweep.schema.load_saved_sweep`); a chosen pair naming an unknown dimension or matching
             several cells in one context; an ``apibench`` folder named by the sweep file that does
             not exist, when cells could be compared with the released responses (after the tables
@@ -111,6 +112,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                              "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
     if not rows:
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+    own_report_folder(out)  # a folder ratune did not make is refused before anything is written
 
 
     def group_of(record: dict, drop_seed: bool) -> str:
@@ -163,7 +165,9 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     rates = ("accuracy", "hallucination", "error")
     rate_columns = [*(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
                     *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
-    header = ["cell", *axis_keys, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
+    # axes that are also fixed columns (hub, model, train_retriever) appear once, as the fixed column
+    csv_axes = [k for k in axis_keys if k not in ("hub", "model", "train_retriever")]
+    header = ["cell", *csv_axes, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
 
     def values(m: dict) -> list[str]:
         vals = []
@@ -172,7 +176,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
         return vals
 
-    def run_row(record: dict, c: dict, keys: list[str] = axis_keys) -> list:
+    def run_row(record: dict, c: dict, keys: list[str] = csv_axes) -> list:
         config = record["config"]
         return [record["name"], *(_flat(record["axes"].get(k, "")) for k in keys), config["hub"],
                 config["model"], c["train_retriever"], c["test_retriever"], c["n"],
@@ -201,7 +205,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     if replicate:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        other_keys = [k for k in axis_keys if k != "seed"]
+        other_keys = [k for k in csv_axes if k != "seed"]
         writer.writerow(["group", "seed", *(k for k in header if k != "seed")])
         for record, c in sorted(rows, key=lambda rc: (group_of(rc[0], True), rc[1]["train_retriever"],
                                                       rc[1]["test_retriever"], _seed_key(seed_of(rc[0])))):

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ratune.config import SCHEMA_CONFIG, Count, Port, TestSettingName, load_yaml, validate
+from ratune.errors import RatuneError
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.data.validate import LEAKAGE_POLICIES
@@ -99,6 +100,20 @@ def find_path(name: str, sweep_file: Path) -> Path:
         if (folder / path).exists():
             return folder / path
     return path
+
+
+def check_files(sweep: Sweep) -> None:
+    """Refuse a sweep whose ``accelerate_config`` names no file, before anything runs (otherwise every
+    cell's ``accelerate launch`` would fail after the data build). Not checked when a saved sweep is
+    only read back for a report (:func:`load_saved_sweep`).
+
+    Raises:
+        RatuneError: naming the sweep file, the field and the paths looked up.
+    """
+    given = sweep.config.accelerate_config
+    if given is not None and not Path(given).is_file():
+        raise RatuneError(f"{sweep.source}: accelerate_config: {given}: no such file (a relative path is looked "
+                          "up from the working directory, then from the sweep file's folder and the folders above it)")
 
 
 def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:

@@ -9,7 +9,7 @@ from pathlib import Path
 from ratune.io import write_json
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.local import _yaml, save_sweep_file
+from ratune.sweep.local import _yaml, own_sweep_folder, save_sweep_file
 from ratune.sweep.schema import SlurmSettings, Sweep
 from ratune.sweep.state import cell_record, check_changed, is_finished
 
@@ -31,10 +31,11 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
 
     The training script launches accelerate once per node (``srun``) with the rendezvous taken from
     SLURM's environment. Finished cells are left out of submit.sh (commented). Changed cells are
-    refused as in :func:`run_local`; ``data_cells`` plans the shared data build as there. Returns the
-    submit.sh path.
+    refused as in :func:`run_local`, and so is a folder ratune did not make; ``data_cells`` plans the
+    shared data build as there. Returns the submit.sh path.
     """
     out = out or sys.stdout
+    own_sweep_folder(sweep)  # a folder ratune did not make is refused before anything is written
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
     s = sweep.config.slurm
     plan = data_plan(sweep, data_cells or cells)
