@@ -70,7 +70,8 @@ from ratune.data.hubs import resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
 from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
-from ratune.io import read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder, write_json, write_text
+from ratune.io import (open_file_modes, read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder,
+                       write_json, write_text)
 from ratune.locks import locked_output
 from ratune.manifest import base_manifest, host_facts, is_complete, mark_complete
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
@@ -651,7 +652,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     # casts the weights instead); the save checks run the reloaded model under the same autocast
     autocast_dtype = torch.bfloat16 if config.bf16 and not config.deepspeed else None
     save_checks: list[dict] = []
-    callbacks = []
+    callbacks = [checkpoint_modes_callback()]
     if "tensorboard" in config.report_to:
         from transformers.integrations import TensorBoardCallback
 
@@ -755,6 +756,23 @@ def throughput(log_history: list[dict], metrics: dict) -> dict:
     runtime = metrics.get("train_runtime")
     rate = float(tokens) / runtime if tokens is not None and runtime else None
     return {"tokens": None if tokens is None else int(tokens), "train_runtime_s": runtime, "tokens_per_s": rate}
+
+
+def checkpoint_modes_callback():
+    """A ``transformers.TrainerCallback`` whose ``on_save`` gives each Trainer checkpoint's files
+    (``args.output_dir/checkpoint-<global_step>``) the mode ``open()`` would
+    (:func:`ratune.io.open_file_modes`): safetensors 0.8 writes its weights 0600. Run by each
+    node's local main process (the checkpoint is on its disk)."""
+    from transformers import TrainerCallback
+
+    class OpenFileModes(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_local_process_zero and folder.is_dir():
+                open_file_modes(folder)
+            return control
+
+    return OpenFileModes()
 
 
 def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
