@@ -39,25 +39,35 @@ from typing import Sequence
 from ratune.errors import InputError
 from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import own_output_folder, package_versions
+from ratune.manifest import OWNER_MARKER, claim_folder, own_output_folder, package_versions
 from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
-#: The reported fractions, with the count field each is computed from.
 #: The stage name in a report folder's owner marker (:func:`ratune.manifest.claim_folder`).
 REPORT_STAGE = "report"
 
 
-def own_report_folder(out_dir: str | Path) -> Path:
+def own_report_folder(out_dir: str | Path, *, inside_ratune_folder: bool = False) -> Path:
     """Refuse a report folder ratune did not make, before anything is written into it; else create
-    and mark it (:func:`ratune.manifest.own_output_folder`). An old report that holds ``table2.json``
-    reads as a ``demo`` output (ratune/manifest.py LEGACY_OWNER_FILES) and is accepted.
+    and mark it (:func:`ratune.manifest.own_output_folder`). A sweep report from before the marker
+    is recognised by its ``sweep.json`` (ratune/manifest.py LEGACY_OWNER_FILES); an ``--eval``
+    report from before the marker is refused (its ``table2.*`` names are too plain to tell from a
+    user's files). ``inside_ratune_folder``: ``out_dir`` is the default ``report/`` of a ratune sweep
+    or demo folder, so it is ratune's whatever it holds (a report stopped before writing
+    ``sweep.json``).
 
     Raises:
         RatuneError: ``out_dir`` is a file, or a non-empty folder that is no ratune report.
     """
-    return own_output_folder(out_dir, REPORT_STAGE, also=("demo",))
+    if inside_ratune_folder:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / OWNER_MARKER).exists():
+            claim_folder(out, REPORT_STAGE)
+        return out
+    return own_output_folder(out_dir, REPORT_STAGE)
 
 
+#: The reported fractions, with the count field each is computed from.
 RATES = (("accuracy", "correct_n"), ("hallucination", "hallucination_n"), ("error", "error_n"))
 
 #: What the ``*_ci`` fields are (recorded in table2.json and printed under table2.md).

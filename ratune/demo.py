@@ -6,7 +6,8 @@ train-time retrieval none and oracle. ``ratune demo`` runs it with the local lau
 resumable step that is skipped when finished), writes its report (:func:`ratune.sweep.report_sweep`,
 ``OUT/report/``) and prints the Table 2 and the wall time per stage. What it adds to ``ratune sweep
 configs/demo.yaml`` and ``ratune report runs/demo``: the demo model is converted first (timed on its
-own), the output folder is locked and owned as a demo folder, and the stage times are printed.
+own), the output folder is locked and owned as a demo folder (a sweep folder is accepted too), and the stage
+times are printed.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
 from ratune.models import resolve_model_path
 from ratune.sweep import check_changed, expand, is_finished, report_sweep, run_local, sweep_from_data
 from ratune.sweep import local as sweep_local
-from ratune.sweep.local import SWEEP_STAGE
-from ratune.sweep.schema import check_files
+from ratune.sweep.schema import SWEEP_STAGE, check_files
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -48,7 +48,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     (:func:`ratune.data.apibench.resolve_apibench_dir`); it is checked before anything is written.
 
     Holds the output folder's lock throughout (:func:`ratune.locks.output_lock`) and writes only
-    into a folder that is new, empty or a ratune demo output (:func:`ratune.manifest.require_owned`).
+    into a folder that is new, empty or a ratune demo or sweep output (:func:`ratune.manifest.require_owned`).
     An unfinished training arm is deleted only when it is a ratune train output.
 
     Raises:

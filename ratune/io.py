@@ -65,6 +65,20 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def current_umask() -> int:
+    """The process's umask, read from ``/proc/self/status`` (Linux 4.7+) without changing it; elsewhere
+    by setting and restoring it (a moment in which another thread's new files would get mode 0666)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"):
     """Open a temporary file beside ``path``; on success fsync and rename it onto ``path``.
@@ -74,9 +88,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the mode open() would
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
             yield fh
@@ -116,9 +128,7 @@ def temp_folder(out: str | os.PathLike, *, kind: str = "tmp", token: str | None 
             raise ValueError("temp_folder(create=False) needs the token of a folder another process made")
         out.parent.mkdir(parents=True, exist_ok=True)
         path = Path(tempfile.mkdtemp(prefix=f".ratune-{kind}.", suffix=f".{out.name}", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(path, 0o777 & ~umask)  # mkdtemp makes 0700; the swapped-in folder gets mkdir's mode
+        os.chmod(path, 0o777 & ~current_umask())  # mkdtemp makes 0700; the swapped-in folder gets mkdir's mode
         return path
     if not re.fullmatch(r"[a-z0-9_]{8}", token):
         raise ValueError(f"temporary folder token {token!r}: expected 8 characters from [a-z0-9_]")
@@ -143,8 +153,7 @@ def open_file_modes(folder: str | os.PathLike) -> None:
     """Give every file under ``folder`` (a folder ratune just wrote) the mode ``open()`` would,
     ``0o666 & ~umask``: safetensors 0.8 writes its files 0600, so a model.safetensors that ratune
     saved or exported was unreadable to the group where every other file of the folder was readable."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
             os.chmod(path, 0o666 & ~umask)

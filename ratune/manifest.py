@@ -28,14 +28,13 @@ COMPLETE_MARKER = ".complete"
 #: ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
 OWNER_MARKER = ".ratune-output"
 #: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
-#: ``manifest.json`` whose ``command`` names the stage, and eval cells' ``identity.json``); the
-#: first stage that matches wins. A sweep folder (``sweep.yaml``) reads as ``demo``: the demo is a
-#: sweep, and the two accept each other's folders. ``retrieval eval --out`` and ``data utility``
-#: folders made before the marker are not recognised (their file names are too plain to tell a
-#: user's file from ratune's): they are refused, and a new folder is the way on.
+#: ``manifest.json`` whose ``command`` names the stage, eval cells' ``identity.json`` and a sweep's
+#: saved ``sweep.yaml``, :func:`output_stage`); the first stage that matches wins. ``--eval``
+#: report, ``retrieval eval --out`` and ``data utility`` folders made before the marker are not
+#: recognised (their file names are too plain to tell a user's file from ratune's): they are
+#: refused, and a new folder is the way on.
 LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
-                      "export": ("ratune_export.json",), "demo": ("table2.json", "data/manifest.json", "sweep.yaml"),
-                      "report": ("sweep.json",)}
+                      "export": ("ratune_export.json",), "demo": ("table2.json",), "report": ("sweep.json",)}
 
 
 def package_versions() -> dict:
@@ -190,6 +189,12 @@ def output_stage(folder: str | Path) -> str | None:
     for stage, names in LEGACY_OWNER_FILES.items():
         if any((folder / name).is_file() for name in names):
             return stage
+    try:  # the sweep file a sweep run saves always starts its record with the file it came from
+        saved = (folder / "sweep.yaml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        saved = ""
+    if any(line.startswith("source: ") for line in saved.splitlines()):
+        return "sweep"
     if any(p.is_file() for p in folder.glob("*/identity.json")):
         return "eval run"
     return None

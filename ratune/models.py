@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from ratune.errors import RatuneError
-from ratune.io import swap_folder, temp_folder
+from ratune.io import open_file_modes, swap_folder, temp_folder
 
 #: Alias accepted wherever a model path is expected: the converted offline demo model.
 DEMO_MODEL_ALIAS = "smollm2-135m-instruct"
@@ -89,6 +89,7 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / ".complete").write_text("converted from " + gguf.name + "\n")
+        open_file_modes(tmp)  # safetensors writes 0600; the cached model gets open()'s mode
         try:
             os.rename(tmp, target)  # atomic; refused while target exists and is not empty
         except OSError:

@@ -293,3 +293,15 @@ def llama1_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama1_tokenizer")
     build_llama1_tokenizer(folder)
     return folder
+
+
+@pytest.fixture
+def umask_022():
+    """The process umask set to 022 for the test (restored after), so that a file mode ratune sets
+    (0644) differs from the 0600 that safetensors writes: a test of modes cannot pass by accident
+    under a restrictive umask such as 077."""
+    import os
+
+    old = os.umask(0o022)
+    yield
+    os.umask(old)

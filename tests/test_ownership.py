@@ -88,11 +88,15 @@ def test_output_stage_reads_the_marker_and_recognises_older_outputs(tmp_path):
         "retrieval train": folder("ret", {"ratune_retriever.json": "{}"}),
         "retrieval index": folder("idx", {"ratune_bm25_index.json": "{}"}),
         "demo": folder("demo", {"table2.json": "{}"}),
+        "sweep": folder("sweep", {"sweep.yaml": "axes: {}\nsource: configs/sweeps/x.yaml\n"}),
+        "report": folder("report", {"sweep.json": "{}"}),
     }
     assert output_stage(marked) == "train"
     assert {stage: output_stage(path) for stage, path in made_before.items()} == {s: s for s in made_before}
     for user in (folder("u1", {"notes.txt": ""}), folder("u2", {"manifest.json": "[1, 2]"}),
-                 folder("u3", {"manifest.json": "{torn"}), folder("u4", {".ratune-output": "not json"})):
+                 folder("u3", {"manifest.json": "{torn"}), folder("u4", {".ratune-output": "not json"}),
+                 folder("u5", {"sweep.yaml": "name: mine\n  source: nested, not the saved record\n"}),
+                 folder("u6", {"data/manifest.json": '{"command": "data build"}'})):
         assert output_stage(user) is None
         with pytest.raises(RatuneError, match=rf"{user}: not a ratune train output .*does not delete folders"):
             require_owned(user, "train", action="delete")
@@ -252,11 +256,21 @@ def test_sweep_never_writes_into_a_user_folder(tmp_path, capsys):
     assert json.loads((new / ".ratune-output").read_text()) == {"stage": "sweep"}
     assert (new / "slurm" / "submit.sh").is_file()
 
-    old = tmp_path / "old"  # made before the marker: read as a demo (a sweep) folder, accepted
+    old = tmp_path / "old"  # made before the marker: its saved sweep.yaml names its source; accepted
     old.mkdir()
-    (old / "sweep.yaml").write_text("name: t\n")
+    (old / "sweep.yaml").write_text("name: t\nsource: configs/sweeps/x.yaml\n")
     assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(old)]) == 0
     capsys.readouterr()
+
+    # a user's own, hand-written sweep.yaml in its folder is not a saved one: refused, kept as it was
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    mine = "# my sweep, with comments\nname: t\n"
+    (exp / "sweep.yaml").write_text(mine)
+    assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(exp)]) == 2
+    assert f"{exp}: not a ratune sweep output (it has no .ratune-output marker)" in \
+        _one_error_line(capsys.readouterr().err)
+    assert _snapshot(exp) == {"sweep.yaml": mine.encode()}
 
 
 def test_sweep_refuses_a_missing_accelerate_config_before_anything_runs(tmp_path, capsys):
@@ -297,14 +311,27 @@ def test_report_never_writes_into_a_user_folder(tmp_path, capsys):
     for _ in range(2):
         assert main(["report", str(sweep_dir)]) == 0
     assert json.loads((sweep_dir / "report" / ".ratune-output").read_text()) == {"stage": "report"}
-    old_sweep_report, old_eval_report = tmp_path / "old1", tmp_path / "old2"  # made before the marker
-    for folder, name in ((old_sweep_report, "sweep.json"), (old_eval_report, "table2.json")):
-        folder.mkdir()
-        (folder / name).write_text("{}")
+    old_sweep_report = tmp_path / "old1"  # a sweep report made before the marker: accepted
+    old_sweep_report.mkdir()
+    (old_sweep_report / "sweep.json").write_text("{}")
     assert main(["report", str(sweep_dir), "--out", str(old_sweep_report)]) == 0
-    assert main(["report", "--eval", f"none={cell / 'eval'}", "--model", "m", "--out", str(old_eval_report)]) == 0
-    assert json.loads((old_eval_report / "table2.json").read_text())["hub"] == "torchhub"
     capsys.readouterr()
+    # the default report/ of a ratune sweep folder is ratune's even when an interrupted report left
+    # it without sweep.json or marker
+    (sweep_dir / ".ratune-output").write_text('{"stage": "sweep"}')
+    for name in ("sweep.json", ".ratune-output"):
+        (sweep_dir / "report" / name).unlink()
+    assert main(["report", str(sweep_dir)]) == 0
+    # a demo folder's root, or a user's folder that holds data/manifest.json, is not a report folder
+    demo, proj = tmp_path / "demo", tmp_path / "proj"
+    (demo / "cells").mkdir(parents=True)
+    (demo / ".ratune-output").write_text('{"stage": "demo"}')
+    (proj / "data").mkdir(parents=True)
+    (proj / "data" / "manifest.json").write_text('{"command": "data build"}')
+    for folder in (demo, proj):
+        assert main(["report", str(sweep_dir), "--out", str(folder)]) == 2
+        assert f"{folder}: not a ratune report output" in _one_error_line(capsys.readouterr().err)
+    assert not (proj / ".ratune-output").exists() and not (demo / "sweep.json").exists()
 
     assert main(["report", str(sweep_dir), "--hub", "huggingface"]) == 2
     assert _one_error_line(capsys.readouterr().err) == (
@@ -377,7 +404,7 @@ def checkpoint(tmp_path, tiny_model_dir):
     return folder
 
 
-def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint):
+def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint, umask_022):
     from ratune.export.checkpoint import export_checkpoint
 
     users = tmp_path / "exported.tmp"
@@ -387,14 +414,12 @@ def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint):
     assert out == (tmp_path / "exported").resolve() and (out / "model.safetensors").exists()
     assert _snapshot(users) == {"thesis.tex": b"months of work\n"}
     assert _ratune_temps(tmp_path) == []
-    # every exported file has open()'s mode (safetensors 0.8 writes 0600 on its own)
-    umask = os.umask(0)
-    os.umask(umask)
-    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()} == \
-        {p.name: 0o666 & ~umask for p in out.iterdir() if p.is_file()}
+    # every exported file has open()'s mode under umask 022 (safetensors 0.8 writes 0600 on its own)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
-def test_swap_folder_gives_files_the_mode_open_would(tmp_path):
+def test_swap_folder_gives_files_the_mode_open_would(tmp_path, umask_022):
     """A 0600 file (as safetensors writes model.safetensors) in a folder being swapped in gets
     0o666 & ~umask, as every other file ratune writes; so do files in sub-folders."""
     from ratune.io import swap_folder, temp_folder
@@ -406,10 +431,11 @@ def test_swap_folder_gives_files_the_mode_open_would(tmp_path):
         (tmp / name).write_bytes(b"x")
         os.chmod(tmp / name, 0o600)
     swap_folder(tmp, out)
-    umask = os.umask(0)
-    os.umask(umask)
-    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
-    assert (out / "sub" / "weights.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (out / "sub" / "weights.safetensors").stat().st_mode & 0o777 == 0o644
+    from ratune.io import current_umask
+
+    assert current_umask() == 0o022 and os.umask(0o022) == 0o022  # read without changing it
 
 
 def test_export_resolves_dotdot_and_refuses_an_output_inside_the_checkpoint(tmp_path, checkpoint, capsys):

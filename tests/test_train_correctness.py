@@ -267,7 +267,7 @@ def test_resume_from_missing_path_is_an_error(tmp_path, tiny_model_dir):
     assert not (tmp_path / "run" / "model").exists()
 
 
-def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir):
+def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir, umask_022):
     """One process, LoRA: each Trainer checkpoint, adapter/ and the merged model/ were reloaded and
     compared with the in-memory model when they were saved (issue 4 item 4); the merged model/
     is the saved adapter merged into a fresh base."""
@@ -287,13 +287,11 @@ def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir):
                                        "deepspeed": False, "zero_stage": None, "partitioned_load": False}
     checks = manifest["save_checks"]
     assert [c["folder"] for c in checks] == ["trainer/checkpoint-1", "trainer/checkpoint-2", "adapter", "model"]
-    # every saved file has open()'s mode, the weights included (safetensors 0.8 writes them 0600)
-    umask = os.umask(0)
-    os.umask(umask)
+    # every saved file has open()'s mode (umask 022: 0644), the weights included (safetensors 0.8 writes 0600)
     modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for c in checks for p in (out / c["folder"]).rglob("*")
              if p.is_file()}
     assert "trainer/checkpoint-1/adapter_model.safetensors" in modes and "model/model.safetensors" in modes
-    assert set(modes.values()) == {0o666 & ~umask}, modes
+    assert set(modes.values()) == {0o644}, modes
     # by hand, not regression values: LoRA "all-linear" adapts q, k, v, o, gate, up and down of each of
     # the 2 layers, an A and a B matrix each: 7 x 2 x 2 = 28 adapter tensors; the merged tiny Llama has
     # the embedding, 9 tensors per layer (7 projections, 2 norms) and the final norm, lm_head tied: 20

@@ -73,7 +73,7 @@ from ratune.errors import RatuneError
 from ratune.io import (open_file_modes, read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder,
                        write_json, write_text)
 from ratune.locks import locked_output
-from ratune.manifest import base_manifest, host_facts, is_complete, mark_complete
+from ratune.manifest import base_manifest, host_facts, is_complete, mark_complete, require_owned
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
@@ -511,8 +511,6 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
     out = Path(config.output_dir)
     # only the main process checks: the others would see the folder it has just started writing
     if resume_from is None and _is_main_process() and out.exists() and any(out.iterdir()):
-        from ratune.manifest import require_owned
-
         require_owned(out, "train", action="write into")  # a folder ratune did not make: say so, not "resume"
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")

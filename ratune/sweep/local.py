@@ -14,7 +14,7 @@ from ratune.io import read_json_object, write_json, write_text
 from ratune.manifest import is_complete, own_output_folder, require_owned
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep
+from ratune.sweep.schema import SAVED_SWEEP_FILE, SWEEP_STAGE, Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
@@ -90,8 +90,9 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     """
     out = out or sys.stdout
     runner = runner or run_command
-    own_sweep_folder(sweep)
+    own_sweep_folder(sweep, claim=False)  # refused before check_changed may delete anything
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    own_sweep_folder(sweep)
     save_sweep_file(sweep)
 
     plan = data_plan(sweep, data_cells or cells)
@@ -155,18 +156,17 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     return 1 if errors else 0
 
 
-#: The stage name in a sweep folder's owner marker (:func:`ratune.manifest.claim_folder`).
-SWEEP_STAGE = "sweep"
-
-
-def own_sweep_folder(sweep: Sweep) -> Path:
-    """Refuse a sweep folder ratune did not make, before anything is written or deleted in it; else
-    create and mark it (:func:`ratune.manifest.own_output_folder`). A ``demo`` output is a sweep
-    folder too (ratune/demo.py runs its sweep file into one).
+def own_sweep_folder(sweep: Sweep, *, claim: bool = True) -> Path:
+    """Refuse a sweep folder ratune did not make, before anything is written or deleted in it; with
+    ``claim``, also create and mark it (:func:`ratune.manifest.own_output_folder`). A ``demo``
+    output is a sweep folder too (ratune/demo.py runs its sweep file into one). Returns the folder.
 
     Raises:
         RatuneError: ``sweep.out_dir`` is a file, or a non-empty folder that is no sweep or demo output.
     """
+    if not claim:
+        require_owned(sweep.out_dir, SWEEP_STAGE, action="write into", also=("demo",))
+        return sweep.out_dir
     return own_output_folder(sweep.out_dir, SWEEP_STAGE, also=("demo",))
 
 

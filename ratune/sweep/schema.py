@@ -126,6 +126,8 @@ def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
 
 
 SAVED_SWEEP_FILE = "sweep.yaml"  # a run's copy of its validated sweep file, in its out_dir
+#: The stage name in a sweep folder's owner marker (:func:`ratune.manifest.claim_folder`).
+SWEEP_STAGE = "sweep"
 
 
 def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:

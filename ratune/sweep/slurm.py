@@ -35,8 +35,9 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     shared data build as there. Returns the submit.sh path.
     """
     out = out or sys.stdout
-    own_sweep_folder(sweep)  # a folder ratune did not make is refused before anything is written
+    own_sweep_folder(sweep, claim=False)  # a folder ratune did not make is refused before anything is written
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    own_sweep_folder(sweep)
     s = sweep.config.slurm
     plan = data_plan(sweep, data_cells or cells)
     save_sweep_file(sweep)
