@@ -198,8 +198,8 @@ def test_the_demo_refuses_an_output_in_the_layout_before_the_sweep(tmp_path, cap
 
 def test_the_demo_refuses_a_changed_arm_before_converting_the_model_and_writes_into_a_sweep_s_folder(
         tmp_path, capsys, monkeypatch, apibench_tiny):
-    """A folder made by `ratune sweep configs/demo.yaml` (no owner marker, a sweep.yaml) is a demo
-    folder; an arm whose stored config differs is refused, naming --rerun-changed, before anything runs."""
+    """A folder made by `ratune sweep configs/demo.yaml` before the owner marker (its saved sweep.yaml,
+    which names its source) is a sweep folder, which the demo accepts; an arm whose stored config differs is refused, naming --rerun-changed, before anything runs."""
     import json
 
     import ratune.demo as demo
@@ -211,8 +211,8 @@ def test_the_demo_refuses_a_changed_arm_before_converting_the_model_and_writes_i
     sweep = load_sweep(ROOT / "configs" / "demo.yaml", out)
     cell = expand(sweep)[0]
     cell.dir.mkdir(parents=True)
-    (out / "sweep.yaml").write_text("base: {}\n")
-    require_owned(out, "demo", action="write into")  # passes: a sweep folder
+    (out / "sweep.yaml").write_text("base: {}\nsource: configs/demo.yaml\n")
+    require_owned(out, "demo", action="write into", also=("sweep",))  # passes: a sweep folder
     record = cell_record(sweep, cell)
     record["config"] = {**record["config"], "max_steps": 99}
     (cell.dir / "cell.json").write_text(json.dumps(record))
