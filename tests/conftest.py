@@ -65,6 +65,10 @@ def pytest_configure(config):
     CUDA_AVAILABLE = bool(torch.cuda.is_available())
     if CUDA_AVAILABLE:
         torch.cuda.init()  # the runtime now holds this machine's devices, whatever CUDA_VISIBLE_DEVICES becomes
+        # torch caches the device count at its first call after init, counting through NVML with the
+        # CUDA_VISIBLE_DEVICES of that moment: count now, or a first call while hidden caches 0 and the
+        # gpu tests fail with "Invalid device id" (seen on an H200, torch 2.11, 2026-12-04)
+        torch.cuda.device_count()
     _REAL_CUDA.update(is_available=torch.cuda.is_available, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     _hide_cuda()
 
