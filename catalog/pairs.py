@@ -58,6 +58,7 @@ from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json_object, sha256_file, write_json, write_text
 from ratune.locks import replacing_folder
 from ratune.manifest import base_manifest, require_owned
+from ratune.registry import SPLITS
 
 
 #: The stage name of ``ratune catalog instruct`` (its sidecar manifest's ``command`` and ``kind``).
@@ -345,7 +346,7 @@ def split_pairs(pairs: Sequence[Pair], eval_fraction: float, seed: int, *, leaka
 #: The folder of a catalog that ``ratune catalog pairs`` writes (beside ``apis.jsonl``).
 PAIRS_DIR = "pairs"
 #: The split files in :data:`PAIRS_DIR`, one pair per line (the fields of :data:`PAIR_FIELDS`).
-SPLIT_FILES = {"train": "train.jsonl", "eval": "eval.jsonl"}
+SPLIT_FILES = {split: f"{split}.jsonl" for split in SPLITS}
 #: The pairs folder's manifest (never the catalog's own ``manifest.json``, which the import rewrites).
 PAIRS_MANIFEST = "manifest.json"
 #: The stage name of ``ratune catalog pairs`` (its manifest's ``command``, its owner marker).

@@ -46,8 +46,8 @@ from ratune.manifest import base_manifest, mark_complete, require_owned
 from ratune.models import load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
-from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, TRAIN_MODES,
-                             unknown_name)
+from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS,
+                             TRAIN_MODES, unknown_name)
 
 # The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
 # ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
@@ -288,7 +288,7 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
     report = ParseReport()
     splits = {}
     hub = source.name
-    for split in ("train", "eval"):
+    for split in SPLITS:
         if source.examples_file(split).exists():
             splits[split] = source.load_examples(split, lenient=lenient, report=report)
     if not splits:

@@ -39,7 +39,7 @@ from typing import Sequence
 from ratune.errors import InputError
 from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import OWNER_MARKER, claim_folder, own_output_folder, package_versions
+from ratune.manifest import own_output_folder, package_versions
 from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
 #: The stage name in a report folder's owner marker (:func:`ratune.manifest.claim_folder`).
@@ -58,13 +58,7 @@ def own_report_folder(out_dir: str | Path, *, inside_ratune_folder: bool = False
     Raises:
         RatuneError: ``out_dir`` is a file, or a non-empty folder that is no ratune report.
     """
-    if inside_ratune_folder:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if not (out / OWNER_MARKER).exists():
-            claim_folder(out, REPORT_STAGE)
-        return out
-    return own_output_folder(out_dir, REPORT_STAGE)
+    return own_output_folder(out_dir, REPORT_STAGE, known=inside_ratune_folder)
 
 
 #: The reported fractions, with the count field each is computed from.

@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.config import Count, FiniteFloat
     from ratune.data.build import BUILD_OPTIONS, BuildSettings
     from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-    from ratune.registry import BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVERS, TRAIN_MODES
+    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVERS, SPLITS,
+                                 TRAIN_MODES)
     from ratune.sweep.pairs import parse_selector
     from ratune.models import DEMO_MODEL_ALIAS
 
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--model", default=DEMO_MODEL_ALIAS, type=model_ref, help="model folder (or the demo alias)")
     u.add_argument("--out", required=True, type=output_dir,
                    help="output folder (utility.jsonl, utility.json, utility.png)")
-    u.add_argument("--split", default="train", choices=("train", "eval"), help="the split to measure (default train)")
+    u.add_argument("--split", default="train", choices=SPLITS, help="the split to measure (default train)")
     u.add_argument("--max-examples", type=bounded(Count), default=None, help="the first N examples only")
     u.add_argument("--batch-size", type=setting(EvalSettings, "batch_size"), default=8)
     u.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None, help="torch threads")

@@ -20,11 +20,11 @@ from ratune.data.apibench import resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.report import table2_markdown
 from ratune.locks import output_lock
-from ratune.manifest import OWNER_MARKER, claim_folder, require_owned
+from ratune.manifest import DEMO_STAGE, OWNER_MARKER, SWEEP_FOLDER_STAGES, claim_folder, require_owned
 from ratune.models import resolve_model_path
 from ratune.sweep import check_changed, expand, is_finished, report_sweep, run_local, sweep_from_data
 from ratune.sweep import local as sweep_local
-from ratune.sweep.schema import SWEEP_STAGE, check_files
+from ratune.sweep.schema import check_files
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -76,11 +76,11 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     if (out / "table2.json").is_file() or any(out.glob("train_*/manifest.json")):
         raise RatuneError(f"{out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
                           "table2.*); move it away or pass --out NEW_DIR")
-    require_owned(out, "demo", action="write into", also=(SWEEP_STAGE,))  # a demo folder is a sweep folder
+    require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)  # a demo folder is a sweep folder
     with output_lock(out, command="demo"):
-        require_owned(out, "demo", action="write into", also=(SWEEP_STAGE,))
+        require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)
         if not (out / OWNER_MARKER).exists():
-            claim_folder(out, "demo")
+            claim_folder(out, DEMO_STAGE)
         return _run_demo(sweep, cells, rerun_changed=rerun_changed)
 
 

@@ -152,7 +152,10 @@ def stale_temp_folders(out: str | os.PathLike) -> list[Path]:
 def open_file_modes(folder: str | os.PathLike) -> None:
     """Give every file under ``folder`` (a folder ratune just wrote) the mode ``open()`` would,
     ``0o666 & ~umask``: safetensors 0.8 writes its files 0600, so a model.safetensors that ratune
-    saved or exported was unreadable to the group where every other file of the folder was readable."""
+    saved or exported was unreadable to the group where every other file of the folder was readable.
+    Called by each writer of model weights before its folder is put in place (training's model/
+    and adapter/ and its checkpoints, train/sft.py; export; the finetuned retriever; the demo
+    model's conversion, ratune/models.py)."""
     umask = current_umask()
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
@@ -160,8 +163,8 @@ def open_file_modes(folder: str | os.PathLike) -> None:
 
 
 def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder),
-    its files given the mode ``open()`` would (:func:`open_file_modes`).
+    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder).
+    Files keep their modes: a writer that saves safetensors calls :func:`open_file_modes` first.
 
     The old ``out`` is first renamed to a :func:`temp_folder` of kind ``old``, then ``tmp`` is
     renamed to ``out``, then the old folder is deleted; if the second rename fails the old folder
@@ -171,7 +174,6 @@ def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
     import shutil
 
     tmp, out = Path(tmp), Path(out)
-    open_file_modes(tmp)
     if not out.exists():
         os.replace(tmp, out)
         return

@@ -27,6 +27,12 @@ COMPLETE_MARKER = ".complete"
 #: retrieval train, retrieval index, retrieval eval, sweep, report, demo), holding
 #: ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
 OWNER_MARKER = ".ratune-output"
+#: The stage names in the owner marker (:func:`claim_folder`) of a sweep folder and of a demo
+#: folder; a demo runs its sweep file into its folder, so each writes into the other's
+#: (:data:`SWEEP_FOLDER_STAGES`).
+SWEEP_STAGE = "sweep"
+DEMO_STAGE = "demo"
+SWEEP_FOLDER_STAGES = (SWEEP_STAGE, DEMO_STAGE)
 #: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
 #: ``manifest.json`` whose ``command`` names the stage, eval cells' ``identity.json`` and a sweep's
 #: saved ``sweep.yaml``, :func:`output_stage`); the first stage that matches wins. ``--eval``
@@ -34,7 +40,13 @@ OWNER_MARKER = ".ratune-output"
 #: recognised (their file names are too plain to tell a user's file from ratune's): they are
 #: refused, and a new folder is the way on.
 LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
-                      "export": ("ratune_export.json",), "demo": ("table2.json",), "report": ("sweep.json",)}
+                      "export": ("ratune_export.json",), DEMO_STAGE: ("table2.json",), "report": ("sweep.json",)}
+#: A sweep run's copy of its validated sweep file, in its out_dir (ratune/sweep/local.py
+#: save_sweep_file writes it, ratune/sweep/schema.py load_saved_sweep reads it back), and the
+#: top-level key naming the file the run started from: the record a sweep folder from before
+#: OWNER_MARKER is recognised by. Typed here, the lowest layer that reads it.
+SAVED_SWEEP_FILE = "sweep.yaml"
+SAVED_SWEEP_SOURCE_KEY = "source"
 
 
 def package_versions() -> dict:
@@ -141,18 +153,22 @@ def claim_folder(folder: str | Path, stage: str) -> None:
     write_json(Path(folder, OWNER_MARKER), {"stage": stage})
 
 
-def own_output_folder(folder: str | Path, stage: str, *, also: tuple[str, ...] = ()) -> Path:
+def own_output_folder(folder: str | Path, stage: str, *, also: tuple[str, ...] = (), known: bool = False) -> Path:
     """Make ``folder`` ready for ``stage`` to write files into: refuse it unless it is new, empty or
     already ratune's (:func:`require_owned`, action "write into"), create it, and mark it as a
     ``stage`` output (:func:`claim_folder`) unless it carries a marker already. For the commands
     that write fixed file names into a folder they may share with earlier runs of themselves
-    (``sweep``, ``report``, ``retrieval eval --out``, ``data utility``). Returns the folder.
+    (``sweep``, ``report``, ``retrieval eval --out``, ``data utility``). ``known``: the caller
+    knows the folder is ratune's whatever it holds (the default ``report/`` inside a ratune sweep
+    folder, which an interrupted report may have left unmarked), so the check is skipped. Returns
+    the folder.
 
     Raises:
         RatuneError: as :func:`require_owned` (nothing is created then).
     """
     folder = Path(folder)
-    require_owned(folder, stage, action="write into", also=also)
+    if not known:
+        require_owned(folder, stage, action="write into", also=also)
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / OWNER_MARKER).exists():
         claim_folder(folder, stage)
@@ -190,11 +206,11 @@ def output_stage(folder: str | Path) -> str | None:
         if any((folder / name).is_file() for name in names):
             return stage
     try:  # the sweep file a sweep run saves always starts its record with the file it came from
-        saved = (folder / "sweep.yaml").read_text(encoding="utf-8")
+        saved = (folder / SAVED_SWEEP_FILE).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         saved = ""
-    if any(line.startswith("source: ") for line in saved.splitlines()):
-        return "sweep"
+    if any(line.startswith(f"{SAVED_SWEEP_SOURCE_KEY}: ") for line in saved.splitlines()):
+        return SWEEP_STAGE
     if any(p.is_file() for p in folder.glob("*/identity.json")):
         return "eval run"
     return None

@@ -207,12 +207,24 @@ def require_model_files(folder: str | os.PathLike, *, weights: bool = True, toke
                           "model (tokenizer.save_pretrained(folder))")
 
 
+#: Said when ``from_pretrained`` could not reach the hub (huggingface_hub retries a HEAD request
+#: five times, about 25 s, printing each retry, before it gives up).
+HUB_UNREACHABLE_HINT = ("on a machine without the hub, use a local model folder; set HF_HUB_OFFLINE=1 to fail at once "
+                        "instead of after huggingface_hub's retries")
+
+
 def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
-    """A one-line RatuneError for a ``from_pretrained`` that failed on a user's model reference."""
+    """A one-line RatuneError for a ``from_pretrained`` that failed on a user's model reference
+    (with :data:`HUB_UNREACHABLE_HINT` when the hub could not be reached)."""
+    from huggingface_hub import is_offline_mode
+
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     if Path(model_path).exists():
         return RatuneError(f"{model_path}: cannot load the {what} ({type(exc).__name__}: {first})")
-    return RatuneError(f"{model_path}: not a local folder, and loading it as a hub id failed ({first})")
+    hint = ""
+    if "couldn't connect" in str(exc).lower() and not is_offline_mode():
+        hint = f"; {HUB_UNREACHABLE_HINT}"
+    return RatuneError(f"{model_path}: not a local folder, and loading it as a hub id failed ({first}){hint}")
 
 
 def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = False):

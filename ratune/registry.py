@@ -163,6 +163,11 @@ def setting_retriever(setting: str) -> str:
     return TEST_SETTINGS[base].retriever
 
 
+#: A hub's example splits: training examples and the eval questions (APIBench's
+#: ``{hub}_{split}.json``, data/apibench.py examples_path; a catalog's ``pairs/{split}.jsonl``,
+#: catalog/pairs.py SPLIT_FILES).
+SPLITS = ("train", "eval")
+
 #: Train-time retrieval modes (a data build's folders): every retriever that can supply a
 #: training example's document, in RETRIEVERS order; mixtures add ``mix-NAME`` (data/mixture.py).
 TRAIN_MODES: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.trains)

@@ -46,7 +46,7 @@ from ratune.data.apibench import HUBS, Example, resolve_apibench_dir
 from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
-from ratune.io import sha256_file, write_json
+from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.locks import replacing_folder
 from ratune.manifest import git_commit, package_versions, require_owned
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
@@ -209,6 +209,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         train_seconds = time.monotonic() - start
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
         model.save(str(tmp))
+        open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
         meta = {
             "format": METADATA_FORMAT,
             "hub": hub,

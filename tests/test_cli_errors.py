@@ -625,3 +625,28 @@ def test_an_eval_setting_without_questions_writes_no_cell(tiny_model_dir, apiben
                                 settings=run.EvalSettings(settings=["swap"], n_questions=2, device="cpu"),
                                 progress=False)
     assert not (tmp_path / "e" / "swap").exists()
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_an_unreachable_hub_says_how_to_fail_at_once(monkeypatch, offline):
+    """Where the hub cannot be reached, from_pretrained retries for about 25 s; the one-line error
+    then says to use a local folder and HF_HUB_OFFLINE=1. Offline mode already fails at once, so
+    the hint is left out there."""
+    import huggingface_hub
+    import transformers
+
+    from ratune.models import HUB_UNREACHABLE_HINT, load_tokenizer
+
+    def unreachable(*args, **kwargs):  # transformers 5's message when no connection is made
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                      "in the cached files.\nCheck your internet connection or see how to run the library in "
+                      "offline mode.")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: offline)
+    with pytest.raises(RatuneError) as err:
+        load_tokenizer("nobody/no-such-model")
+    assert str(err.value).startswith("nobody/no-such-model: not a local folder, and loading it as a hub id failed "
+                                     "(We couldn't connect to 'https://huggingface.co' to load the files")
+    assert str(err.value).endswith("; " + HUB_UNREACHABLE_HINT) is not offline
+    assert "\n" not in str(err.value)

@@ -419,10 +419,11 @@ def test_export_leaves_a_users_out_tmp_untouched(tmp_path, checkpoint, umask_022
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
 
 
-def test_swap_folder_gives_files_the_mode_open_would(tmp_path, umask_022):
-    """A 0600 file (as safetensors writes model.safetensors) in a folder being swapped in gets
-    0o666 & ~umask, as every other file ratune writes; so do files in sub-folders."""
-    from ratune.io import swap_folder, temp_folder
+def test_open_file_modes_gives_files_the_mode_open_would(tmp_path, umask_022):
+    """A 0600 file (as safetensors writes model.safetensors) gets 0o666 & ~umask, as every other
+    file ratune writes; so do files in sub-folders. swap_folder leaves modes alone (a data build's
+    files are not walked): the writers of weights call open_file_modes."""
+    from ratune.io import current_umask, open_file_modes, swap_folder, temp_folder
 
     out = tmp_path / "model"
     tmp = temp_folder(out)
@@ -431,10 +432,10 @@ def test_swap_folder_gives_files_the_mode_open_would(tmp_path, umask_022):
         (tmp / name).write_bytes(b"x")
         os.chmod(tmp / name, 0o600)
     swap_folder(tmp, out)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o600
+    open_file_modes(out)
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert (out / "sub" / "weights.safetensors").stat().st_mode & 0o777 == 0o644
-    from ratune.io import current_umask
-
     assert current_umask() == 0o022 and os.umask(0o022) == 0o022  # read without changing it
 
 

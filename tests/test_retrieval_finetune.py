@@ -7,6 +7,7 @@ pieces) is shared by the tests of this file.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -42,9 +43,13 @@ def small_train(splits):
 @pytest.fixture(scope="module")
 def trained(apibench, splits, small_train, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ft") / "torchhub-ft"
-    meta = train_dense_retriever(small_train, splits[1], hub="torchhub", out_dir=folder,
-                                 train_path=examples_path(apibench, "torchhub", "train"),
-                                 eval_path=examples_path(apibench, "torchhub", "eval"), settings=SETTINGS, threads=1)
+    old_umask = os.umask(0o022)  # as tests/conftest.py umask_022: modes ratune sets (0644) differ from safetensors' 0600
+    try:
+        meta = train_dense_retriever(small_train, splits[1], hub="torchhub", out_dir=folder,
+                                     train_path=examples_path(apibench, "torchhub", "train"),
+                                     eval_path=examples_path(apibench, "torchhub", "eval"), settings=SETTINGS, threads=1)
+    finally:
+        os.umask(old_umask)
     return folder, meta
 
 
@@ -89,6 +94,8 @@ def test_saved_folder_reloads_with_metadata(apibench, small_train, trained):
     assert meta["steps"] == 4  # 16 pairs / batch 8 x 2 epochs
     assert meta["leakage_check"]["checked"] is True and meta["leakage_check"]["pairs"] == 0
     assert meta["leakage_check"]["n_eval"] == 186
+    modes = {str(p.relative_to(folder)): p.stat().st_mode & 0o777 for p in folder.rglob("*") if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes  # trained under umask 022
     r = make_retriever("dense_ft", hub="torchhub", apibench_dir=apibench, dense_model=folder)
     assert isinstance(r, DenseRetriever) and r.name == "dense_ft"
     assert r._model.max_seq_length == 64  # the training length is saved with the model

@@ -264,6 +264,30 @@ def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
     assert len(train_cmds) == 1 and train_cmds[0][-2:] == ["--resume-from", "latest"]
 
 
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(tmp_path, monkeypatch, launcher):
+    """A sweep holds its folder's lock while it runs (or writes its Slurm scripts): a second one
+    into the same folder is refused before it writes anything, naming the holder's pid; the lock
+    is gone after a run, so the next one runs."""
+    import os
+
+    from ratune.locks import LockHeld, lock_path, output_lock
+
+    path = write_sweep(tmp_path)
+    out = tmp_path / "sweep"
+    runner = FakeRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    with output_lock(out, command="ratune sweep (the first)"):  # what a running sweep holds
+        with pytest.raises(LockHeld) as err:
+            sw.cli_sweep(args(path, launcher=launcher))
+    assert f"{out} is being written by pid {os.getpid()}" in str(err.value)
+    assert "(ratune sweep (the first))" in str(err.value)
+    assert runner.calls == [] and not out.exists()  # refused before anything ran or was written
+    assert sw.cli_sweep(args(path, launcher=launcher)) == 0
+    assert not lock_path(out).exists()  # released after the run
+    assert (out / "slurm" / "submit.sh").is_file() if launcher == "slurm" else len(runner.calls) == 5
+
+
 # ------------------------------------------------------------------ report
 
 

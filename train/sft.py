@@ -802,6 +802,7 @@ def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
     write(tmp)
     if main_process:
         (tmp / "training_args.bin").unlink(missing_ok=True)
+        open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
         swap_folder(tmp, final)
     trainer.accelerator.wait_for_everyone()
     return final

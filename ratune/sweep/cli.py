@@ -6,7 +6,8 @@ import argparse
 
 from ratune.args import checked, input_file, output_dir
 from ratune.sweep.cells import expand, parse_only, select_cells
-from ratune.sweep.local import dry_run, run_local
+from ratune.locks import output_lock
+from ratune.sweep.local import dry_run, require_sweep_folder, run_local
 from ratune.sweep.schema import check_files, load_sweep
 from ratune.sweep.slurm import write_slurm
 
@@ -29,14 +30,24 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_sweep(args: argparse.Namespace) -> int:
-    """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit status."""
+    """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit
+    status. A run (local, or writing the Slurm scripts) holds the sweep folder's lock
+    (:func:`ratune.locks.output_lock`), as ``ratune demo`` holds its folder's: two sweeps into one
+    folder would interleave its cells.
+
+    Raises:
+        RatuneError: as :func:`ratune.sweep.local.run_local` and :func:`ratune.sweep.slurm.write_slurm`;
+            :class:`ratune.locks.LockHeld` while another process runs a sweep into the same folder.
+    """
     sweep = load_sweep(args.file, args.out)
     check_files(sweep)
     every = expand(sweep)
     cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's
     if args.dry_run:
         return dry_run(sweep, cells, data_cells=every)
-    if args.launcher == "slurm":
-        write_slurm(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)
-        return 0
-    return run_local(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)
+    require_sweep_folder(sweep.out_dir)  # a folder ratune did not make is refused before the lock file is written
+    with output_lock(sweep.out_dir):  # one sweep per folder: a second one is refused, naming this one's pid
+        if args.launcher == "slurm":
+            write_slurm(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)
+            return 0
+        return run_local(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)

@@ -11,10 +11,10 @@ from typing import Callable
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, write_json, write_text
-from ratune.manifest import is_complete, own_output_folder, require_owned
+from ratune.manifest import SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete, own_output_folder, require_owned
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.schema import SAVED_SWEEP_FILE, SWEEP_STAGE, Sweep
+from ratune.sweep.schema import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
@@ -84,16 +84,12 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     ``cell/error.txt`` and the sweep continues. Returns 0 when every cell finished, else 1.
 
     Raises:
-        RatuneError: the sweep folder is not new, empty or ratune's (:func:`own_sweep_folder`);
-            changed cells without ``rerun_changed``.
+        RatuneError: as :func:`prepare_sweep_folder`.
         KeyboardInterrupt: after printing where it stopped (a rerun continues).
     """
     out = out or sys.stdout
     runner = runner or run_command
-    own_sweep_folder(sweep, claim=False)  # refused before check_changed may delete anything
-    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
-    own_sweep_folder(sweep)
-    save_sweep_file(sweep)
+    prepare_sweep_folder(sweep, cells, rerun_changed=rerun_changed, out=out)
 
     plan = data_plan(sweep, data_cells or cells)
     status: dict[str, str] = {}
@@ -156,18 +152,32 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     return 1 if errors else 0
 
 
-def own_sweep_folder(sweep: Sweep, *, claim: bool = True) -> Path:
-    """Refuse a sweep folder ratune did not make, before anything is written or deleted in it; with
-    ``claim``, also create and mark it (:func:`ratune.manifest.own_output_folder`). A ``demo``
-    output is a sweep folder too (ratune/demo.py runs its sweep file into one). Returns the folder.
+def require_sweep_folder(folder: Path) -> None:
+    """Refuse a sweep folder ratune did not make (:func:`ratune.manifest.require_owned`, action
+    "write into"); a ``demo`` output is a sweep folder too (ratune/demo.py runs its sweep file
+    into one). Writes nothing.
 
     Raises:
-        RatuneError: ``sweep.out_dir`` is a file, or a non-empty folder that is no sweep or demo output.
+        RatuneError: ``folder`` is a file, or a non-empty folder that is no sweep or demo output.
     """
-    if not claim:
-        require_owned(sweep.out_dir, SWEEP_STAGE, action="write into", also=("demo",))
-        return sweep.out_dir
-    return own_output_folder(sweep.out_dir, SWEEP_STAGE, also=("demo",))
+    require_owned(folder, SWEEP_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)
+
+
+def prepare_sweep_folder(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out) -> Path:
+    """What both launchers do before their first command: refuse a folder ratune did not make
+    (:func:`require_sweep_folder`, before :func:`check_changed` may delete anything), refuse or
+    (``rerun_changed``) delete changed cells, create and mark the folder
+    (:func:`ratune.manifest.own_output_folder`) and save the sweep file (:func:`save_sweep_file`).
+    Returns the folder.
+
+    Raises:
+        RatuneError: as :func:`require_sweep_folder`; changed cells without ``rerun_changed``.
+    """
+    require_sweep_folder(sweep.out_dir)
+    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
+    own_output_folder(sweep.out_dir, SWEEP_STAGE, also=SWEEP_FOLDER_STAGES)
+    save_sweep_file(sweep)
+    return sweep.out_dir
 
 
 def save_sweep_file(sweep: Sweep) -> Path:
@@ -177,7 +187,7 @@ def save_sweep_file(sweep: Sweep) -> Path:
     ``compare`` pairs and ``apibench`` folder from it). Returns its path."""
     path = sweep.out_dir / SAVED_SWEEP_FILE
     config = {**sweep.config.model_dump(mode="json"), "base": sweep.base}
-    write_text(path, _yaml({"source": sweep.source, **config}))
+    write_text(path, _yaml({SAVED_SWEEP_SOURCE_KEY: sweep.source, **config}))
     return path
 
 

@@ -17,12 +17,12 @@ from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicat
                                 metric_block, own_report_folder, read_metrics, table2_markdown, write_table2)
 from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
-from ratune.manifest import is_complete, output_stage
+from ratune.manifest import SWEEP_FOLDER_STAGES, is_complete, output_stage
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep.cells import _hub_name, _slug_value
 from ratune.sweep.commands import _fmt
 from ratune.sweep.pairs import ComparePair, compare_pairs, comparisons_csv_rows, comparisons_markdown, parse_selector
-from ratune.sweep.schema import SWEEP_STAGE, load_saved_sweep
+from ratune.sweep.schema import load_saved_sweep
 from ratune.sweep.state import _read_cell_record
 
 
@@ -114,7 +114,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
     # a folder ratune did not make is refused before anything is written; the default report/ of a
     # ratune sweep (or demo) folder is ratune's whatever an earlier, interrupted report left in it
-    own_report_folder(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in (SWEEP_STAGE, "demo"))
+    own_report_folder(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
 
 
     def group_of(record: dict, drop_seed: bool) -> str:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from ratune.config import SCHEMA_CONFIG, Count, Port, TestSettingName, load_yaml, validate
 from ratune.errors import RatuneError
+from ratune.manifest import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.data.validate import LEAKAGE_POLICIES
@@ -125,9 +126,6 @@ def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
     return sweep_from_data(load_yaml(path), path, out_dir)
 
 
-SAVED_SWEEP_FILE = "sweep.yaml"  # a run's copy of its validated sweep file, in its out_dir
-#: The stage name in a sweep folder's owner marker (:func:`ratune.manifest.claim_folder`).
-SWEEP_STAGE = "sweep"
 
 
 def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
@@ -146,7 +144,7 @@ def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
     if not path.is_file():
         return None
     data = load_yaml(path)
-    data.pop("source", None)
+    data.pop(SAVED_SWEEP_SOURCE_KEY, None)
     return sweep_from_data(data, path, sweep_dir)
 
 

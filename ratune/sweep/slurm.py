@@ -9,9 +9,9 @@ from pathlib import Path
 from ratune.io import write_json
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.local import _yaml, own_sweep_folder, save_sweep_file
+from ratune.sweep.local import _yaml, prepare_sweep_folder
 from ratune.sweep.schema import SlurmSettings, Sweep
-from ratune.sweep.state import cell_record, check_changed, is_finished
+from ratune.sweep.state import cell_record, is_finished
 
 
 def _sbatch_header(job: str, log: Path, *, nodes: int, gpus: int, time: str, s: SlurmSettings) -> list[str]:
@@ -35,12 +35,9 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     shared data build as there. Returns the submit.sh path.
     """
     out = out or sys.stdout
-    own_sweep_folder(sweep, claim=False)  # a folder ratune did not make is refused before anything is written
-    check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
-    own_sweep_folder(sweep)
+    prepare_sweep_folder(sweep, cells, rerun_changed=rerun_changed, out=out)
     s = sweep.config.slurm
     plan = data_plan(sweep, data_cells or cells)
-    save_sweep_file(sweep)
     slurm_dir = sweep.out_dir / "slurm"
     slurm_dir.mkdir(parents=True, exist_ok=True)
     submit = ["#!/bin/bash", f"# ratune sweep {sweep.source}: {len(cells)} cells", "set -euo pipefail"]
