@@ -15,6 +15,7 @@ Usage::
 
     python bench/behaviour_hashes.py --out /tmp/before.json          # record
     python bench/behaviour_hashes.py --check /tmp/before.json        # compare, exit 1 on a change
+    python bench/behaviour_hashes.py --out r.json --model DIR        # another model folder (tests: a tiny one)
 
 Model outputs depend on the CPU's float kernels, so compare two records made on one machine.
 Takes about 5 minutes on 2 cores.
@@ -67,12 +68,13 @@ def _row_files(folder: Path) -> dict[str, str]:
     return out
 
 
-def record(apibench: str, n_questions: int, work: Path) -> dict[str, str]:
-    """Run every probe in ``work`` and return {probe name: sha256}."""
+def record(apibench: str, n_questions: int, work: Path, model: str | None = None) -> dict[str, str]:
+    """Run every probe in ``work`` and return {probe name: sha256}; ``model`` is a model folder
+    (default: the demo model, converted once, ratune/models.py ensure_demo_model)."""
     from ratune.models import ensure_demo_model
 
     hashes: dict[str, str] = {}
-    model = str(ensure_demo_model())
+    model = model or str(ensure_demo_model())
     data = work / "data"
     _run(["data", "build", "--apibench", apibench, "--hub", "torchhub", "--out", str(data),
           "--tokenizer", model, "--modes", *MODES])
@@ -96,29 +98,41 @@ def record(apibench: str, n_questions: int, work: Path) -> dict[str, str]:
     return hashes
 
 
+def renamed(record_: dict[str, str]) -> dict[str, str]:
+    """A record with its keys in today's names: one made before a rename (ratune/registry.py
+    RENAMED) names the mode's old folder."""
+    from ratune.registry import RENAMED
+
+    return {"/".join(RENAMED.get(part, part) for part in k.split("/")): v for k, v in record_.items()}
+
+
+def compare(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The probes whose hashes differ (or that only one record has), sorted; ``before`` is read
+    with today's names (:func:`renamed`)."""
+    before = renamed(before)
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--apibench", default=os.environ.get("RATUNE_APIBENCH", str(ROOT.parent / "shared" / "apibench")))
     p.add_argument("--n-questions", type=int, default=6)
+    p.add_argument("--model", default=None, help="model folder for the data build and eval probes (default: the demo model)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", help="write the record (JSON) here")
     g.add_argument("--check", help="compare with this record; exit 1 and list the probes that differ")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ratune-behaviour-") as tmp:
-        hashes = record(args.apibench, args.n_questions, Path(tmp))
+        hashes = record(args.apibench, args.n_questions, Path(tmp), args.model)
     if args.out:
         Path(args.out).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
         print(f"{len(hashes)} probes recorded in {args.out}")
         return 0
-    from ratune.registry import RENAMED
-
-    # a record made before a rename names the mode's old folder: compare it with the new one
-    before = {"/".join(RENAMED.get(part, part) for part in k.split("/")): v
-              for k, v in json.loads(Path(args.check).read_text()).items()}
-    changed = sorted(k for k in before.keys() | hashes.keys() if before.get(k) != hashes.get(k))
+    before = renamed(json.loads(Path(args.check).read_text()))
+    changed = compare(before, hashes)
     for k in changed:
         print(f"CHANGED {k}: {before.get(k, 'missing')} -> {hashes.get(k, 'missing')}")
-    print(f"{len(hashes) - len(changed)} of {len(before.keys() | hashes.keys())} probes identical")
+    print(f"{len(set(hashes) - set(changed))} of {len(set(hashes) | set(changed))} probes identical")
     return 1 if changed else 0
 
 

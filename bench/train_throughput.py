@@ -51,6 +51,7 @@ LoRA-dropout-0 candidate. Run it on an idle machine (two CPU-heavy jobs on 2 cor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -92,12 +93,18 @@ LOSS_TOLERANCE = 1e-5
 DEMO_SWEEP = ROOT / "configs" / "demo.yaml"
 
 
+@functools.lru_cache(maxsize=1)
+def _demo_sweep():
+    """configs/demo.yaml, read and validated once per run (every candidate starts from it)."""
+    from ratune.sweep.schema import load_sweep
+
+    return load_sweep(DEMO_SWEEP)
+
+
 def demo_train_settings() -> dict:
     """The demo's training config (configs/demo.yaml ``base``, TrainConfig keys), the baseline every
     candidate starts from."""
-    from ratune.sweep.schema import load_sweep
-
-    return dict(load_sweep(DEMO_SWEEP).base)
+    return dict(_demo_sweep().base)
 
 
 def demo_build_settings():
@@ -105,9 +112,8 @@ def demo_build_settings():
     config's when the section gives none, as the sweep's data command does)."""
     from ratune.data.build import BUILD_OPTIONS, BuildSettings
     from ratune.options import config_values
-    from ratune.sweep.schema import load_sweep
 
-    sweep = load_sweep(DEMO_SWEEP)
+    sweep = _demo_sweep()
     values = config_values(sweep.config.data, BUILD_OPTIONS)
     if values.get("max_length") is None:
         values["max_length"] = sweep.base["max_length"]

@@ -405,3 +405,44 @@ def test_score_released_counts_the_released_torchhub_table(apibench, capsys):
                         ("FT", "oracle"): (110, 144), ("RT", "0_shot"): (0, 0), ("RT", "bm25"): (93, 14),
                         ("RT", "gpt_index"): (143, 17), ("RT", "oracle"): (173, 182)}
     assert all(f["n"] == 186 for f in out["files"] if f["hub"] == "torchhub")
+
+
+def test_behaviour_hashes_compare_by_hand():
+    """A probe that changed, one only the new record has and one only the old has are named; a
+    record from before a rename (bm25_paper -> bm25_replica, ratune/registry.py RENAMED) compares
+    under today's name."""
+    bh = _load("behaviour_hashes")
+    before = {"data/bm25_paper/train": "aa", "eval/0_shot": "bb", "scores/gone.jsonl": "cc"}
+    after = {"data/bm25_replica/train": "aa", "eval/0_shot": "b2", "sweep_dry_run/new.yaml": "dd"}
+    assert bh.compare(before, after) == ["eval/0_shot", "scores/gone.jsonl", "sweep_dry_run/new.yaml"]
+    assert bh.compare(before, bh.renamed(before)) == []
+
+
+@pytest.mark.slow
+def test_behaviour_hashes_record_then_check(apibench_tiny, tiny_model_dir, tmp_path, capsys):
+    """bench/behaviour_hashes.py end to end with a tiny model: every probe is recorded (5 data
+    modes x 2 splits, the 8 released TorchHub response files, 4 eval settings, one dry run per
+    sweep file), a second run on this machine is identical, and a record with one hash changed
+    exits 1 naming that probe."""
+    import json
+
+    bh = _load("behaviour_hashes")
+    record = tmp_path / "before.json"
+    common = ["--apibench", str(apibench_tiny), "--model", str(tiny_model_dir), "--n-questions", "2"]
+    assert bh.main([*common, "--out", str(record)]) == 0
+    hashes = json.loads(record.read_text())
+    sweeps = sorted(p.name for p in (bh.ROOT / "configs" / "sweeps").glob("*.yaml"))
+    responses = sorted(p.name for p in (apibench_tiny / "responses").glob("response_torchhub_*.jsonl"))
+    assert len(responses) == 8
+    assert set(hashes) == ({f"data/{m}/{s}" for m in bh.MODES for s in ("train", "eval")}
+                           | {f"scores/{f}" for f in responses} | {f"eval/{s}" for s in bh.EVAL_SETTINGS}
+                           | {f"sweep_dry_run/{f}" for f in sweeps})
+    assert all(len(v) == 64 and int(v, 16) >= 0 for v in hashes.values())
+    capsys.readouterr()
+    assert bh.main([*common, "--check", str(record)]) == 0
+    assert f"{len(hashes)} of {len(hashes)} probes identical" in capsys.readouterr().out
+    hashes["eval/oracle"] = "0" * 64
+    record.write_text(json.dumps(hashes))
+    assert bh.main([*common, "--check", str(record)]) == 1
+    out = capsys.readouterr().out
+    assert f"CHANGED eval/oracle: {'0' * 64} -> " in out and f"{len(hashes) - 1} of {len(hashes)} probes identical" in out
