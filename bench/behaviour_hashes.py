@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
         print(f"{len(hashes)} probes recorded in {args.out}")
         return 0
-    before = renamed(json.loads(Path(args.check).read_text()))
+    before = json.loads(Path(args.check).read_text())
     changed = compare(before, hashes)
+    before = renamed(before)  # printed in today's names, as compared
     for k in changed:
         print(f"CHANGED {k}: {before.get(k, 'missing')} -> {hashes.get(k, 'missing')}")
     print(f"{len(set(hashes) - set(changed))} of {len(set(hashes) | set(changed))} probes identical")

@@ -184,7 +184,9 @@ def load_train_examples(apibench_dir) -> list:
     from ratune.data.apibench import api_database_path, examples_path, load_api_database, load_examples
     from ratune.data.validate import validate_splits
 
-    splits = {s: load_examples(apibench_dir, "torchhub", s) for s in ("train", "eval")}
+    from ratune.registry import SPLITS
+
+    splits = {s: load_examples(apibench_dir, "torchhub", s) for s in SPLITS}
     splits, _ = validate_splits(splits, load_api_database(api_database_path(apibench_dir, "torchhub")),
                                 train_path=examples_path(apibench_dir, "torchhub", "train"),
                                 eval_path=examples_path(apibench_dir, "torchhub", "eval"))

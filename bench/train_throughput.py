@@ -51,6 +51,7 @@ LoRA-dropout-0 candidate. Run it on an idle machine (two CPU-heavy jobs on 2 cor
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
@@ -104,7 +105,7 @@ def _demo_sweep():
 def demo_train_settings() -> dict:
     """The demo's training config (configs/demo.yaml ``base``, TrainConfig keys), the baseline every
     candidate starts from."""
-    return dict(_demo_sweep().base)
+    return copy.deepcopy(_demo_sweep().base)  # each candidate's own copy of the cached config
 
 
 def demo_build_settings():

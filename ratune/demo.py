@@ -77,7 +77,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
         raise RatuneError(f"{out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
                           "table2.*); move it away or pass --out NEW_DIR")
     require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)  # a demo folder is a sweep folder
-    with output_lock(out, command="demo"):
+    with output_lock(out, command=DEMO_STAGE):
         require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)
         if not (out / OWNER_MARKER).exists():
             claim_folder(out, DEMO_STAGE)

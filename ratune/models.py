@@ -216,13 +216,13 @@ HUB_UNREACHABLE_HINT = ("on a machine without the hub, use a local model folder;
 def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
     """A one-line RatuneError for a ``from_pretrained`` that failed on a user's model reference
     (with :data:`HUB_UNREACHABLE_HINT` when the hub could not be reached)."""
-    from huggingface_hub import is_offline_mode
+    from huggingface_hub import constants
 
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     if Path(model_path).exists():
         return RatuneError(f"{model_path}: cannot load the {what} ({type(exc).__name__}: {first})")
     hint = ""
-    if "couldn't connect" in str(exc).lower() and not is_offline_mode():
+    if "couldn't connect" in str(exc).lower() and not constants.HF_HUB_OFFLINE:
         hint = f"; {HUB_UNREACHABLE_HINT}"
     return RatuneError(f"{model_path}: not a local folder, and loading it as a hub id failed ({first}){hint}")
 

@@ -643,7 +643,7 @@ def test_an_unreachable_hub_says_how_to_fail_at_once(monkeypatch, offline):
                       "offline mode.")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
-    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: offline)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
     with pytest.raises(RatuneError) as err:
         load_tokenizer("nobody/no-such-model")
     assert str(err.value).startswith("nobody/no-such-model: not a local folder, and loading it as a hub id failed "

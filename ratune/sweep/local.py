@@ -11,10 +11,11 @@ from typing import Callable
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, write_json, write_text
-from ratune.manifest import SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete, own_output_folder, require_owned
+from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
+                             own_output_folder, require_owned)
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.schema import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, Sweep
+from ratune.sweep.schema import Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
