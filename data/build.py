@@ -42,7 +42,7 @@ from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, write_json
 from ratune.locks import replacing_folder
-from ratune.manifest import base_manifest, mark_complete, require_owned
+from ratune.manifest import DATA_BUILD_STAGE, base_manifest, mark_complete, require_owned
 from ratune.models import load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
@@ -265,11 +265,11 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
     if needs_model:
         require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
     final = Path(out_dir)
-    require_owned(final, "data build", action="overwrite")  # a user's folder: refused, --overwrite or not
+    require_owned(final, DATA_BUILD_STAGE, action="overwrite")  # a user's folder: refused, --overwrite or not
     if final.is_dir() and any(final.iterdir()) and not overwrite:
         raise RatuneError(f"{final}: output folder exists and is not empty (pass --overwrite to rebuild it)")
     # built in a temporary sibling, swapped in at the end: a failed rebuild keeps the previous build
-    with replacing_folder(final, "data build") as out:
+    with replacing_folder(final, DATA_BUILD_STAGE) as out:
         return _build_into(out, source=source, tokenizer=tokenizer,
                            tokenizer_name=tokenizer_name, modes=modes, settings=settings, lenient=lenient,
                            progress=progress, leakage=leakage, mixtures=mixtures, utility_keep=utility_keep,
@@ -361,7 +361,7 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
             for path, line, fieldname, reason in report.rejects:
                 fh.write(json.dumps({"file": path, "line": line, "field": fieldname, "reason": reason}) + "\n")
     inputs = source.input_files(list(splits))
-    manifest = base_manifest("data build")
+    manifest = base_manifest(DATA_BUILD_STAGE)
     manifest.update({
         "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
         "rows_read": read_counts, "validation": validation.to_manifest(),

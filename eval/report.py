@@ -39,11 +39,9 @@ from typing import Sequence
 from ratune.errors import InputError
 from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import own_output_folder, package_versions
+from ratune.manifest import REPORT_STAGE, own_output_folder, package_versions
 from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
-#: The stage name in a report folder's owner marker (:func:`ratune.manifest.claim_folder`).
-REPORT_STAGE = "report"
 
 
 def own_report_folder(out_dir: str | Path, *, inside_ratune_folder: bool = False) -> Path:

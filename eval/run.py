@@ -64,8 +64,8 @@ from ratune.eval.stats import count_rates, rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
 from ratune.locks import locked_output
-from ratune.manifest import (OWNER_MARKER, base_manifest, claim_folder, host_facts, is_complete, mark_complete,
-                             package_versions)
+from ratune.manifest import (EVAL_RUN_STAGE, OWNER_MARKER, base_manifest, claim_folder, host_facts, is_complete,
+                             mark_complete, package_versions)
 from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
 from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever, unknown_name)
@@ -226,7 +226,7 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
     return [e for e, _ in made], cached(setting_retriever(setting)), {"constraints": {e.line: c for e, c in made}}
 
 
-@locked_output("out_dir", command="eval run", owned_by="eval run")
+@locked_output("out_dir", command=EVAL_RUN_STAGE, owned_by=EVAL_RUN_STAGE)
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
     """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
@@ -301,7 +301,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
     if not (out / OWNER_MARKER).exists():  # new, empty, or made before the marker (checked by the caller)
-        claim_folder(out, "eval run")
+        claim_folder(out, EVAL_RUN_STAGE)
     model = None
     results = {}
     for setting in settings.settings:
@@ -483,5 +483,5 @@ def _write_eval_manifest(out: Path, *, checkpoint: Path, hub: str, inputs: dict,
     path = out / "manifest.json"
     cells = read_json_object(path).get("cells", {}) if path.exists() else {}
     cells.update({s: sha256_file(out / s / "metrics.json") for s in results})
-    write_json(path, {**base_manifest("eval run"), "checkpoint": str(checkpoint.resolve()), "hub": hub,
+    write_json(path, {**base_manifest(EVAL_RUN_STAGE), "checkpoint": str(checkpoint.resolve()), "hub": hub,
                       "inputs": inputs, "generation": generation, "cells": dict(sorted(cells.items()))})

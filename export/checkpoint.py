@@ -37,7 +37,7 @@ from ratune.errors import RatuneError
 from ratune.eval.report import _axes, _complete, headline_metric, make_cell, metric_block
 from ratune.io import open_file_modes, read_json, sha256_file, stale_temp_folders, temp_folder, write_json
 from ratune.locks import locked_output
-from ratune.manifest import is_complete, package_versions
+from ratune.manifest import EXPORT_STAGE, is_complete, package_versions
 from ratune.models import load_model, load_tokenizer
 from ratune.train.layout import model_folder
 
@@ -402,7 +402,7 @@ def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private, **_) -
     _check_out(Path(checkpoint), Path(out_dir).resolve())
 
 
-@locked_output("out_dir", command="export", resolve=True, check=_check_export_arguments)
+@locked_output("out_dir", command=EXPORT_STAGE, resolve=True, check=_check_export_arguments)
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False,
                       push_to_hub: str | None = None, private: bool = False,
                       eval_dirs: Sequence[str | os.PathLike] | None = None,
@@ -534,7 +534,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         gen.save_pretrained(str(tmp))
         card.save(str(tmp / "README.md"))
         write_json(tmp / EXPORT_MANIFEST, {
-            "command": "export", "source": {"checkpoint_name": checkpoint.name, "run": manifest is not None,
+            "command": EXPORT_STAGE, "source": {"checkpoint_name": checkpoint.name, "run": manifest is not None,
                                             "merged_lora_at_export": merged_from_adapter},
             "base_model": base_id, "recipe": recipe, "data_inputs": hashes, "data_note": hash_note,
             "data_manifest_sha256": (manifest or {}).get("data_manifest_sha256"),

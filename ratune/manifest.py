@@ -27,11 +27,22 @@ COMPLETE_MARKER = ".complete"
 #: retrieval train, retrieval index, retrieval eval, sweep, report, demo), holding
 #: ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
 OWNER_MARKER = ".ratune-output"
-#: The stage names in the owner marker (:func:`claim_folder`) of a sweep folder and of a demo
-#: folder; a demo runs its sweep file into its folder, so each writes into the other's
-#: (:data:`SWEEP_FOLDER_STAGES`).
+#: Stage names, typed once: what an OWNER_MARKER holds (:func:`claim_folder`), the ``command`` of
+#: a data build's, training's, eval's and export's manifest, and the command a lock file records.
+#: Stages whose names only their own package reads keep them there (catalog/schema.py
+#: IMPORT_STAGE, catalog/pairs.py PAIRS_STAGE and INSTRUCT_STAGE, data/utility.py UTILITY_STAGE,
+#: retrieval/cli.py EVAL_STAGE, eval/curve.py STAGE).
+DATA_BUILD_STAGE = "data build"
+TRAIN_STAGE = "train"
+EVAL_RUN_STAGE = "eval run"
+EXPORT_STAGE = "export"
+RETRIEVER_TRAIN_STAGE = "retrieval train"
+BM25_INDEX_STAGE = "retrieval index"
+REPORT_STAGE = "report"
 SWEEP_STAGE = "sweep"
 DEMO_STAGE = "demo"
+#: The outputs a sweep runs in: a demo runs its sweep file into its folder, so each writes into
+#: the other's.
 SWEEP_FOLDER_STAGES = (SWEEP_STAGE, DEMO_STAGE)
 #: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
 #: ``manifest.json`` whose ``command`` names the stage, eval cells' ``identity.json`` and a sweep's
@@ -39,8 +50,8 @@ SWEEP_FOLDER_STAGES = (SWEEP_STAGE, DEMO_STAGE)
 #: report, ``retrieval eval --out`` and ``data utility`` folders made before the marker are not
 #: recognised (their file names are too plain to tell a user's file from ratune's): they are
 #: refused, and a new folder is the way on.
-LEGACY_OWNER_FILES = {"retrieval train": ("ratune_retriever.json",), "retrieval index": ("ratune_bm25_index.json",),
-                      "export": ("ratune_export.json",), DEMO_STAGE: ("table2.json",), "report": ("sweep.json",)}
+LEGACY_OWNER_FILES = {RETRIEVER_TRAIN_STAGE: ("ratune_retriever.json",), BM25_INDEX_STAGE: ("ratune_bm25_index.json",),
+                      EXPORT_STAGE: ("ratune_export.json",), DEMO_STAGE: ("table2.json",), REPORT_STAGE: ("sweep.json",)}
 #: A sweep run's copy of its validated sweep file, in its out_dir (ratune/sweep/local.py
 #: save_sweep_file writes it, ratune/sweep/schema.py load_saved_sweep reads it back), and the
 #: top-level key naming the file the run started from: the record a sweep folder from before
@@ -212,7 +223,7 @@ def output_stage(folder: str | Path) -> str | None:
     if any(line.startswith(f"{SAVED_SWEEP_SOURCE_KEY}: ") for line in saved.splitlines()):
         return SWEEP_STAGE
     if any(p.is_file() for p in folder.glob("*/identity.json")):
-        return "eval run"
+        return EVAL_RUN_STAGE
     return None
 
 

@@ -18,7 +18,7 @@ from ratune.data.prompt import serialize_document
 from ratune.errors import RatuneError
 from ratune.io import read_json, write_json
 from ratune.locks import replacing_folder
-from ratune.manifest import package_versions
+from ratune.manifest import BM25_INDEX_STAGE, package_versions
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, unknown_name
 from ratune.retrieval.base import Query, Retriever, dedup_corpus
 
@@ -277,7 +277,7 @@ class BM25Retriever(Retriever):
                               "use --bm25-backend bm25s")
         out = Path(out_dir)
         state = self._index.state()
-        with replacing_folder(out, "retrieval index") as tmp:  # locked; built beside out, swapped in
+        with replacing_folder(out, BM25_INDEX_STAGE) as tmp:  # locked; built beside out, swapped in
             np.savez(tmp / "arrays.npz", data=state["data"], indices=state["indices"], indptr=state["indptr"])
             write_json(tmp / BM25_INDEX_METADATA, {
                 "format": BM25_INDEX_FORMAT, **self.metadata(), "variant": self.name,

@@ -48,7 +48,7 @@ from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leaka
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.locks import replacing_folder
-from ratune.manifest import git_commit, package_versions, require_owned
+from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions, require_owned
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
@@ -173,7 +173,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
-    require_owned(out_dir, "retrieval train")  # a folder ratune did not make is never replaced
+    require_owned(out_dir, RETRIEVER_TRAIN_STAGE)  # a folder ratune did not make is never replaced
     leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
 
     # heavy imports only once the inputs are known to be usable (refusals stay fast)
@@ -194,7 +194,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         model.max_seq_length = settings.max_seq_length
     loss = MultipleNegativesRankingLoss(model, scale=settings.scale)
 
-    with replacing_folder(out_dir, "retrieval train") as tmp:  # locked; swapped in when complete
+    with replacing_folder(out_dir, RETRIEVER_TRAIN_STAGE) as tmp:  # locked; swapped in when complete
         args = SentenceTransformerTrainingArguments(
             output_dir=str(tmp / "trainer"), num_train_epochs=settings.epochs,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,

@@ -73,7 +73,7 @@ from ratune.errors import RatuneError
 from ratune.io import (open_file_modes, read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder,
                        write_json, write_text)
 from ratune.locks import locked_output
-from ratune.manifest import base_manifest, host_facts, is_complete, mark_complete, require_owned
+from ratune.manifest import TRAIN_STAGE, base_manifest, host_facts, is_complete, mark_complete, require_owned
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
@@ -511,14 +511,14 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
     out = Path(config.output_dir)
     # only the main process checks: the others would see the folder it has just started writing
     if resume_from is None and _is_main_process() and out.exists() and any(out.iterdir()):
-        require_owned(out, "train", action="write into")  # a folder ratune did not make: say so, not "resume"
+        require_owned(out, TRAIN_STAGE, action="write into")  # a folder ratune did not make: say so, not "resume"
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     out.mkdir(parents=True, exist_ok=True)
     if resume_from is None and _is_main_process():
         from ratune.manifest import claim_folder
 
-        claim_folder(out, "train")  # from here on a ratune train output (ratune.manifest.output_stage)
+        claim_folder(out, TRAIN_STAGE)  # from here on a ratune train output (ratune.manifest.output_stage)
     return out
 
 
@@ -535,7 +535,7 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     return resume_from
 
 
-@locked_output("config.output_dir", command="train", enabled=_is_main_process)
+@locked_output("config.output_dir", command=TRAIN_STAGE, enabled=_is_main_process)
 def train(config: TrainConfig, *, resume_from: str | None = None, config_path: str | None = None) -> Path:
     """Train one model and save its run folder (see the module docstring), holding the run folder's
     lock (:func:`ratune.locks.locked_output`, on rank 0 only) throughout.
@@ -665,7 +665,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
     facts = distributed_facts(trainer)
     check_distributed(facts, expected_processes=nproc, deepspeed=ds_settings)
 
-    manifest = base_manifest("train")
+    manifest = base_manifest(TRAIN_STAGE)
     manifest.update({
         "config_path": config_path, "config": config.model_dump(), "model_path": str(model_path),
         "num_processes": nproc, "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,

@@ -11,7 +11,8 @@ from typing import Callable
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, write_json, write_text
-from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
+from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, TRAIN_STAGE,
+                             is_complete,
                              own_output_folder, require_owned)
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
@@ -54,7 +55,7 @@ def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
         return False
     if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
         return True
-    require_owned(run_dir, "train", action="delete")  # only an unfinished ratune training run is restarted
+    require_owned(run_dir, TRAIN_STAGE, action="delete")  # only an unfinished ratune training run is restarted
     shutil.rmtree(run_dir)
     return False
 
