@@ -107,7 +107,8 @@ def _handler(target: str) -> Callable[[argparse.Namespace], int]:
 def _train(args) -> int:
     from ratune.train.sft import main
 
-    argv = ["--config", args.config] + (["--resume-from", args.resume_from] if args.resume_from else [])
+    argv = ["--config", args.config] + (["--resume-from", args.resume_from] if args.resume_from else []) \
+        + (["--on-unfinished", args.on_unfinished] if args.on_unfinished else [])
     return main(argv)
 
 
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ratune.data.validate import LEAKAGE_POLICIES
     from ratune.eval.scoring import add_score_arguments
     from ratune.args import (APIBENCH_DEFAULT, RatuneArgumentParser, add_apibench_argument, bounded, checked, input_dir,
-                             input_file, key_equals_dir, latest_or_dir, model_ref, output_dir, registered, setting)
+                             input_file, key_equals_dir, model_ref, output_dir, registered, setting)
     from ratune.config import Count, FiniteFloat
     from ratune.data.build import BUILD_OPTIONS, BuildSettings
     from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  TRAIN_MODES)
     from ratune.sweep.pairs import parse_selector
     from ratune.models import DEMO_MODEL_ALIAS
+    from ratune.train.sft import add_resume_arguments
 
     mode = registered("train-time retrieval mode", TRAIN_MODES)
     backend = registered("BM25 backend", BM25_BACKENDS)
@@ -238,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = stages.add_parser("train", help="finetune from a YAML config")
     t.add_argument("--config", required=True, type=input_file)
-    t.add_argument("--resume-from", default=None, type=latest_or_dir, help="'latest' or a checkpoint folder")
+    add_resume_arguments(t)
     t.set_defaults(func=_train)
 
     ev = stages.add_parser("eval", help="generate and score").add_subparsers(dest="action", required=True)

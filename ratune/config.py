@@ -32,7 +32,7 @@ import difflib
 import functools
 import typing
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -58,6 +58,11 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 #: A TCP port.
 Port = Annotated[int, Field(ge=1, le=65535)]
+#: What a training run does with an unfinished earlier run in its output folder: ``resume`` from
+#: its latest checkpoint (start over when it saved none), or ``restart`` (train/sft.py
+#: ``prepare_unfinished``; a sweep's ``on_unfinished``, ``ratune train --on-unfinished``).
+OnUnfinished = Literal["resume", "restart"]
+ON_UNFINISHED = get_args(OnUnfinished)
 
 
 

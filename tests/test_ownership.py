@@ -382,14 +382,18 @@ def test_demo_never_deletes_an_unfinished_arm_it_did_not_make(tmp_path, tiny_mod
     config.write_text(json.dumps({"out_dir": str(out), "axes": {"train_retriever": ["none"]},
                                   "base": {"model": str(tiny_model_dir), "hub": "torchhub", "max_length": 512,
                                            "torch_threads": 1},
-                                  "data": {"max_document_tokens": 64}}))
+                                  "data": {"max_document_tokens": 64},
+                                  "accelerate_config": "configs/accelerate/cpu_1proc.yaml"}))
     arm = expand(load_sweep(config))[0].dir / "train"  # the cell's training run folder
     arm.mkdir(parents=True)
     claim_folder(out, "demo")  # a demo folder ratune made; the arm folder in it is the user's
     (arm / "keep.txt").write_text("a user's file\n")
     assert main(["demo", "--config", str(config)]) == 1  # the cell fails, as in `ratune sweep`
     printed = capsys.readouterr().out
-    assert f"[fail] {arm.parent.name}: {arm}: not a ratune train output" in printed
+    assert f"[fail] {arm.parent.name}: `accelerate launch " in printed  # the training refused it, under its lock
+    error = (arm.parent / "error.txt").read_text()
+    assert f"ratune: error: {arm}: not a ratune train output (it has no .ratune-output marker); ratune does not " \
+           "resume or restart folders it did not make" in error
     assert (arm / "keep.txt").read_text() == "a user's file\n"
     assert (out / "data" / "torchhub" / ".complete").exists()  # the data step ran before the refusal
 

@@ -141,7 +141,8 @@ def test_slurm_scripts(tmp_path, capsys):
                      f"-m ratune.train --config {c.dir / 'train.yaml'}"):
             assert part in launch
         assert launch.startswith("srun --ntasks-per-node=1 bash -c '")  # node rank expands on each node
-        assert launch.rstrip().endswith("$RESUME'") and "RESUME='--resume-from latest'" in train
+        # an unfinished run is resumed or restarted by ratune.train under its lock: the script deletes nothing
+        assert launch.rstrip().endswith(" --on-unfinished resume'") and "rm " not in train and "RESUME" not in train
         assert yaml.safe_load((c.dir / "train.yaml").read_text()) == c.config
         ev = (c.dir / "slurm" / "eval.sbatch").read_text()
         assert "#SBATCH --nodes=1" in ev and "#SBATCH --gpus-per-node=1" in ev and "ratune eval run" in ev
@@ -255,13 +256,16 @@ def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         sw.cli_sweep(args(path))
     assert f"interrupted during {cells['oracle'].name}" in capsys.readouterr().out
-    # a partly trained cell with a checkpoint resumes from it
+    # the unfinished cell's training is run again with the sweep's on_unfinished (ratune.train resumes
+    # from its checkpoint: tests/test_train_correctness.py); the finished cell is not
     (cells["oracle"].dir / "train" / "trainer" / "checkpoint-1").mkdir(parents=True)
     runner = FakeRunner()
     monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path)) == 0
     train_cmds = [c for c in runner.calls if c[0] == "accelerate"]
-    assert len(train_cmds) == 1 and train_cmds[0][-2:] == ["--resume-from", "latest"]
+    assert len(train_cmds) == 1 and train_cmds[0][-2:] == ["--on-unfinished", "resume"]
+    assert train_cmds[0][train_cmds[0].index("--config") + 1] == str(cells["oracle"].dir / "train.yaml")
+    assert (cells["oracle"].dir / "train" / "trainer" / "checkpoint-1").is_dir()  # the launcher deleted nothing
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])

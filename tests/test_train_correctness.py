@@ -195,7 +195,8 @@ tc.CallbackHandler.on_save = on_save
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, tiny_model_dir):
     """Kill `python -m ratune.train` with SIGKILL right after checkpoint-2, resume with
-    --resume-from latest: same learning rate and loss at every step, bit-identical final weights."""
+    --on-unfinished resume (its latest checkpoint): same learning rate and loss at every step,
+    bit-identical final weights."""
     import torch
     import yaml
 
@@ -237,7 +238,10 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, tiny_model_dir
 
     with pytest.raises(RatuneError, match="output folder exists"):  # never reused silently
         train(cfg)
-    train(cfg, resume_from="latest")
+    # what a sweep passes (the same as --resume-from latest here: the run saved checkpoint-2)
+    train(cfg, on_unfinished="resume")
+    with pytest.raises(RatuneError, match="a finished training run"):  # a finished run is never restarted
+        train(cfg, on_unfinished="restart")
 
     def steps(run):
         log = json.loads((run / "log_history.json").read_text())

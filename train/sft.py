@@ -64,7 +64,7 @@ from pathlib import Path
 import yaml
 
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
-from ratune.config import key_line, load_config
+from ratune.config import ON_UNFINISHED, key_line, load_config
 from ratune.data.apibench import HUBS
 from ratune.data.hubs import resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
@@ -522,6 +522,39 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
     return out
 
 
+def prepare_unfinished(out: Path, policy: str) -> str | None:
+    """Apply ``--on-unfinished`` (ratune/config.py OnUnfinished) to the output folder ``out``;
+    returns the ``--resume-from`` value the run then takes: ``latest`` to resume, None to start
+    fresh. Called under the output folder's lock (:func:`train`), so a running training of the
+    same folder is never deleted under it.
+
+    - no folder, or an empty one: a fresh run (None);
+    - a folder ratune did not make, or a finished run (``.complete``): refused;
+    - ``resume`` and the run saved a Trainer checkpoint: ``latest``;
+    - otherwise (``restart``, or ``resume`` with no checkpoint to resume): the unfinished run is
+      deleted (by the main process, and only when it is a ratune train output) and None returned.
+    Only the main process checks and deletes; the others answer from the checkpoints alone, which
+    gives the same answer: the main process deletes only a run without the checkpoints they look
+    for, or under ``restart``, whose answer is None whatever they see.
+
+    Raises:
+        RatuneError: a finished run; a folder ratune did not make (:func:`ratune.manifest.require_owned`).
+    """
+    resumable = policy == "resume" and any((out / "trainer").glob("checkpoint-*"))
+    if not _is_main_process():  # the main process checks and deletes (a folder it deletes has no checkpoint
+        return "latest" if resumable else None  # the others look for, or the answer is None anyway)
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    require_owned(out, TRAIN_STAGE, action="resume or restart")  # never a folder ratune did not make
+    if is_complete(out):
+        raise RatuneError(f"{out}: a finished training run (.complete); --on-unfinished {policy} acts on unfinished "
+                          "runs only: choose another output_dir")
+    if resumable:
+        return "latest"
+    shutil.rmtree(out)  # an unfinished ratune training run (checked above), under its lock
+    return None
+
+
 def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     if resume_from is None:
         return None
@@ -536,7 +569,8 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
 
 
 @locked_output("config.output_dir", command=TRAIN_STAGE, enabled=_is_main_process)
-def train(config: TrainConfig, *, resume_from: str | None = None, config_path: str | None = None) -> Path:
+def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished: str | None = None,
+          config_path: str | None = None) -> Path:
     """Train one model and save its run folder (see the module docstring), holding the run folder's
     lock (:func:`ratune.locks.locked_output`, on rank 0 only) throughout.
 
@@ -544,6 +578,9 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
         config: the validated config.
         resume_from: None (fresh run; the output folder must be new or empty), ``latest`` or a
             checkpoint folder.
+        on_unfinished: instead of ``resume_from``: ``resume`` or ``restart`` an unfinished run in
+            the output folder (:func:`prepare_unfinished`; what a sweep passes, so the choice is
+            made under this lock).
         config_path: recorded in the manifest.
     Returns:
         The folder of the final model (``output_dir/model``; ``output_dir/adapter`` for QLoRA).
@@ -579,6 +616,10 @@ def train(config: TrainConfig, *, resume_from: str | None = None, config_path: s
                           "(and give the data build the same --chat-template)")
     check_training_data(config)
     require_model_files(model_path)  # safetensors weights (pickles are never loaded)
+    if on_unfinished is not None:
+        if resume_from is not None:
+            raise RatuneError("--resume-from and --on-unfinished exclude each other: give one")
+        resume_from = prepare_unfinished(Path(config.output_dir), on_unfinished)
     out = _prepare_output_dir(config, resume_from)
     resume = _resolve_resume(out, resume_from)
     set_seed(config.seed)
@@ -808,15 +849,25 @@ def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
     return final
 
 
+def add_resume_arguments(parser) -> None:
+    """``--resume-from`` and ``--on-unfinished`` (one or the other) of ``ratune train`` and
+    ``python -m ratune.train``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume-from", default=None, type=latest_or_dir,
+                       help="'latest' or a checkpoint folder; never implicit")
+    group.add_argument("--on-unfinished", default=None, choices=ON_UNFINISHED,
+                       help="an unfinished run in output_dir: resume from its latest checkpoint (start over "
+                            "when it saved none), or restart it; a finished run is refused (what a sweep passes)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ratune.train`` / ``accelerate launch -m ratune.train``."""
     parser = RatuneArgumentParser(prog="ratune.train", description="Train one RAT model from a YAML config.")
     parser.add_argument("--config", required=True, type=input_file, help="training config (YAML)")
-    parser.add_argument("--resume-from", default=None, type=latest_or_dir,
-                        help="'latest' or a checkpoint folder; never implicit")
+    add_resume_arguments(parser)
     args = parser.parse_args(argv)
     config = load_config(TrainConfig, args.config)
-    path = train(config, resume_from=args.resume_from, config_path=args.config)
+    path = train(config, resume_from=args.resume_from, on_unfinished=args.on_unfinished, config_path=args.config)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -35,8 +35,11 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
     return cmd
 
 
-def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args: list[str] | None = None) -> list[str]:
-    """``accelerate launch -q [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml``.
+def train_command(sweep: Sweep, cell: Cell, *, launch_args: list[str] | None = None) -> list[str]:
+    """``accelerate launch -q [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml
+    --on-unfinished ON_UNFINISHED``: an unfinished run of the cell is resumed or restarted by the
+    training itself, under its run folder's lock (train/sft.py ``prepare_unfinished``), so the
+    same command starts, resumes and restarts a cell, locally and under Slurm.
 
     ``-q``: a failed single process ends with ratune's one-line error, without accelerate's
     ``CalledProcessError`` traceback after it (accelerate 1.15 simple and DeepSpeed launchers).
@@ -44,10 +47,8 @@ def train_command(sweep: Sweep, cell: Cell, *, resume: bool = False, launch_args
     cmd = ["accelerate", "launch", "-q"]
     if sweep.config.accelerate_config:
         cmd += ["--config_file", sweep.config.accelerate_config]
-    cmd += list(launch_args or []) + ["-m", "ratune.train", "--config", str(cell.dir / "train.yaml")]
-    if resume:
-        cmd += ["--resume-from", "latest"]
-    return cmd
+    return cmd + list(launch_args or []) + ["-m", "ratune.train", "--config", str(cell.dir / "train.yaml"),
+                                            "--on-unfinished", sweep.config.on_unfinished]
 
 
 def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:

@@ -11,8 +11,7 @@ from typing import Callable
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, write_json, write_text
-from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, TRAIN_STAGE,
-                             is_complete,
+from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
                              own_output_folder, require_owned)
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
@@ -46,18 +45,6 @@ def run_command(cmd: list[str], log_path: Path) -> None:
         errors = list(dict.fromkeys(line.strip() for line in lines if line.startswith("ratune: error:")))
         shown = "\n".join(errors) + "\n" if errors else "".join(lines[-20:])
         raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{shown}")
-
-
-def _prepare_training(sweep: Sweep, cell: Cell) -> bool:
-    """Make the run folder ready; returns whether training resumes from the latest checkpoint."""
-    run_dir = cell.dir / "train"
-    if not run_dir.exists() or not any(run_dir.iterdir()):
-        return False
-    if sweep.config.on_unfinished == "resume" and any((run_dir / "trainer").glob("checkpoint-*")):
-        return True
-    require_owned(run_dir, TRAIN_STAGE, action="delete")  # only an unfinished ratune training run is restarted
-    shutil.rmtree(run_dir)
-    return False
 
 
 def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, out) -> None:
@@ -126,10 +113,8 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
             try:
                 if cell.hub in data_errors:
                     raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
-                if not is_complete(cell.dir / "train"):
-                    resume = _prepare_training(sweep, cell)
-                    cmd = train_command(sweep, cell, resume=resume)
-                    _run_step(runner, "train", cell, cmd, progress, out)
+                if not is_complete(cell.dir / "train"):  # an unfinished run: resumed or restarted by training
+                    _run_step(runner, "train", cell, train_command(sweep, cell), progress, out)
                 cmd = eval_command(sweep, cell)
                 _run_step(runner, "eval", cell, cmd, progress, out)
                 if not is_curve_finished(sweep, cell):

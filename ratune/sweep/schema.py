@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, Port, TestSettingName, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, OnUnfinished, Port, TestSettingName, load_yaml, validate
 from ratune.errors import RatuneError
 from ratune.manifest import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
@@ -75,7 +75,7 @@ class SweepConfig(BaseModel):
     axes: dict[str, list] = Field(default_factory=dict)
     groups: list[dict[str, list]] = Field(default_factory=list)
     accelerate_config: str | None = None
-    on_unfinished: Literal["resume", "restart"] = "resume"
+    on_unfinished: OnUnfinished = "resume"
     slurm: SlurmSettings = SlurmSettings()
     compare: list[ComparePair] = Field(default_factory=list)
 

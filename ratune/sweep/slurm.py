@@ -57,23 +57,16 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         sdir.mkdir(parents=True, exist_ok=True)
         write_json(cell.dir / "cell.json", cell_record(sweep, cell))
         (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
-        run_dir = shlex.quote(str(cell.dir / "train"))
         launch = train_command(sweep, cell, launch_args=[
             "--num_machines", "$SLURM_NNODES", "--machine_rank", "$SLURM_NODEID",
             "--main_process_ip", "$MAIN_IP", "--main_process_port", str(s.main_process_port),
             "--num_processes", str(nprocs)])
-        launch_text = " ".join(a if a.startswith("$") else shlex.quote(a) for a in launch) + " $RESUME"
+        launch_text = " ".join(a if a.startswith("$") else shlex.quote(a) for a in launch)
         train = _sbatch_header(f"ratune-train-{cell.name}"[:120], sdir / "train-%j.out", nodes=s.nodes,
                                gpus=s.gpus_per_node, time=s.time, s=s)
-        train += [f"if [ -f {run_dir}/.complete ]; then echo 'cell already trained'; exit 0; fi",
+        train += [f"if [ -f {shlex.quote(str(cell.dir / 'train'))}/.complete ]; then echo 'cell already trained'; exit 0; fi",
                   'export MAIN_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-                  'RESUME=""']
-        if sweep.config.on_unfinished == "resume":  # as the sweep file says; the log shows the flag
-            train.append(f"if ls -d {run_dir}/trainer/checkpoint-* >/dev/null 2>&1; "
-                         f"then RESUME='--resume-from latest'; else rm -rf {run_dir}; fi")
-        else:
-            train.append(f"rm -rf {run_dir}  # on_unfinished: restart")
-        train += ["export RESUME",
+                  "# an unfinished run is resumed or restarted by ratune.train itself (--on-unfinished), under its lock",
                   "# one accelerate launcher per node; $SLURM_NODEID is expanded on each node",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(launch_text)}"]
         (sdir / "train.sbatch").write_text("\n".join(train) + "\n", encoding="utf-8")

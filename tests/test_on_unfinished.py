@@ -1,0 +1,80 @@
+"""``ratune train --on-unfinished resume|restart`` (train/sft.py ``prepare_unfinished``): what a
+sweep passes for every cell it trains, so that an unfinished run is resumed or restarted by the
+training itself, under its run folder's lock, and never deleted by a launcher script."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratune.errors import RatuneError
+from ratune.manifest import COMPLETE_MARKER, claim_folder
+from ratune.train.sft import prepare_unfinished
+
+
+def _run(tmp_path, *, checkpoint: bool, complete: bool = False, ratune: bool = True):
+    out = tmp_path / "run"
+    (out / "trainer").mkdir(parents=True)
+    if ratune:
+        claim_folder(out, "train")
+    if checkpoint:
+        (out / "trainer" / "checkpoint-3").mkdir()
+        (out / "trainer" / "checkpoint-3" / "model.safetensors").write_bytes(b"x")
+    (out / "log.txt").write_text("step 1\n")
+    if complete:
+        (out / COMPLETE_MARKER).write_text("complete\n")
+    return out
+
+
+@pytest.mark.parametrize("policy", ["resume", "restart"])
+def test_a_new_or_empty_folder_is_a_fresh_run(tmp_path, policy):
+    assert prepare_unfinished(tmp_path / "absent", policy) is None
+    (tmp_path / "empty").mkdir()
+    assert prepare_unfinished(tmp_path / "empty", policy) is None and (tmp_path / "empty").is_dir()
+
+
+def test_resume_takes_the_latest_checkpoint_and_deletes_nothing(tmp_path):
+    out = _run(tmp_path, checkpoint=True)
+    assert prepare_unfinished(out, "resume") == "latest"
+    assert (out / "trainer" / "checkpoint-3" / "model.safetensors").read_bytes() == b"x"
+    assert (out / "log.txt").read_text() == "step 1\n"
+
+
+@pytest.mark.parametrize("policy, checkpoint", [("resume", False), ("restart", False), ("restart", True)])
+def test_an_unfinished_run_without_a_checkpoint_or_under_restart_starts_over(tmp_path, policy, checkpoint):
+    out = _run(tmp_path, checkpoint=checkpoint)
+    assert prepare_unfinished(out, policy) is None
+    assert not out.exists()  # train() then makes it afresh
+
+
+@pytest.mark.parametrize("policy", ["resume", "restart"])
+@pytest.mark.parametrize("complete, ratune, refusal", [
+    (True, True, r"a finished training run \(\.complete\); --on-unfinished {policy} acts on unfinished runs only"),
+    (False, False, r"not a ratune train output \(it has no \.ratune-output marker\); ratune does not resume or restart folders"),
+])
+def test_a_finished_run_or_a_folder_ratune_did_not_make_is_refused_and_kept(tmp_path, policy, complete, ratune,
+                                                                            refusal):
+    out = _run(tmp_path, checkpoint=True, complete=complete, ratune=ratune)
+    with pytest.raises(RatuneError, match=rf"^{out}: " + refusal.format(policy=policy)):
+        prepare_unfinished(out, policy)
+    assert (out / "log.txt").read_text() == "step 1\n" and (out / "trainer" / "checkpoint-3").is_dir()
+
+
+def test_only_the_main_process_deletes(tmp_path, monkeypatch):
+    """Every rank calls it; rank 1 reaches the same answer (a fresh run) and leaves the deleting
+    to rank 0."""
+    out = _run(tmp_path, checkpoint=True)
+    monkeypatch.setenv("RANK", "1")
+    assert prepare_unfinished(out, "restart") is None
+    assert (out / "log.txt").exists()
+
+
+def test_resume_from_and_on_unfinished_exclude_each_other(tmp_path, capsys):
+    from ratune.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model: x\n")
+    assert main(["train", "--config", str(config), "--resume-from", "latest", "--on-unfinished", "resume"]) == 2
+    assert capsys.readouterr().err == ("ratune: error: train: argument --on-unfinished: not allowed with argument "
+                                       "--resume-from (see ratune train --help)\n")
+    assert main(["train", "--config", str(config), "--on-unfinished", "later"]) == 2
+    assert "argument --on-unfinished: invalid choice: 'later' (choose from 'resume', 'restart')" in capsys.readouterr().err
