@@ -4,6 +4,8 @@ training itself, under its run folder's lock, and never deleted by a launcher sc
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ratune.errors import RatuneError
@@ -54,18 +56,47 @@ def test_an_unfinished_run_without_a_checkpoint_or_under_restart_starts_over(tmp
 def test_a_finished_run_or_a_folder_ratune_did_not_make_is_refused_and_kept(tmp_path, policy, complete, ratune,
                                                                             refusal):
     out = _run(tmp_path, checkpoint=True, complete=complete, ratune=ratune)
-    with pytest.raises(RatuneError, match=rf"^{out}: " + refusal.format(policy=policy)):
+    with pytest.raises(RatuneError, match=rf"^{re.escape(str(out))}: " + refusal.format(policy=policy)):
         prepare_unfinished(out, policy)
     assert (out / "log.txt").read_text() == "step 1\n" and (out / "trainer" / "checkpoint-3").is_dir()
 
 
-def test_only_the_main_process_deletes(tmp_path, monkeypatch):
-    """Every rank calls it; rank 1 reaches the same answer (a fresh run) and leaves the deleting
-    to rank 0."""
-    out = _run(tmp_path, checkpoint=True)
+@pytest.mark.parametrize("policy", ["resume", "restart"])
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_every_rank_reaches_the_main_process_answer_and_only_it_deletes(tmp_path, monkeypatch, policy, checkpoint):
+    """Every rank calls it; the others answer from the checkpoints alone (before or after the main
+    process deleted the run: the same answer) and never delete."""
+    out = _run(tmp_path, checkpoint=checkpoint)
     monkeypatch.setenv("RANK", "1")
+    before = prepare_unfinished(out, policy)  # rank 1 before the main process acts
+    assert (out / "log.txt").exists()  # rank 1 deleted nothing
+    monkeypatch.setenv("RANK", "0")
+    main_answer = prepare_unfinished(out, policy)
+    monkeypatch.setenv("RANK", "1")
+    after = prepare_unfinished(out, policy)  # rank 1 after it
+    assert before == main_answer == after == ("latest" if policy == "resume" and checkpoint else None)
+
+
+def test_the_run_is_deleted_only_under_its_lock(tmp_path):
+    """While another process holds the run folder's lock (a training of it is running), train()
+    with --on-unfinished restart is refused before anything is deleted."""
+    from ratune.locks import LockHeld, output_lock
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    out = _run(tmp_path, checkpoint=False)
+    config = TrainConfig(model="m", data_dir=str(tmp_path / "data"), train_retriever="none", output_dir=str(out))
+    with output_lock(out, command="the running training"):
+        with pytest.raises(LockHeld, match="the running training"):
+            train(config, on_unfinished="restart")
+    assert (out / "log.txt").read_text() == "step 1\n"
+
+
+def test_a_restart_says_what_it_deletes(tmp_path, capsys):
+    out = _run(tmp_path, checkpoint=True)
     assert prepare_unfinished(out, "restart") is None
-    assert (out / "log.txt").exists()
+    assert capsys.readouterr().err == (f"ratune: note: {out}: starting the unfinished run over (--on-unfinished "
+                                       "restart); its files are deleted\n")
 
 
 def test_resume_from_and_on_unfinished_exclude_each_other(tmp_path, capsys):
@@ -77,4 +108,5 @@ def test_resume_from_and_on_unfinished_exclude_each_other(tmp_path, capsys):
     assert capsys.readouterr().err == ("ratune: error: train: argument --on-unfinished: not allowed with argument "
                                        "--resume-from (see ratune train --help)\n")
     assert main(["train", "--config", str(config), "--on-unfinished", "later"]) == 2
-    assert "argument --on-unfinished: invalid choice: 'later' (choose from 'resume', 'restart')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --on-unfinished: invalid choice: 'later'" in err and "resume" in err and "restart" in err

@@ -292,6 +292,21 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(tmp_path, monkey
     assert (out / "slurm" / "submit.sh").is_file() if launcher == "slurm" else len(runner.calls) == 5
 
 
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_the_sweep_files_on_unfinished_reaches_every_training_command(tmp_path, monkeypatch, launcher):
+    path = write_sweep(tmp_path, on_unfinished="restart")
+    runner = FakeRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path, launcher=launcher)) == 0
+    cells = sw.expand(sw.load_sweep(path))
+    if launcher == "local":
+        commands = [c for c in runner.calls if c[0] == "accelerate"]
+    else:
+        commands = [next(line for line in (c.dir / "slurm" / "train.sbatch").read_text().splitlines()
+                         if line.startswith("srun ")).rstrip("'").split() for c in cells]
+    assert len(commands) == 2 and all(c[-2:] == ["--on-unfinished", "restart"] for c in commands)
+
+
 # ------------------------------------------------------------------ report
 
 

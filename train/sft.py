@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -514,7 +515,11 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
         require_owned(out, TRAIN_STAGE, action="write into")  # a folder ratune did not make: say so, not "resume"
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # another rank: the main process removed the folder meanwhile and remakes it
+        if _is_main_process():
+            raise
     if resume_from is None and _is_main_process():
         from ratune.manifest import claim_folder
 
@@ -540,7 +545,10 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
     Raises:
         RatuneError: a finished run; a folder ratune did not make (:func:`ratune.manifest.require_owned`).
     """
-    resumable = policy == "resume" and any((out / "trainer").glob("checkpoint-*"))
+    try:
+        resumable = policy == "resume" and any((out / "trainer").glob("checkpoint-*"))
+    except OSError:  # another rank, while the main process deletes a run without checkpoints
+        resumable = False
     if not _is_main_process():  # the main process checks and deletes (a folder it deletes has no checkpoint
         return "latest" if resumable else None  # the others look for, or the answer is None anyway)
     if not out.exists() or not any(out.iterdir()):
@@ -551,6 +559,8 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
                           "runs only: choose another output_dir")
     if resumable:
         return "latest"
+    why = "--on-unfinished restart" if policy == "restart" else "it saved no checkpoint to resume"
+    print(f"ratune: note: {out}: starting the unfinished run over ({why}); its files are deleted", file=sys.stderr)
     shutil.rmtree(out)  # an unfinished ratune training run (checked above), under its lock
     return None
 
