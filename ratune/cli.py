@@ -25,6 +25,7 @@ flag on stderr and exit with status 2, without a traceback (:func:`run_guarded` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from typing import Callable
@@ -61,18 +62,20 @@ def run_guarded(fn: Callable[[], int]) -> int:
     Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
     in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
     that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
-    Ctrl-C returns 130, a closed stdout (``| head``) 0. The third-party messages of
-    :mod:`ratune.noise` are silenced first.
+    Ctrl-C returns 130, SIGTERM 143 (:class:`~ratune.errors.Terminated`: it unwinds as Ctrl-C
+    does, so lock files and temporary folders are cleaned up), a closed stdout (``| head``) 0.
+    The third-party messages of :mod:`ratune.noise` are silenced first.
     """
     import os
 
-    from ratune.errors import RatuneError
+    from ratune.errors import RatuneError, Terminated
     from ratune.noise import quiet_known_noise
 
     quiet_known_noise()  # third-party lines that are noise here, named in ratune/noise.py
     debug = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
     try:
-        return fn() or 0
+        with _terminate_like_ctrl_c():
+            return fn() or 0
     except RatuneError as exc:
         if debug:
             raise
@@ -87,9 +90,38 @@ def run_guarded(fn: Callable[[], int]) -> int:
         where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
         _say(f"ratune: error: {where}: {exc.strerror or exc}")
         return 2
+    except Terminated:
+        print("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _terminate_like_ctrl_c():
+    """For the body, SIGTERM raises :class:`~ratune.errors.Terminated` in the main thread, unless
+    something (a launcher, a test runner) has set its own handler; the previous handler is put
+    back after. Used by :func:`run_guarded`."""
+    import signal
+    import threading
+
+    from ratune.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminated(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _handler(target: str) -> Callable[[argparse.Namespace], int]:

@@ -7,6 +7,14 @@ class RatuneError(Exception):
     """A user-facing error: the CLI prints its message (no traceback) and exits with status 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (a Slurm time limit, ``kill``, a container stop): raised in the main thread
+    by the handler :func:`ratune.cli.run_guarded` installs, so the process unwinds as after Ctrl-C:
+    ``finally`` blocks run, lock files (ratune/locks.py) are removed, temporary folders deleted, and
+    a rerun continues where it stopped, on any host. Without it SIGTERM ends Python at once and
+    leaves the lock file, which a process on another host cannot take over."""
+
+
 class InputError(RatuneError):
     """Bad input data, located by file, line (1-based) and field.
 

@@ -110,3 +110,48 @@ def test_resume_from_and_on_unfinished_exclude_each_other(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--on-unfinished", "later"]) == 2
     err = capsys.readouterr().err
     assert "argument --on-unfinished: invalid choice: 'later'" in err and "resume" in err and "restart" in err
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_model_dir):
+    """A Slurm time limit sends SIGTERM: `python -m ratune.train` exits 143 with one line, and its
+    lock file is gone (a requeued job on another host could not take over a lock file that names
+    this host), so the rerun the line asks for can start anywhere."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from datasets import Dataset, DatasetDict
+
+    from ratune.locks import lock_path
+    from ratune.manifest import mark_complete
+
+    data = tmp_path / "data"
+    DatasetDict({"train": Dataset.from_dict({"user_turn": [f"Question {i}?" for i in range(8)],
+                                             "completion": [f"answer {i}" for i in range(8)],
+                                             "line": list(range(1, 9))})}).save_to_disk(str(data / "none"))
+    mark_complete(data)
+    out = tmp_path / "run"
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"model": str(tiny_model_dir), "data_dir": str(data), "train_retriever": "none",
+                                      "output_dir": str(out), "max_length": 256, "global_batch_size": 1,
+                                      "max_steps": 100000, "torch_threads": 1, "save_strategy": "no"}))
+    lock = lock_path(out)
+    proc = subprocess.Popen([sys.executable, "-m", "ratune.train", "--config", str(config), "--on-unfinished", "resume"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not lock.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the training never took its lock"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert err.rstrip().endswith("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped")
+    assert not lock.exists() and not (out / ".complete").exists()
