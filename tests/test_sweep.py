@@ -553,3 +553,33 @@ def test_only_lists_a_dict_valued_axis_with_sorted_keys_as_in_its_cell_name(tmp_
                                            '{"alpha": 16, "enabled": true, "r": 8}']
     [picked] = sw.select_cells(cells, ['lora={"alpha": 32, "enabled": true, "r": 16}'], str(path))
     assert picked.axes["lora"]["r"] == 16
+
+
+def test_a_terminated_sweep_passes_sigterm_on_to_its_command_and_waits(tmp_path):
+    """`kill SWEEP_PID` (SIGTERM to the sweep alone): the running command gets SIGTERM too and is
+    waited for, so it can unwind (a training removes its lock file), before the sweep stops."""
+    import os
+    import signal
+    import threading
+
+    from ratune.cli import _terminate_like_ctrl_c
+    from ratune.errors import Terminated
+
+    marker, started = tmp_path / "unwound", tmp_path / "started"
+    child = ("import pathlib, signal, sys, time\n"
+             f"def term(*_):\n    time.sleep(1)\n    pathlib.Path({str(marker)!r}).write_text('unwound')\n    sys.exit(143)\n"
+             "signal.signal(signal.SIGTERM, term)\n"
+             f"pathlib.Path({str(started)!r}).write_text('')\n"
+             "time.sleep(120)\n")
+
+    def terminate_when_started():
+        for _ in range(600):
+            if started.exists():
+                break
+            threading.Event().wait(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_started, daemon=True).start()
+    with pytest.raises(Terminated), _terminate_like_ctrl_c():
+        sw.run_command([sys.executable, "-c", child], tmp_path / "cmd.log")
+    assert marker.read_text() == "unwound"  # it had 1 s of unwinding to do, and got it

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ratune.errors import RatuneError
+from ratune.errors import RatuneError, Terminated
 from ratune.io import read_json_object, write_json, write_text
 from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
                              own_output_folder, require_owned)
@@ -19,8 +19,17 @@ from ratune.sweep.schema import Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
+#: Seconds a command is given to unwind (save its state, remove its lock file) after the sweep is
+#: interrupted, before it is killed.
+CHILD_GRACE_S = 60
+
+
 def run_command(cmd: list[str], log_path: Path) -> None:
     """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
+
+    Interrupted (Ctrl-C, which reaches the command too, or SIGTERM, which the sweep passes on to
+    it: :class:`ratune.errors.Terminated`), the sweep waits up to :data:`CHILD_GRACE_S` for the
+    command to unwind, then kills it, and re-raises.
 
     Raises:
         RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
@@ -35,9 +44,20 @@ def run_command(cmd: list[str], log_path: Path) -> None:
         log.flush()
         start = log.tell()
         try:
-            rc = subprocess.run([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT).returncode
+            proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
             raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, Terminated):
+                proc.terminate()  # a SIGTERM sent to the sweep alone: the command unwinds the same way
+            try:
+                proc.wait(timeout=CHILD_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
     if rc != 0:
         with open(log_path, "rb") as log:
             log.seek(start)
