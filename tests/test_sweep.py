@@ -583,3 +583,42 @@ def test_a_terminated_sweep_passes_sigterm_on_to_its_command_and_waits(tmp_path)
     with pytest.raises(Terminated), _terminate_like_ctrl_c():
         sw.run_command([sys.executable, "-c", child], tmp_path / "cmd.log")
     assert marker.read_text() == "unwound"  # it had 1 s of unwinding to do, and got it
+
+
+def test_set_overrides_keys_of_the_file_and_of_its_base_for_one_run(tmp_path, monkeypatch):
+    """`ratune sweep FILE --set KEY=VALUE`: a sweep key, a nested one, a YAML list, a key of the
+    inline base config, and one of a base config file; the saved sweep.yaml and the cells hold the
+    values set; a later run without them finds the cells changed."""
+    path = write_sweep(tmp_path)
+    sets = ["accelerate_config=configs/accelerate/1gpu.yaml", "eval.settings=[0_shot]", "eval.n_questions=null",
+            "base.learning_rate=3.0e-4", "base.lora.r=8"]
+    sweep = sw.load_sweep(path, overrides=sets)
+    assert sweep.config.accelerate_config == "configs/accelerate/1gpu.yaml"
+    assert sweep.config.eval.settings == ["0_shot"] and sweep.config.eval.n_questions is None
+    assert sweep.base["learning_rate"] == 3.0e-4 and sweep.base["lora"] == {"enabled": True, "r": 8}
+    assert BASE["lora"] == {"enabled": True, "r": 16}  # the file's data is not changed in place
+    runner = FakeRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path, set="base.learning_rate=3.0e-4")) == 0  # not ratune's default (2e-5)
+    saved = yaml.safe_load((tmp_path / "sweep" / "sweep.yaml").read_text())
+    assert saved["base"]["learning_rate"] == 3.0e-4 and saved["source"] == str(path)
+    assert all(json.loads((c.dir / "cell.json").read_text())["config"]["learning_rate"] == 3.0e-4
+               for c in sw.expand(sw.load_sweep(path)))
+    with pytest.raises(RatuneError, match="config.learning_rate"):  # without --set: the cells changed
+        sw.cli_sweep(args(path))
+
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))  # a base given by file name
+    by_file = write_sweep(tmp_path, base="base.yaml")
+    assert sw.load_sweep(by_file, overrides=["base.max_steps=7"]).base["max_steps"] == 7
+
+
+@pytest.mark.parametrize("text, message", [
+    ("eval.nope=1", "(with --set eval.nope=1): unknown key 'eval.nope'"),
+    ("name.x=1", "--set name.x=1: name in "),
+    ("base..r=1", "'base..r=1': KEY 'base..r' has an empty part"),
+    ("accelerate_config", "'accelerate_config': expected KEY=VALUE, e.g. accelerate_config="),
+])
+def test_a_bad_set_is_refused_naming_it(tmp_path, text, message):
+    with pytest.raises(RatuneError) as err:
+        sw.load_sweep(write_sweep(tmp_path), overrides=[text])
+    assert message in str(err.value)

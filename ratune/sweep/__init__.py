@@ -48,8 +48,8 @@ Modules (each imports only the ones above it; ``ratune.sweep`` re-exports their 
 
     pairs.py      chosen-pair comparisons: ComparePair, parse_selector, compare_pairs
     schema.py     the sweep file: SweepData, SweepEval, SlurmSettings, SweepConfig, Sweep, load_sweep, sweep_from_data,
-                  load_saved_sweep (a sweep folder's saved copy)
-    cells.py      the grid: Cell, cell_name, config_hash, expand, parse_only, select_cells (--only), the _check_* rules,
+                  load_saved_sweep (a sweep folder's saved copy), parse_only and parse_set (KEY=VALUE of --only, --set)
+    cells.py      the grid: Cell, cell_name, config_hash, expand, select_cells (--only), the _check_* rules,
                   data_plan, sweep_mixtures
     commands.py   data_command, train_command, eval_command
     state.py      cell.json and change detection: cell_record, changed_keys, is_finished,

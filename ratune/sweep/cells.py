@@ -18,7 +18,7 @@ from ratune.data.hubs import hub_name
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
 from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, TEST_SETTINGS, setting_retriever
-from ratune.sweep.schema import Sweep, SweepConfig
+from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
 
 
@@ -147,18 +147,6 @@ def expand(sweep: Sweep) -> list[Cell]:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
     return cells
-
-
-def parse_only(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` (one ``ratune sweep --only``) -> ``(KEY, VALUE)``, both stripped; VALUE may be empty.
-
-    Raises:
-        RatuneError: no ``=`` or an empty KEY.
-    """
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise RatuneError(f"{text!r}: expected KEY=VALUE, e.g. train_retriever=oracle")
-    return key.strip(), value.strip()
 
 
 def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:

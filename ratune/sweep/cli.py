@@ -1,19 +1,20 @@
-"""``ratune sweep FILE [--dry-run] [--launcher local|slurm] [--out DIR] [--rerun-changed] [--only KEY=VALUE ...]``."""
+"""``ratune sweep FILE [--dry-run] [--launcher local|slurm] [--out DIR] [--rerun-changed] [--only KEY=VALUE ...]
+[--set KEY=VALUE ...]``."""
 
 from __future__ import annotations
 
 import argparse
 
 from ratune.args import checked, input_file, output_dir
-from ratune.sweep.cells import expand, parse_only, select_cells
+from ratune.sweep.cells import expand, select_cells
 from ratune.locks import output_lock
 from ratune.sweep.local import dry_run, require_sweep_folder, run_local
-from ratune.sweep.schema import check_files, load_sweep
+from ratune.sweep.schema import SET_EXAMPLE, check_files, load_sweep, parse_only, parse_set
 from ratune.sweep.slurm import write_slurm
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed, --only."""
+    """Arguments of ``ratune sweep``: FILE, --dry-run, --launcher, --out, --rerun-changed, --only, --set."""
     parser.add_argument("file", type=input_file, help="sweep file (YAML)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and commands; run nothing")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
@@ -27,6 +28,13 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the cells with this axis value (repeat it: values of one key are "
                              "alternatives, different keys must all match), e.g. --only train_retriever=oracle; "
                              "the other cells are left as they are")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        type=checked(parse_set, "setting", good=SET_EXAMPLE,
+                                     bad=("accelerate_config", "base..lr=1")),
+                        help="set a key of the sweep file for this run (repeat it; VALUE is YAML; base.KEY sets a "
+                             f"key of the base training config), e.g. --set {SET_EXAMPLE} --set "
+                             "base.learning_rate=2.0e-4; the saved SWEEP_DIR/sweep.yaml holds the values set, and "
+                             "cells whose config it changes are refused as changed (--rerun-changed)")
 
 
 def cli_sweep(args: argparse.Namespace) -> int:
@@ -39,7 +47,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
         RatuneError: as :func:`ratune.sweep.local.run_local` and :func:`ratune.sweep.slurm.write_slurm`;
             :class:`ratune.locks.LockHeld` while another process runs a sweep into the same folder.
     """
-    sweep = load_sweep(args.file, args.out)
+    sweep = load_sweep(args.file, args.out, overrides=args.overrides)
     check_files(sweep)
     every = expand(sweep)
     cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's

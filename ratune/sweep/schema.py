@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
-from ratune.config import SCHEMA_CONFIG, Count, OnUnfinished, Port, TestSettingName, load_yaml, validate
+from ratune.config import SCHEMA_CONFIG, Count, OnUnfinished, Port, TestSettingName, load_yaml, parse_yaml, validate
 from ratune.errors import RatuneError
 from ratune.manifest import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
@@ -117,13 +118,61 @@ def check_files(sweep: Sweep) -> None:
                           "up from the working directory, then from the sweep file's folder and the folders above it)")
 
 
-def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
-    """Read and validate a sweep file (:func:`sweep_from_data` of its YAML).
+def load_sweep(path: str | Path, out_dir: str | Path | None = None, overrides: Sequence[str] = ()) -> Sweep:
+    """Read and validate a sweep file (:func:`sweep_from_data` of its YAML), with ``overrides``
+    (``ratune sweep --set KEY=VALUE``) applied.
 
     Raises:
         RatuneError: an unreadable file; as :func:`sweep_from_data`.
     """
-    return sweep_from_data(load_yaml(path), path, out_dir)
+    return sweep_from_data(load_yaml(path), path, out_dir, overrides=overrides)
+
+
+def parse_only(text: str, example: str = "train_retriever=oracle") -> tuple[str, str]:
+    """``KEY=VALUE`` (one ``ratune sweep --only`` or ``--set``) -> ``(KEY, VALUE)``, both stripped;
+    VALUE may be empty.
+
+    Raises:
+        RatuneError: no ``=`` or an empty KEY.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise RatuneError(f"{text!r}: expected KEY=VALUE, e.g. {example}")
+    return key.strip(), value.strip()
+
+
+#: An example of ``ratune sweep --set`` (its help and errors).
+SET_EXAMPLE = "accelerate_config=configs/accelerate/1gpu.yaml"
+
+
+def parse_set(text: str) -> tuple[list[str], Any]:
+    """One ``ratune sweep --set KEY=VALUE``: the dotted KEY's parts and VALUE read as YAML
+    (``base.learning_rate=2.0e-4``, ``eval.settings=[0_shot, oracle]``, ``eval.n_questions=null``).
+
+    Raises:
+        RatuneError: no ``=``, an empty part of KEY, or VALUE that is not valid YAML.
+    """
+    key, value = parse_only(text, SET_EXAMPLE)
+    parts = key.split(".")
+    if not all(parts):
+        raise RatuneError(f"{text!r}: KEY {key!r} has an empty part; sections are joined with single dots, "
+                          "e.g. base.learning_rate=2.0e-4")
+    return parts, parse_yaml(value, f"--set {key}", what="a value")
+
+
+def _apply_sets(data: dict, sets: list[tuple[list[str], Any, str]], where: str) -> dict:
+    """``data`` (deep-copied) with each ``(parts, value, text)`` set; ``where`` names the document."""
+    data = copy.deepcopy(data)
+    for parts, value, text in sets:
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RatuneError(f"--set {text}: {'.'.join(parts[:depth + 1])} in {where} is "
+                                  f"{type(child).__name__}, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
 
 
 
@@ -148,16 +197,27 @@ def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
     return sweep_from_data(data, path, sweep_dir)
 
 
-def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = None) -> Sweep:
+def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = None,
+                    overrides: Sequence[str] = ()) -> Sweep:
     """Validate a sweep file's mapping ``data`` read from ``path``; ``out_dir`` overrides the file's
     ``out_dir``. A relative ``base``, ``accelerate_config`` or ``apibench`` path is looked up as
     :func:`find_path` says.
 
+    ``overrides``: ``KEY=VALUE`` texts (``ratune sweep --set``, :func:`parse_set`) applied before
+    validation; ``base.KEY`` sets a key of the base training config (the inline one, or the file
+    ``base`` names), any other KEY a key of the sweep file. The loaded sweep (and so the saved
+    ``SWEEP_DIR/sweep.yaml``) holds the values set.
+
     Raises:
-        RatuneError: unknown keys, bad values, a missing base config.
+        RatuneError: unknown keys, bad values, a missing base config; a malformed override or one
+            that runs into a value that is not a section (errors of a validation name the overrides).
     """
     path = Path(path)
-    cfg = validate(SweepConfig, data, str(path))
+    sets = [(*parse_set(text), text) for text in overrides]
+    base_sets = [(parts[1:], value, text) for parts, value, text in sets if parts[0] == "base" and len(parts) > 1]
+    data = _apply_sets(data, [s for s in sets if not (s[0][0] == "base" and len(s[0]) > 1)], str(path))
+    source = f"{path} (with --set {' --set '.join(overrides)})" if overrides else str(path)
+    cfg = validate(SweepConfig, data, source)
     if cfg.apibench:
         cfg = cfg.model_copy(update={"apibench": str(find_path(cfg.apibench, path))})
     if cfg.accelerate_config:
@@ -166,5 +226,7 @@ def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = N
         base = load_yaml(find_path(cfg.base, path))
     else:
         base = dict(cfg.base)
+    if base_sets:
+        base = _apply_sets(base, base_sets, f"{path} base")
     out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
     return Sweep(config=cfg, source=str(path), out_dir=out, base=base)
