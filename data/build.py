@@ -25,6 +25,7 @@ percentiles, the over-length counts, the settings and the input files' sha256.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -40,9 +41,9 @@ from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, 
 from ratune.data.utility import load_utility
 from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
-from ratune.io import atomic_write, write_json
+from ratune.io import atomic_write, read_json_object, write_json
 from ratune.locks import replacing_folder
-from ratune.manifest import DATA_BUILD_STAGE, base_manifest, mark_complete, require_owned
+from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, mark_complete, require_owned
 from ratune.models import load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
@@ -216,7 +217,7 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
                   modes: Sequence[str] = DEFAULT_MODES, settings: BuildSettings = BuildSettings(),
                   lenient: bool = False, overwrite: bool = False, progress: bool = True,
                   leakage: str = "error", mixtures: Sequence = (), utility_keep: dict | None = None,
-                  utility_meta: dict | None = None) -> dict:
+                  utility_meta: dict | None = None, reuse_if_same: bool = False) -> dict:
     """Build the chats for every split the hub has and every mode; write datasets and manifest.
 
     Args:
@@ -242,6 +243,11 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
         utility_keep: ``{(line, mode): keep}`` from :func:`ratune.data.utility.load_utility`: a
             mixture's oracle / top1 document is kept only where True
             (:func:`ratune.data.mixture.apply_utility_filter`); ``utility_meta`` is recorded.
+        reuse_if_same: keep a complete build in ``out_dir`` whose manifest records the same
+            :func:`build_request` and every mode asked for (returning its manifest); otherwise
+            build as with ``overwrite``. What a sweep passes: a build is reused only when nothing
+            that decides its rows changed (a changed setting, tokenizer, mixture or input file
+            rebuilds it; before, a sweep kept any complete build that had the modes).
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
     Raises:
@@ -266,6 +272,15 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
         require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
     final = Path(out_dir)
     require_owned(final, DATA_BUILD_STAGE, action="overwrite")  # a user's folder: refused, --overwrite or not
+    request = build_request(source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, settings=settings,
+                            lenient=lenient, leakage=leakage, mixtures=mixtures, utility_meta=utility_meta)
+    if reuse_if_same:
+        reused = _same_build(final, request, [*modes, *mixture_modes])
+        if reused is not None:
+            print(f"ratune: note: {final}: already built with the same request (modes, settings, tokenizer, "
+                  "mixtures, input files); reused (--reuse-if-same)", file=sys.stderr)
+            return reused
+        overwrite = True
     if final.is_dir() and any(final.iterdir()) and not overwrite:
         raise RatuneError(f"{final}: output folder exists and is not empty (pass --overwrite to rebuild it)")
     # built in a temporary sibling, swapped in at the end: a failed rebuild keeps the previous build
@@ -273,12 +288,47 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
         return _build_into(out, source=source, tokenizer=tokenizer,
                            tokenizer_name=tokenizer_name, modes=modes, settings=settings, lenient=lenient,
                            progress=progress, leakage=leakage, mixtures=mixtures, utility_keep=utility_keep,
-                           utility_meta=utility_meta)
+                           utility_meta=utility_meta, request=request)
+
+
+def settings_record(settings: BuildSettings, tokenizer) -> dict:
+    """A build's settings as its manifest records them (``settings``; part of :func:`build_request`)."""
+    return {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
+            "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
+            "force_gold": settings.force_gold, "chat_template": template_name(tokenizer),
+            **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})}
+
+
+def build_request(source: HubSource, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
+                  leakage: str, mixtures: Sequence, utility_meta: dict | None) -> dict:
+    """Everything that decides a build's rows besides its modes, as JSON: the settings
+    (:func:`settings_record`), the tokenizer's name, the leakage policy, ``lenient``, each
+    mixture's definition, the utility filter, and the sha256 of every input file (the hub's API
+    documents and example files; a catalog's record). Recorded as the manifest's ``request``;
+    ``reuse_if_same`` (:func:`build_dataset`) compares it."""
+    splits = [s for s in SPLITS if source.examples_file(s).exists()]
+    request = {"settings": settings_record(settings, tokenizer), "tokenizer": tokenizer_name, "leakage": leakage,
+               "lenient": lenient, "mixtures": {m.mode: m.metadata() for m in mixtures}, "utility": utility_meta,
+               "inputs": input_hashes(source.input_files(splits)), "catalog": source.manifest_record()}
+    return json.loads(json.dumps(request, sort_keys=True))  # as it reads back from the manifest
+
+
+def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None:
+    """The manifest of the complete build in ``final`` when it records ``request`` and has every
+    mode of ``modes``; else None (no build, an unfinished one, one from before ``request`` was
+    recorded, or another request)."""
+    path = final / "manifest.json"
+    if not (is_complete(final) and path.is_file()):
+        return None
+    manifest = read_json_object(path)
+    if manifest.get("request") != request or not set(modes) <= set(manifest.get("modes", [])):
+        return None
+    return manifest
 
 
 def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
-                utility_keep: dict | None, utility_meta: dict | None) -> dict:
+                utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
     """The build of :func:`build_dataset` (its arguments were checked), written into ``out``."""
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
@@ -366,11 +416,8 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
         "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
         "rows_read": read_counts, "validation": validation.to_manifest(),
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
-        "settings": {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
-                     "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
-                     "force_gold": settings.force_gold, "chat_template": template_name(tokenizer),
-                     **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})},
-        "tokenizer": tokenizer_name, "inputs": input_hashes(inputs),
+        "settings": settings_record(settings, tokenizer),
+        "tokenizer": tokenizer_name, "inputs": input_hashes(inputs), "request": request,
         "retrievers": {m: r.metadata() for m, r in cache.items()},
     })
     if source.is_catalog:  # APIBench manifests keep their keys
@@ -405,7 +452,7 @@ def cli_build(args) -> int:
         hub=source, out_dir=args.out, tokenizer=tokenizer, tokenizer_name=args.tokenizer,
         modes=args.modes, settings=BuildSettings(**values_from_args(args, BUILD_OPTIONS)),
         lenient=args.lenient, overwrite=args.overwrite, progress=not args.json, leakage=args.leakage,
-        mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta)
+        mixtures=mixtures, utility_keep=utility_keep, utility_meta=utility_meta, reuse_if_same=args.reuse_if_same)
     summary = {"hub": source.name, "out": args.out, "splits": manifest["splits"],
                "counts": {split: {mode: {k: v for k, v in c.items() if k != "dropped_lines"}
                                   for mode, c in modes.items()} for split, modes in manifest["counts"].items()},

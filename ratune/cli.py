@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(b, BuildSettings, BUILD_OPTIONS)
     b.add_argument("--lenient", action="store_true", help="write unparseable rows to rejects.jsonl instead of failing")
     b.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    b.add_argument("--reuse-if-same", action="store_true",
+                   help="keep an existing complete build made with the same request (every mode asked for; the "
+                        "same settings, tokenizer, mixtures, leakage policy and input files), else replace it as "
+                        "--overwrite does (what a sweep passes)")
     b.add_argument("--leakage", choices=LEAKAGE_POLICIES, default="error",
                    help="eval instructions found in the training data: fail (default), drop those training rows, "
                         "or keep them; always reported in the manifest")

@@ -285,7 +285,7 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
     """Cell ``none`` ran (train done, eval failed halfway: error.txt, a partial eval/) before
     learning_rate changed; cell ``oracle`` finished with the new value. ``ratune sweep
     --rerun-changed``: right after its check, the sweep folder is the one before minus exactly
-    none's train/, eval/ (with everything inside), error.txt and cell.json; none's logs/,
+    none's train/, eval/, curve/ (with everything inside), error.txt and cell.json; none's logs/,
     train.yaml and your file stay byte-identical, and so does everything of oracle (your file
     included) and the shared data. Then only none runs again, and oracle is still untouched."""
     monkeypatch.setattr("ratune.sweep.local.run_command", _PartialEval(fail_eval=True))
@@ -300,14 +300,17 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
     kept = f"cells/{cells['oracle'].name}"
     for cell in (changed, kept):
         (sweep_dir / cell / "my_notes.txt").write_text(f"notes on {cell}\n")
+        # a learning-curve cell of an earlier checkpoint (eval run --all-checkpoints writes them there)
+        (sweep_dir / cell / "curve" / "checkpoint-1" / "0_shot").mkdir(parents=True)
+        (sweep_dir / cell / "curve" / "checkpoint-1" / "0_shot" / "metrics.json").write_text("{}\n")
     capsys.readouterr()
 
     before = _listing(sweep_dir)
     deleted = {k for k in before
                if k in (f"{changed}/error.txt", f"{changed}/cell.json")
-               or any(k == f"{changed}/{d}" or k.startswith(f"{changed}/{d}/") for d in ("train", "eval"))}
+               or any(k == f"{changed}/{d}" or k.startswith(f"{changed}/{d}/") for d in ("train", "eval", "curve"))}
     assert {f"{changed}/train/.complete", f"{changed}/eval/0_shot/responses.jsonl", f"{changed}/error.txt",
-            f"{changed}/cell.json"} <= deleted
+            f"{changed}/cell.json", f"{changed}/curve/checkpoint-1/0_shot/metrics.json"} <= deleted
     assert {f"{changed}/my_notes.txt", f"{changed}/train.yaml", f"{changed}/logs/train.log",
             f"{kept}/my_notes.txt", f"{kept}/eval/oracle/metrics.json", "data/torchhub/manifest.json"} <= set(before)
 

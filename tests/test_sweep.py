@@ -229,7 +229,10 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
     assert f"  log: {oracle.dir / 'logs' / 'train.log'} (follow it with: tail -f " in out
     assert re.search(rf"\[eval\] {re.escape(oracle.name)} {re.escape(progress)}: done in \d+ s", out)
     assert all(cells["none"].name not in " ".join(c) for c in runner.calls)
-    assert not any(c[:3] == ["ratune", "data", "build"] for c in runner.calls)
+    # the data build runs again for the unfinished cell, and reuses a folder built with the same request
+    # itself (data/build.py; tests/test_data_reuse.py)
+    [build] = [c for c in runner.calls if c[:3] == ["ratune", "data", "build"]]
+    assert "--reuse-if-same" in build and "--overwrite" not in build
     assert not (cells["oracle"].dir / "error.txt").exists()
 
     # a third run does nothing
@@ -505,7 +508,7 @@ def test_only_runs_the_chosen_arm_and_leaves_the_rest(tmp_path, capsys, monkeypa
     monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(only_args(path)) == 0
     assert sum(c[0] == "accelerate" for c in runner.calls) == 3
-    assert not any(c[:3] == ["ratune", "data", "build"] for c in runner.calls)
+    assert sum(c[:3] == ["ratune", "data", "build"] for c in runner.calls) == 1  # the build decides to reuse
     assert chosen.name not in " ".join(" ".join(c) for c in runner.calls)
 
 
@@ -555,9 +558,12 @@ def test_only_lists_a_dict_valued_axis_with_sorted_keys_as_in_its_cell_name(tmp_
     assert picked.axes["lora"]["r"] == 16
 
 
-def test_a_terminated_sweep_passes_sigterm_on_to_its_command_and_waits(tmp_path):
-    """`kill SWEEP_PID` (SIGTERM to the sweep alone): the running command gets SIGTERM too and is
-    waited for, so it can unwind (a training removes its lock file), before the sweep stops."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_path, sig):
+    """`kill SWEEP_PID` (SIGTERM to the sweep alone) or Ctrl-C: the running command, launched as
+    the sweep launches training (`accelerate launch`, whose single-process launcher dies on SIGTERM
+    without passing it on), gets the signal in every process and is waited for, so the training
+    itself can unwind (and remove its lock file) before the sweep stops."""
     import os
     import signal
     import threading
@@ -565,24 +571,26 @@ def test_a_terminated_sweep_passes_sigterm_on_to_its_command_and_waits(tmp_path)
     from ratune.cli import _terminate_like_ctrl_c
     from ratune.errors import Terminated
 
-    marker, started = tmp_path / "unwound", tmp_path / "started"
-    child = ("import pathlib, signal, sys, time\n"
-             f"def term(*_):\n    time.sleep(1)\n    pathlib.Path({str(marker)!r}).write_text('unwound')\n    sys.exit(143)\n"
-             "signal.signal(signal.SIGTERM, term)\n"
-             f"pathlib.Path({str(started)!r}).write_text('')\n"
-             "time.sleep(120)\n")
+    marker, started, script = tmp_path / "unwound", tmp_path / "started", tmp_path / "child.py"
+    script.write_text("import pathlib, signal, sys, time\n"
+                      f"def stop(signum, frame):\n    time.sleep(1)\n    pathlib.Path({str(marker)!r}).write_text("
+                      "signal.Signals(signum).name)\n    sys.exit(1)\n"
+                      "signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\n"
+                      f"pathlib.Path({str(started)!r}).write_text('')\n"
+                      "time.sleep(120)\n")
 
-    def terminate_when_started():
-        for _ in range(600):
+    def signal_when_started():
+        for _ in range(1200):
             if started.exists():
                 break
             threading.Event().wait(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, sig))
 
-    threading.Thread(target=terminate_when_started, daemon=True).start()
-    with pytest.raises(Terminated), _terminate_like_ctrl_c():
-        sw.run_command([sys.executable, "-c", child], tmp_path / "cmd.log")
-    assert marker.read_text() == "unwound"  # it had 1 s of unwinding to do, and got it
+    threading.Thread(target=signal_when_started, daemon=True).start()
+    with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt), _terminate_like_ctrl_c():
+        sw.run_command(["accelerate", "launch", "-q", "--config_file", str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"),
+                        str(script)], tmp_path / "cmd.log")
+    assert marker.read_text() == sig  # the training process itself got the signal and had its second to unwind
 
 
 def test_set_overrides_keys_of_the_file_and_of_its_base_for_one_run(tmp_path, monkeypatch):
@@ -606,6 +614,9 @@ def test_set_overrides_keys_of_the_file_and_of_its_base_for_one_run(tmp_path, mo
                for c in sw.expand(sw.load_sweep(path)))
     with pytest.raises(RatuneError, match="config.learning_rate"):  # without --set: the cells changed
         sw.cli_sweep(args(path))
+
+    # an axis over a nested key keeps its dots, as --only names it
+    assert sw.load_sweep(path, overrides=["axes.lora.r=[8, 16]"]).config.axes["lora.r"] == [8, 16]
 
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))  # a base given by file name
     by_file = write_sweep(tmp_path, base="base.yaml")

@@ -14,14 +14,17 @@ from ratune.sweep.schema import Sweep
 
 
 def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
-    """The ``ratune data build`` command of one hub's shared data folder."""
+    """The ``ratune data build`` command of one hub's shared data folder, with ``--reuse-if-same``: the
+    build itself keeps a complete folder made with the same request and rebuilds one that differs
+    (data/build.py ``build_request``), so the launchers run it whenever a cell of the hub is not
+    finished."""
     d = sweep.config.data
     mixtures = {m.mode: spec for m, spec in zip(sweep_mixtures(sweep), d.mixtures)}
     plain = [m for m in entry["modes"] if m not in mixtures]
     build = d.model_copy(update={"max_length": entry["max_length"]})  # the cells' when the file gives none
     cmd = ["ratune", "data", "build", "--hub", hub, "--out", entry["dir"], "--tokenizer", entry["tokenizer"],
            "--modes", *plain, *command_arguments(build, BuildSettings, BUILD_OPTIONS, policy="always"),
-           "--leakage", d.leakage, "--overwrite"]
+           "--leakage", d.leakage, "--reuse-if-same"]
     needed = [spec for mode, spec in mixtures.items() if mode in entry["modes"]]
     for spec in needed:
         cmd += ["--mixture", spec]

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
 from ratune.errors import RatuneError, Terminated
-from ratune.io import read_json_object, write_json, write_text
+from ratune.io import write_json, write_text
 from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
                              own_output_folder, require_owned)
 from ratune.sweep.cells import Cell, data_plan
@@ -27,9 +30,12 @@ CHILD_GRACE_S = 60
 def run_command(cmd: list[str], log_path: Path) -> None:
     """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
 
-    Interrupted (Ctrl-C, which reaches the command too, or SIGTERM, which the sweep passes on to
-    it: :class:`ratune.errors.Terminated`), the sweep waits up to :data:`CHILD_GRACE_S` for the
-    command to unwind, then kills it, and re-raises.
+    The command runs in its own process group, so that the sweep can signal all of it: ``accelerate
+    launch``'s single-process launcher dies on SIGTERM without passing it on, which left the
+    training running (and holding its lock) after the sweep had stopped. Interrupted (Ctrl-C:
+    SIGINT; SIGTERM: :class:`ratune.errors.Terminated`), the sweep sends the same signal to the
+    command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end (a
+    second Ctrl-C stops the wait), kills what is left, and re-raises.
 
     Raises:
         RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
@@ -43,20 +49,15 @@ def run_command(cmd: list[str], log_path: Path) -> None:
         log.write(f"$ {_fmt(cmd)}\n")
         log.flush()
         start = log.tell()
+        proc = None
         try:
-            proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            rc = proc.wait()
         except OSError as exc:
             raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
-        try:
-            rc = proc.wait()
         except KeyboardInterrupt as exc:
-            if isinstance(exc, Terminated):
-                proc.terminate()  # a SIGTERM sent to the sweep alone: the command unwinds the same way
-            try:
-                proc.wait(timeout=CHILD_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            if proc is not None:
+                _stop_group(proc, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
             raise
     if rc != 0:
         with open(log_path, "rb") as log:
@@ -65,6 +66,31 @@ def run_command(cmd: list[str], log_path: Path) -> None:
         errors = list(dict.fromkeys(line.strip() for line in lines if line.startswith("ratune: error:")))
         shown = "\n".join(errors) + "\n" if errors else "".join(lines[-20:])
         raise RatuneError(f"`{_fmt(cmd)}` exited with status {rc}; log {log_path}:\n{shown}")
+
+
+def _stop_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``proc`` leads, wait up to :data:`CHILD_GRACE_S` until no
+    process of the group is left (a Ctrl-C ends the wait), then SIGKILL what is."""
+    import time
+
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + CHILD_GRACE_S
+    try:
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, or the group is never empty
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass  # a second Ctrl-C: stop waiting
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, out) -> None:
@@ -108,11 +134,7 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     try:
         for hub, entry in plan.items():
             if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
-                continue
-            manifest = Path(entry["dir"]) / "manifest.json"
-            have = set(read_json_object(manifest).get("modes", [])) if manifest.exists() else set()
-            if is_complete(entry["dir"]) and set(entry["modes"]) <= have:
-                continue
+                continue  # else the build reuses a folder made with the same request (--reuse-if-same)
             current = f"data {hub}"
             print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
             try:

@@ -147,7 +147,9 @@ SET_EXAMPLE = "accelerate_config=configs/accelerate/1gpu.yaml"
 
 def parse_set(text: str) -> tuple[list[str], Any]:
     """One ``ratune sweep --set KEY=VALUE``: the dotted KEY's parts and VALUE read as YAML
-    (``base.learning_rate=2.0e-4``, ``eval.settings=[0_shot, oracle]``, ``eval.n_questions=null``).
+    (``base.learning_rate=2.0e-4``, ``eval.settings=[0_shot, oracle]``, ``eval.n_questions=null``,
+    ``axes.lora.r=[8, 16]``: the axis ``lora.r``). A string that YAML reads as another type is
+    quoted: ``slurm.partition='"123"'``.
 
     Raises:
         RatuneError: no ``=``, an empty part of KEY, or VALUE that is not valid YAML.
@@ -164,6 +166,8 @@ def _apply_sets(data: dict, sets: list[tuple[list[str], Any, str]], where: str) 
     """``data`` (deep-copied) with each ``(parts, value, text)`` set; ``where`` names the document."""
     data = copy.deepcopy(data)
     for parts, value, text in sets:
+        if parts[0] == "axes" and len(parts) > 2:  # an axis over a nested key is named with its dots: lora.r
+            parts = [parts[0], ".".join(parts[1:])]
         node = data
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
@@ -205,7 +209,8 @@ def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = N
 
     ``overrides``: ``KEY=VALUE`` texts (``ratune sweep --set``, :func:`parse_set`) applied before
     validation; ``base.KEY`` sets a key of the base training config (the inline one, or the file
-    ``base`` names), any other KEY a key of the sweep file. The loaded sweep (and so the saved
+    ``base`` names; its keys are checked per cell, as the file's are), any other KEY a key of the
+    sweep file (its errors name the overrides). The loaded sweep (and so the saved
     ``SWEEP_DIR/sweep.yaml``) holds the values set.
 
     Raises:

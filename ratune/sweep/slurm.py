@@ -46,7 +46,7 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         script = slurm_dir / f"data_{hub}.sbatch"
         lines = _sbatch_header(f"ratune-data-{hub}", slurm_dir / f"data_{hub}-%j.out", nodes=1, gpus=1,
                                time=s.eval_time or s.time, s=s)
-        lines += [f"if [ -f {shlex.quote(entry['dir'])}/.complete ]; then echo 'data already built'; exit 0; fi",
+        lines += ["# a folder built with the same request is reused (--reuse-if-same); one that differs is rebuilt",
                   _fmt(data_command(sweep, hub, entry))]
         script.write_text("\n".join(lines) + "\n", encoding="utf-8")
         data_jobs[hub] = f"data_{hub}_jid"

@@ -104,7 +104,9 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
 
 def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
     """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
-    delete their train and eval results so they run again. Returns the changed cells' names.
+    delete their training, eval and learning-curve results (``train/``, ``eval/``, ``curve/``,
+    ``error.txt``, ``cell.json``) so they run again. Returns the changed cells' names. The curve goes
+    too: its cells name the checkpoints by path, which a rerun reuses, so they would read as done.
 
     Raises:
         RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.
@@ -117,7 +119,7 @@ def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=N
                           + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
     for cell in cells:
         if cell.name in changed:
-            for sub in ("train", "eval", "error.txt"):
+            for sub in ("train", "eval", "curve", "error.txt"):
                 path = cell.dir / sub
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (cell.dir / "cell.json").unlink(missing_ok=True)
