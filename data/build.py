@@ -41,10 +41,10 @@ from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, 
 from ratune.data.utility import load_utility
 from ratune.data.validate import validate_splits
 from ratune.errors import RatuneError
-from ratune.io import atomic_write, read_json_object, write_json
+from ratune.io import atomic_write, read_json_object, sha256_file, write_json
 from ratune.locks import replacing_folder
-from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, mark_complete, require_owned
-from ratune.models import load_tokenizer, resolve_model_path
+from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, mark_complete, package_versions, require_owned
+from ratune.models import TOKENIZER_FILES, load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS,
@@ -301,15 +301,28 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
 
 def build_request(source: HubSource, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
                   leakage: str, mixtures: Sequence, utility_meta: dict | None) -> dict:
-    """Everything that decides a build's rows besides its modes, as JSON: the settings
-    (:func:`settings_record`), the tokenizer's name, the leakage policy, ``lenient``, each
-    mixture's definition, the utility filter, and the sha256 of every input file (the hub's API
-    documents and example files; a catalog's record). Recorded as the manifest's ``request``;
-    ``reuse_if_same`` (:func:`build_dataset`) compares it."""
+    """Everything that decides a build's rows besides its modes, as JSON: ratune's version (its
+    prompt format and row building), the settings (:func:`settings_record`), the tokenizer's name
+    and, for a local tokenizer folder, its files' sha256, the leakage policy, ``lenient``, each
+    mixture's definition, the utility filter with its file's sha256, the finetuned retriever's
+    weights (sha256 of its safetensors files) when ``dense_model`` is set, and the sha256 of every
+    input file (the hub's API documents and example files; a catalog's record). Recorded as the
+    manifest's ``request``; ``reuse_if_same`` (:func:`build_dataset`) compares it."""
     splits = [s for s in SPLITS if source.examples_file(s).exists()]
-    request = {"settings": settings_record(settings, tokenizer), "tokenizer": tokenizer_name, "leakage": leakage,
-               "lenient": lenient, "mixtures": {m.mode: m.metadata() for m in mixtures}, "utility": utility_meta,
+
+    def hashes(folder, patterns) -> dict:
+        folder = Path(folder)
+        return {p.name: sha256_file(p) for pattern in patterns for p in sorted(folder.glob(pattern)) if p.is_file()}
+
+    request = {"ratune": package_versions().get("ratune"), "settings": settings_record(settings, tokenizer),
+               "tokenizer": tokenizer_name, "leakage": leakage, "lenient": lenient,
+               "mixtures": {m.mode: m.metadata() for m in mixtures},
+               "utility": {**utility_meta, "sha256": sha256_file(utility_meta["file"])} if utility_meta else None,
                "inputs": input_hashes(source.input_files(splits)), "catalog": source.manifest_record()}
+    if Path(tokenizer_name).is_dir():
+        request["tokenizer_files"] = hashes(tokenizer_name, TOKENIZER_FILES)
+    if settings.dense_model:
+        request["dense_model_weights"] = hashes(settings.dense_model, ["*.safetensors"])
     return json.loads(json.dumps(request, sort_keys=True))  # as it reads back from the manifest
 
 

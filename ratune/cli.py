@@ -62,8 +62,9 @@ def run_guarded(fn: Callable[[], int]) -> int:
     Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
     in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
     that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
-    Ctrl-C returns 130, SIGTERM 143 (:class:`~ratune.errors.Terminated`: it unwinds as Ctrl-C
-    does, so lock files and temporary folders are cleaned up), a closed stdout (``| head``) 0.
+    Ctrl-C returns 130, SIGTERM 143 and SIGHUP 129 (:class:`~ratune.errors.Terminated`: they
+    unwind as Ctrl-C does, so lock files and temporary folders are cleaned up), a closed stdout
+    (``| head``) 0.
     The third-party messages of :mod:`ratune.noise` are silenced first.
     """
     import os
@@ -90,9 +91,12 @@ def run_guarded(fn: Callable[[], int]) -> int:
         where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
         _say(f"ratune: error: {where}: {exc.strerror or exc}")
         return 2
-    except Terminated:
-        print("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped", file=sys.stderr)
-        return 143
+    except Terminated as exc:
+        import signal
+
+        name = signal.Signals(exc.signum).name
+        print(f"ratune: terminated ({name}); rerun the same command to continue where it stopped", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
         return 130
@@ -100,28 +104,31 @@ def run_guarded(fn: Callable[[], int]) -> int:
 
 @contextlib.contextmanager
 def _terminate_like_ctrl_c():
-    """For the body, SIGTERM raises :class:`~ratune.errors.Terminated` in the main thread, unless
-    something (a launcher, a test runner) has set its own handler; the previous handler is put
-    back after. Used by :func:`run_guarded`."""
+    """For the body, SIGTERM and SIGHUP raise :class:`~ratune.errors.Terminated` in the main
+    thread, each unless something (a launcher, a test runner, ``nohup``) has set its own handler;
+    the default handlers are put back after. Used by :func:`run_guarded`."""
     import signal
     import threading
 
     from ratune.errors import Terminated
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
 
     def terminated(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-        raise Terminated()
+        for s in ours:
+            signal.signal(s, signal.SIG_DFL)  # a second signal ends the process at once
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, terminated)
+    for s in ours:
+        signal.signal(s, terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in ours:
+            signal.signal(s, signal.SIG_DFL)
 
 
 def _handler(target: str) -> Callable[[argparse.Namespace], int]:
@@ -219,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reuse-if-same", action="store_true",
                    help="keep an existing complete build made with the same request (every mode asked for; the "
                         "same settings, tokenizer, mixtures, leakage policy and input files), else replace it as "
-                        "--overwrite does (what a sweep passes)")
+                        "--overwrite does (what a sweep passes; with --overwrite too, a same build is still kept)")
     b.add_argument("--leakage", choices=LEAKAGE_POLICIES, default="error",
                    help="eval instructions found in the training data: fail (default), drop those training rows, "
                         "or keep them; always reported in the manifest")

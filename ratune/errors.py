@@ -8,11 +8,21 @@ class RatuneError(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (a Slurm time limit, ``kill``, a container stop): raised in the main thread
-    by the handler :func:`ratune.cli.run_guarded` installs, so the process unwinds as after Ctrl-C:
-    ``finally`` blocks run, lock files (ratune/locks.py) are removed, temporary folders deleted, and
-    a rerun continues where it stopped, on any host. Without it SIGTERM ends Python at once and
-    leaves the lock file, which a process on another host cannot take over."""
+    """SIGTERM (a Slurm time limit, ``kill``, a container stop) or SIGHUP (the terminal closed)
+    arrived: raised in the main thread by the handler :func:`ratune.cli.run_guarded` installs, so
+    the process unwinds as after Ctrl-C: ``finally`` blocks run, lock files (ratune/locks.py) are
+    removed, temporary folders deleted, a sweep stops its running command, and a rerun continues
+    where it stopped, on any host. Without it either signal ends Python at once and leaves the lock
+    file, which a process on another host cannot take over.
+
+    Attributes:
+        signum: the signal's number (``signal.SIGTERM`` or ``signal.SIGHUP``); the exit status is
+            ``128 + signum``.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class InputError(RatuneError):

@@ -85,3 +85,26 @@ def test_a_folder_ratune_did_not_make_is_refused_and_kept(tmp_path, apibench, sm
     with pytest.raises(RatuneError, match="not a ratune data build output"):
         _build(apibench, out, smol_tokenizer)
     assert (out / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_local_tokenizer_folder_that_changed_is_a_new_request(tmp_path, apibench, smol_tokenizer_dir):
+    """The tokenizer by folder: its files' sha256 are part of the request, so a tokenizer saved
+    again with other files under the same path rebuilds; ratune's version is recorded too."""
+    from ratune.data.prompt import use_chat_template
+    from ratune.models import load_tokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(smol_tokenizer_dir, folder)
+
+    def build():
+        return build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=tmp_path / "data", progress=False,
+                             tokenizer=use_chat_template(load_tokenizer(folder), None), tokenizer_name=str(folder),
+                             modes=("none",), reuse_if_same=True)
+
+    first = build()
+    assert set(first["request"]["tokenizer_files"]) >= {"tokenizer.json", "tokenizer_config.json"}
+    assert first["request"]["ratune"]  # the installed version
+    assert build() == first
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text() + "\n")
+    assert build()["request"]["tokenizer_files"] != first["request"]["tokenizer_files"]

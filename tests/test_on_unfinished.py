@@ -112,10 +112,11 @@ def test_resume_from_and_on_unfinished_exclude_each_other(tmp_path, capsys):
     assert "argument --on-unfinished: invalid choice: 'later'" in err and "resume" in err and "restart" in err
 
 
-def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_model_dir):
-    """A Slurm time limit sends SIGTERM: `python -m ratune.train` exits 143 with one line, and its
-    lock file is gone (a requeued job on another host could not take over a lock file that names
-    this host), so the rerun the line asks for can start anywhere."""
+@pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_model_dir, sig, status):
+    """A Slurm time limit sends SIGTERM, a closed terminal SIGHUP: `python -m ratune.train` exits
+    128 + the signal with one line, and its lock file is gone (a requeued job on another host could
+    not take over a lock file that names this host), so the rerun the line asks for can start anywhere."""
     import signal
     import subprocess
     import sys
@@ -142,16 +143,17 @@ def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_mo
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not lock.exists():
+        while not (out / ".ratune-output").exists():  # made after the lock was taken: training has begun
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the training never took its lock"
+            assert time.monotonic() < deadline, "the training never made its run folder"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        assert lock.exists()
+        proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err
-    assert err.rstrip().endswith("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped")
+    assert proc.returncode == status, err
+    assert err.rstrip().endswith(f"ratune: terminated ({sig}); rerun the same command to continue where it stopped")
     assert not lock.exists() and not (out / ".complete").exists()

@@ -558,9 +558,10 @@ def test_only_lists_a_dict_valued_axis_with_sorted_keys_as_in_its_cell_name(tmp_
     assert picked.axes["lora"]["r"] == 16
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_path, sig):
-    """`kill SWEEP_PID` (SIGTERM to the sweep alone) or Ctrl-C: the running command, launched as
+    """`kill SWEEP_PID` (SIGTERM to the sweep alone), Ctrl-C, or the terminal closing (SIGHUP; the
+    command is in its own process group, so only the sweep gets it): the running command, launched as
     the sweep launches training (`accelerate launch`, whose single-process launcher dies on SIGTERM
     without passing it on), gets the signal in every process and is waited for, so the training
     itself can unwind (and remove its lock file) before the sweep stops."""
@@ -576,6 +577,7 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
                       f"def stop(signum, frame):\n    time.sleep(1)\n    pathlib.Path({str(marker)!r}).write_text("
                       "signal.Signals(signum).name)\n    sys.exit(1)\n"
                       "signal.signal(signal.SIGTERM, stop)\nsignal.signal(signal.SIGINT, stop)\n"
+                      "signal.signal(signal.SIGHUP, stop)\n"
                       f"pathlib.Path({str(started)!r}).write_text('')\n"
                       "time.sleep(120)\n")
 
@@ -587,7 +589,7 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
         os.kill(os.getpid(), getattr(signal, sig))
 
     threading.Thread(target=signal_when_started, daemon=True).start()
-    with pytest.raises(Terminated if sig == "SIGTERM" else KeyboardInterrupt), _terminate_like_ctrl_c():
+    with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else Terminated), _terminate_like_ctrl_c():
         sw.run_command(["accelerate", "launch", "-q", "--config_file", str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"),
                         str(script)], tmp_path / "cmd.log")
     assert marker.read_text() == sig  # the training process itself got the signal and had its second to unwind

@@ -33,9 +33,10 @@ def run_command(cmd: list[str], log_path: Path) -> None:
     The command runs in its own process group, so that the sweep can signal all of it: ``accelerate
     launch``'s single-process launcher dies on SIGTERM without passing it on, which left the
     training running (and holding its lock) after the sweep had stopped. Interrupted (Ctrl-C:
-    SIGINT; SIGTERM: :class:`ratune.errors.Terminated`), the sweep sends the same signal to the
-    command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end (a
-    second Ctrl-C stops the wait), kills what is left, and re-raises.
+    SIGINT; SIGTERM or SIGHUP: :class:`ratune.errors.Terminated`), the sweep sends the same signal
+    to the command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end
+    (a second Ctrl-C stops the wait), kills what is left, and re-raises. A sweep killed with
+    SIGKILL cannot do this: its running command is left to finish on its own.
 
     Raises:
         RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
@@ -51,13 +52,14 @@ def run_command(cmd: list[str], log_path: Path) -> None:
         start = log.tell()
         proc = None
         try:
-            proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen([exe, *cmd[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             rc = proc.wait()
         except OSError as exc:
             raise RatuneError(f"cannot run {cmd[0]!r}: {exc}") from None
         except KeyboardInterrupt as exc:
             if proc is not None:
-                _stop_group(proc, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+                _stop_group(proc, exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
             raise
     if rc != 0:
         with open(log_path, "rb") as log:
