@@ -140,7 +140,10 @@ def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_mo
                                       "max_steps": 100000, "torch_threads": 1, "save_strategy": "no"}))
     lock = lock_path(out)
     proc = subprocess.Popen([sys.executable, "-m", "ratune.train", "--config", str(config), "--on-unfinished", "resume"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: under `nohup make test` SIGHUP is ignored, and ratune
+                            # leaves a signal that something set alone (ratune/cli.py _terminate_like_ctrl_c)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (out / ".ratune-output").exists():  # made after the lock was taken: training has begun
