@@ -589,13 +589,16 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
         os.kill(os.getpid(), getattr(signal, sig))
 
     threading.Thread(target=signal_when_started, daemon=True).start()
-    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal: `nohup make test` ignores it
+    # the signal's handler as in a terminal: `nohup make test` ignores SIGHUP, and a shell without job
+    # control starts a background `make test` with SIGINT ignored (Python then installs no Ctrl-C handler)
+    signum = getattr(signal, sig)
+    before = signal.signal(signum, signal.default_int_handler if sig == "SIGINT" else signal.SIG_DFL)
     try:
         with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else Terminated), _terminate_like_ctrl_c():
             sw.run_command(["accelerate", "launch", "-q", "--config_file",
                             str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"), str(script)], tmp_path / "cmd.log")
     finally:
-        signal.signal(signal.SIGHUP, hangup)
+        signal.signal(signum, before)
     assert marker.read_text() == sig  # the training process itself got the signal and had its second to unwind
 
 
