@@ -24,6 +24,7 @@ percentiles, the over-length counts, the settings and the input files' sha256.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from ratune.errors import RatuneError
 from ratune.io import atomic_write, read_json_object, sha256_file, write_json
 from ratune.locks import replacing_folder
 from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, mark_complete, package_versions, require_owned
-from ratune.models import TOKENIZER_FILES, load_tokenizer, resolve_model_path
+from ratune.models import TOKENIZER_FOLDER_FILES, load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS,
@@ -303,7 +304,9 @@ def build_request(source: HubSource, *, tokenizer, tokenizer_name: str, settings
                   leakage: str, mixtures: Sequence, utility_meta: dict | None) -> dict:
     """Everything that decides a build's rows besides its modes, as JSON: ratune's version (its
     prompt format and row building), the settings (:func:`settings_record`), the tokenizer's name
-    and, for a local tokenizer folder, its files' sha256, the leakage policy, ``lenient``, each
+    and, for a local tokenizer folder, its files' sha256 (``TOKENIZER_FOLDER_FILES``), the sha256
+    of the chat template the rows are rendered with (the tokenizer's own or a named one: a template
+    edited in place under the same name changes it), the leakage policy, ``lenient``, each
     mixture's definition, the utility filter with its file's sha256, the finetuned retriever's
     weights (sha256 of its safetensors files) when ``dense_model`` is set, and the sha256 of every
     input file (the hub's API documents and example files; a catalog's record). Recorded as the
@@ -318,12 +321,22 @@ def build_request(source: HubSource, *, tokenizer, tokenizer_name: str, settings
                "tokenizer": tokenizer_name, "leakage": leakage, "lenient": lenient,
                "mixtures": {m.mode: m.metadata() for m in mixtures},
                "utility": {**utility_meta, "sha256": sha256_file(utility_meta["file"])} if utility_meta else None,
-               "inputs": input_hashes(source.input_files(splits)), "catalog": source.manifest_record()}
+               "inputs": input_hashes(source.input_files(splits)), "catalog": source.manifest_record(),
+               "chat_template_sha256": _template_sha256(getattr(tokenizer, "chat_template", None))}
     if Path(tokenizer_name).is_dir():
-        request["tokenizer_files"] = hashes(tokenizer_name, TOKENIZER_FILES)
+        request["tokenizer_files"] = hashes(tokenizer_name, TOKENIZER_FOLDER_FILES)
     if settings.dense_model:
         request["dense_model_weights"] = hashes(settings.dense_model, ["*.safetensors"])
     return json.loads(json.dumps(request, sort_keys=True))  # as it reads back from the manifest
+
+
+def _template_sha256(template) -> str | None:
+    """sha256 of a tokenizer's ``chat_template``: its text, or for several named templates (a dict)
+    their JSON with sorted keys; None without one."""
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None:

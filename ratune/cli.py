@@ -45,6 +45,13 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
+def _say_if_possible(line: str) -> None:
+    """:func:`_say` for the last line of an interrupted command: after SIGHUP (the terminal closed)
+    writing to the terminal fails with EIO, and that OSError must not replace the exit status."""
+    with contextlib.suppress(OSError):
+        _say(line)
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
     """Run ``fn`` behind ratune's one error boundary (every ``ratune`` command and
     ``python -m ratune.train``, under accelerate or not).
@@ -95,10 +102,10 @@ def run_guarded(fn: Callable[[], int]) -> int:
         import signal
 
         name = signal.Signals(exc.signum).name
-        print(f"ratune: terminated ({name}); rerun the same command to continue where it stopped", file=sys.stderr)
+        _say_if_possible(f"ratune: terminated ({name}); rerun the same command to continue where it stopped")
         return 128 + exc.signum
     except KeyboardInterrupt:
-        print("ratune: interrupted; rerun the same command to continue where it stopped", file=sys.stderr)
+        _say_if_possible("ratune: interrupted; rerun the same command to continue where it stopped")
         return 130
 
 
@@ -106,7 +113,16 @@ def run_guarded(fn: Callable[[], int]) -> int:
 def _terminate_like_ctrl_c():
     """For the body, SIGTERM and SIGHUP raise :class:`~ratune.errors.Terminated` in the main
     thread, each unless something (a launcher, a test runner, ``nohup``) has set its own handler;
-    the default handlers are put back after. Used by :func:`run_guarded`."""
+    the default handlers are put back after. Used by :func:`run_guarded`.
+
+    Only the first signal raises; later ones are ignored while the process unwinds. Supervisors
+    often send SIGTERM twice within microseconds (Slurm signals every process of a step and torch's
+    launcher passes its own SIGTERM on to its workers; a local sweep forwards to a command that a
+    job's end also signalled), and a second signal that ended the process at once would skip the
+    ``finally`` blocks and leave the lock file behind. The hard stop stays SIGKILL, which each
+    supervisor sends after its grace period (Slurm's KillWait, the sweep's
+    :data:`ratune.sweep.local.CHILD_GRACE_S`). The ignoring handler is Python's own, so a program
+    started while unwinding gets the default handlers back."""
     import signal
     import threading
 
@@ -117,9 +133,12 @@ def _terminate_like_ctrl_c():
         return
     ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
 
+    def again(signum, frame):
+        pass  # already unwinding (see above): SIGKILL is the hard stop
+
     def terminated(signum, frame):
         for s in ours:
-            signal.signal(s, signal.SIG_DFL)  # a second signal ends the process at once
+            signal.signal(s, again)
         raise Terminated(signum)
 
     for s in ours:

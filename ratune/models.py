@@ -115,6 +115,10 @@ SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapt
 PICKLED_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 #: A saved tokenizer has at least one of these.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+#: Every file a tokenizer may load from a folder (transformers 5 keeps the chat template in
+#: ``chat_template.jinja``, no longer in tokenizer_config.json): what a data build's request hashes.
+TOKENIZER_FOLDER_FILES = TOKENIZER_FILES + ("special_tokens_map.json", "added_tokens.json", "merges.txt",
+                                            "chat_template.jinja", "chat_template.json")
 #: A hub id (``name`` or ``org/name``), which ``from_pretrained`` resolves where the hub is reachable.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 

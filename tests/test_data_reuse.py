@@ -5,6 +5,7 @@ a changed data setting trained on the old rows."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -108,3 +109,12 @@ def test_a_local_tokenizer_folder_that_changed_is_a_new_request(tmp_path, apiben
     config = folder / "tokenizer_config.json"
     config.write_text(config.read_text() + "\n")
     assert build()["request"]["tokenizer_files"] != first["request"]["tokenizer_files"]
+
+    # the chat template edited in place (transformers 5 keeps it in chat_template.jinja, which
+    # tokenizer_config.json does not hold): the rows would render differently, so a new request
+    template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    (folder / "chat_template.jinja").write_text(template)
+    edited = build()
+    assert edited["request"]["chat_template_sha256"] == hashlib.sha256(template.encode()).hexdigest()
+    assert edited["request"]["chat_template_sha256"] != first["request"]["chat_template_sha256"]
+    assert "chat_template.jinja" in edited["request"]["tokenizer_files"]

@@ -160,3 +160,104 @@ def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_mo
     assert proc.returncode == status, err
     assert err.rstrip().endswith(f"ratune: terminated ({sig}); rerun the same command to continue where it stopped")
     assert not lock.exists() and not (out / ".complete").exists()
+
+
+def test_a_second_signal_while_unwinding_does_not_cut_the_unwinding_short(tmp_path):
+    """Slurm sends SIGTERM to every process of a step and torch's launcher passes its own on to its
+    workers, so a training often gets SIGTERM twice within microseconds. Only the first raises; the
+    second (and a SIGHUP) while the `finally` blocks run is ignored, so they finish (before, the
+    second ended the process at once: exit -15 and the lock file left). SIGKILL stays the hard stop."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "twice.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "from ratune.cli import run_guarded\n"
+                      "def body():\n"
+                      "    try:\n"
+                      "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                      "        time.sleep(30)\n"
+                      "    finally:\n"
+                      "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                      "        os.kill(os.getpid(), signal.SIGHUP)\n"
+                      "        time.sleep(0.2)\n"
+                      "        print('unwound', flush=True)\n"
+                      "sys.exit(run_guarded(body))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)])
+    assert (proc.returncode, proc.stdout) == (128 + signal.SIGTERM, "unwound\n"), proc.stderr
+    assert proc.stderr.rstrip().endswith("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped")
+
+
+@pytest.mark.parametrize("raised, status", [("SIGHUP", 129), ("SIGINT", 130)])
+def test_the_last_line_cannot_replace_the_exit_status_when_the_terminal_is_gone(monkeypatch, raised, status):
+    """After SIGHUP writing to the closed terminal fails with EIO; the exit status stays 128 + signal."""
+    import errno
+    import signal
+
+    from ratune.cli import run_guarded
+    from ratune.errors import Terminated
+
+    class Gone:
+        def write(self, text):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self):
+            raise OSError(errno.EIO, "Input/output error")
+
+    def body():
+        raise Terminated(signal.SIGHUP) if raised == "SIGHUP" else KeyboardInterrupt
+
+    monkeypatch.setattr("sys.stderr", Gone())
+    assert run_guarded(body) == status
+
+
+def test_resuming_after_the_data_build_changed_is_refused(tmp_path):
+    """The run's manifest.json (written when it began) records one sha256 of the Arrow files it
+    trains on; a rebuild with other rows since then is refused (the remaining steps would train on
+    other rows), a rebuild to the same rows is not."""
+    import hashlib
+    import json
+
+    from ratune.train.sft import check_same_data, train_rows_sha256
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    (data / "none" / "train").mkdir(parents=True)
+    run.mkdir()
+    arrow = data / "none" / "train" / "data-00000-of-00001.arrow"
+    arrow.write_bytes(b"rows as built first")
+    began = hashlib.sha256(("data-00000-of-00001.arrow " + hashlib.sha256(b"rows as built first").hexdigest()
+                            + "\n").encode()).hexdigest()
+    assert train_rows_sha256(data, "none") == began
+    (run / "manifest.json").write_text(json.dumps({"train_rows_sha256": began}))
+    check_same_data(run, data, "none")  # the same rows: resumed
+    (data / "manifest.json").write_text("{}")  # rebuilt, same rows (e.g. a request recorded with more fields)
+    check_same_data(run, data, "none")
+    arrow.write_bytes(b"rows built again with another setting")
+    now = train_rows_sha256(data, "none")
+    with pytest.raises(RatuneError) as err:
+        check_same_data(run, data, "none")
+    assert str(err.value).startswith(f"{data / 'none' / 'train'}: the training rows changed since the run in {run} "
+                                     f"began (sha256 {now[:12]}; {run / 'manifest.json'} records "
+                                     f"train_rows_sha256 {began[:12]})")
+    assert f"delete {run} and rerun the sweep" in str(err.value)
+    (run / "manifest.json").write_text(json.dumps({"data_manifest_sha256": "0" * 64}))  # a run from before
+    check_same_data(run, data, "none")
+
+
+def test_resume_latest_takes_the_highest_step_and_ignores_other_names(tmp_path):
+    """checkpoint-105 after checkpoint-21 (numeric, not text order); a stray checkpoint-old is no
+    checkpoint (before, its name failed int() with a traceback)."""
+    from ratune.train.layout import checkpoint_folders
+    from ratune.train.sft import _resolve_resume
+
+    run = tmp_path / "run"
+    for name in ("checkpoint-21", "checkpoint-105", "checkpoint-old", "checkpoint-7"):
+        (run / "trainer" / name).mkdir(parents=True)
+    (run / "trainer" / "checkpoint-9").write_text("a file, not a checkpoint")
+    assert [p.name for p in checkpoint_folders(run)] == ["checkpoint-7", "checkpoint-21", "checkpoint-105"]
+    assert _resolve_resume(run, "latest") == str(run / "trainer" / "checkpoint-105")
+    assert checkpoint_folders(tmp_path / "none") == []
+    with pytest.raises(RatuneError, match="--resume-from latest, but there is no checkpoint to resume"):
+        _resolve_resume(tmp_path / "empty", "latest")

@@ -271,6 +271,41 @@ def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
     assert (cells["oracle"].dir / "train" / "trainer" / "checkpoint-1").is_dir()  # the launcher deleted nothing
 
 
+def test_a_hangup_that_took_the_terminal_with_it_still_stops_the_sweep_by_the_signal(tmp_path, monkeypatch):
+    """The terminal closed (SIGHUP): writing the `[stop]` line fails with EIO, and that OSError must
+    not replace the Terminated that gives the exit status 129 (before, it did: a traceback, exit 1)."""
+    import errno
+    import io
+    import signal
+
+    from ratune.errors import Terminated
+
+    class Terminal(io.StringIO):
+        gone = False
+
+        def write(self, text):
+            if self.gone:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().write(text)
+
+    terminal = Terminal()
+
+    class HangUp(FakeRunner):
+        def __call__(self, cmd, log_path):
+            if cmd[0] == "accelerate":
+                terminal.gone = True
+                raise Terminated(signal.SIGHUP)
+            return super().__call__(cmd, log_path)
+
+    path = write_sweep(tmp_path)
+    monkeypatch.setattr("ratune.sweep.local.run_command", HangUp())
+    monkeypatch.setattr("sys.stdout", terminal)
+    with pytest.raises(Terminated) as stopped:
+        sw.cli_sweep(args(path))
+    assert stopped.value.signum == signal.SIGHUP
+    assert "[train]" in terminal.getvalue() and "[stop]" not in terminal.getvalue()
+
+
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(tmp_path, monkeypatch, launcher):
     """A sweep holds its folder's lock while it runs (or writes its Slurm scripts): a second one
@@ -581,11 +616,12 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
                       f"pathlib.Path({str(started)!r}).write_text('')\n"
                       "time.sleep(120)\n")
 
+    over = threading.Event()  # set when the test ends: a late signal would stop pytest or a later test
+
     def signal_when_started():
-        for _ in range(1200):
-            if started.exists():
-                break
-            threading.Event().wait(0.05)
+        while not started.exists():
+            if over.wait(0.05):
+                return
         os.kill(os.getpid(), getattr(signal, sig))
 
     threading.Thread(target=signal_when_started, daemon=True).start()
@@ -598,6 +634,7 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
             sw.run_command(["accelerate", "launch", "-q", "--config_file",
                             str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"), str(script)], tmp_path / "cmd.log")
     finally:
+        over.set()
         signal.signal(signum, before)
     assert marker.read_text() == sig  # the training process itself got the signal and had its second to unwind
 

@@ -24,6 +24,20 @@ from ratune.manifest import is_complete
 from ratune.models import is_hub_id
 
 
+#: The Trainer's folder in a run (``RUN/trainer``), and the name of its checkpoints in it.
+TRAINER_DIR = "trainer"
+_CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+def checkpoint_folders(run: str | os.PathLike) -> list[Path]:
+    """The folders ``RUN/trainer/checkpoint-STEP`` by increasing step (numeric), whatever they hold;
+    other names there (``checkpoint-old``) are ignored. Empty when the run has none (or no folder)."""
+    trainer = Path(run) / TRAINER_DIR
+    found = [(int(m.group(1)), p) for p in (trainer.iterdir() if trainer.is_dir() else ())
+             if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """What a checkpoint loads as (:func:`resolve_checkpoint`).
@@ -79,9 +93,9 @@ def _trainer_checkpoint(path: Path) -> Checkpoint | None:
         RatuneError: a checkpoint without loadable weights (DeepSpeed shards only), or a LoRA
             checkpoint whose base is gone (:func:`adapter_base`).
     """
-    match = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    match = _CHECKPOINT_NAME.fullmatch(path.name)
     run = path.parent.parent
-    if not match or path.parent.name != "trainer" or not (run / "manifest.json").is_file():
+    if not match or path.parent.name != TRAINER_DIR or not (run / "manifest.json").is_file():
         return None
     step = int(match.group(1))
     if (path / "config.json").exists():
@@ -174,12 +188,7 @@ def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
     run = Path(run)
     if not (run / "manifest.json").is_file():
         raise RatuneError(f"{run}: not a ratune train run folder (no manifest.json)")
-    found = []
-    for path in (run / "trainer").glob("checkpoint-*") if (run / "trainer").is_dir() else ():
-        checkpoint = _trainer_checkpoint(path)
-        if checkpoint is not None:
-            found.append(checkpoint)
-    return sorted(found, key=lambda c: c.step)
+    return [c for c in map(_trainer_checkpoint, checkpoint_folders(run)) if c is not None]
 
 
 def checkpoint_epoch(checkpoint: Checkpoint) -> float | None:

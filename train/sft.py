@@ -71,14 +71,15 @@ from ratune.data.hubs import resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
 from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
-from ratune.io import (open_file_modes, read_json, read_json_object, stale_temp_folders, swap_folder, temp_folder,
-                       write_json, write_text)
+from ratune.io import (open_file_modes, read_json, read_json_object, sha256_file, stale_temp_folders, swap_folder,
+                       temp_folder, write_json, write_text)
 from ratune.locks import locked_output
 from ratune.manifest import TRAIN_STAGE, base_manifest, host_facts, is_complete, mark_complete, require_owned
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
 from ratune.train.config import TrainConfig, read_deepspeed_config
+from ratune.train.layout import TRAINER_DIR, checkpoint_folders
 from ratune.train.tokens import check_packing_attention, shares_for_rows
 
 
@@ -546,7 +547,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
         RatuneError: a finished run; a folder ratune did not make (:func:`ratune.manifest.require_owned`).
     """
     try:
-        resumable = policy == "resume" and any((out / "trainer").glob("checkpoint-*"))
+        resumable = policy == "resume" and bool(checkpoint_folders(out))
     except OSError:  # another rank, while the main process deletes a run without checkpoints
         resumable = False
     if not _is_main_process():  # the main process checks and deletes (a folder it deletes has no checkpoint
@@ -565,13 +566,45 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
     return None
 
 
+def train_rows_sha256(data_dir: Path, mode: str) -> str | None:
+    """One sha256 over the Arrow files of ``DATA/MODE/train`` (the rows a run trains on; ``datasets``
+    writes the same bytes for the same rows), by file name; None when there are none."""
+    import hashlib
+
+    files = sorted((data_dir / mode / "train").glob("*.arrow"))
+    if not files:
+        return None
+    return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
+
+
+def check_same_data(out: Path, data_dir: Path, mode: str) -> None:
+    """Refuse to resume a run whose training rows changed since the run began: its
+    ``manifest.json`` (written at the start, :func:`train`) records :func:`train_rows_sha256`, and a
+    rebuild with another setting or input file (data/build.py ``build_request``) writes other rows,
+    so the remaining steps would train on other rows than the checkpoint's (and a sweep's table
+    would mix builds). A rebuild to the same rows passes; so do runs from before it was recorded.
+
+    Raises:
+        RatuneError: the two sha256 differ, naming the folder, the run's manifest and how to start over.
+    """
+    recorded = read_json_object(out / "manifest.json").get("train_rows_sha256") \
+        if (out / "manifest.json").is_file() else None
+    now = train_rows_sha256(data_dir, mode)
+    if recorded is None or now is None or now == recorded:
+        return
+    raise RatuneError(f"{data_dir / mode / 'train'}: the training rows changed since the run in {out} began (sha256 "
+                      f"{now[:12]}; {out / 'manifest.json'} records train_rows_sha256 {recorded[:12]}): resuming "
+                      f"would train its remaining steps on other rows. Start it over (ratune train --on-unfinished "
+                      f"restart; in a sweep, delete {out} and rerun the sweep) or resume with the data it began with")
+
+
 def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     if resume_from is None:
         return None
     if resume_from == "latest":
-        ckpts = sorted((out / "trainer").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        ckpts = checkpoint_folders(out)
         if not ckpts:
-            raise RatuneError(f"{out / 'trainer'}: --resume-from latest, but there is no checkpoint to resume")
+            raise RatuneError(f"{out / TRAINER_DIR}: --resume-from latest, but there is no checkpoint to resume")
         return str(ckpts[-1])
     if not Path(resume_from).is_dir():
         raise RatuneError(f"{resume_from}: --resume-from path does not exist")
@@ -632,6 +665,8 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
         resume_from = prepare_unfinished(Path(config.output_dir), on_unfinished)
     out = _prepare_output_dir(config, resume_from)
     resume = _resolve_resume(out, resume_from)
+    if resume is not None:
+        check_same_data(out, Path(config.data_dir), config.train_retriever)
     set_seed(config.seed)
 
     columns, stats = load_training_rows(config, tokenizer)
@@ -648,7 +683,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
     # the training arguments are built.
     use_cpu = init_deepspeed_on_cpu(config) or not torch.cuda.is_available()
     args = SFTConfig(
-        output_dir=str(out / "trainer"),
+        output_dir=str(out / TRAINER_DIR),
         per_device_train_batch_size=per_device,
         gradient_accumulation_steps=accumulation,
         learning_rate=config.learning_rate,
@@ -730,9 +765,8 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
     })
     data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
-        from ratune.io import read_json, sha256_file
-
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
+        manifest["train_rows_sha256"] = train_rows_sha256(Path(config.data_dir), config.train_retriever)
         # the evaluator renders prompts with the document budget and chat template the model was trained with
         manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"],
                               "chat_template": config.chat_template}

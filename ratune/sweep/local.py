@@ -35,7 +35,8 @@ def run_command(cmd: list[str], log_path: Path) -> None:
     training running (and holding its lock) after the sweep had stopped. Interrupted (Ctrl-C:
     SIGINT; SIGTERM or SIGHUP: :class:`ratune.errors.Terminated`), the sweep sends the same signal
     to the command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end
-    (a second Ctrl-C stops the wait), kills what is left, and re-raises. A sweep killed with
+    (a second Ctrl-C stops the wait; a second SIGTERM or SIGHUP is ignored, ratune/cli.py
+    ``_terminate_like_ctrl_c``), kills what is left, and re-raises. A sweep killed with
     SIGKILL cannot do this: its running command is left to finish on its own.
 
     Raises:
@@ -174,7 +175,8 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
             error_file.unlink(missing_ok=True)
             status[cell.name] = "finished"
     except KeyboardInterrupt:
-        print(f"[stop] interrupted during {current}; rerun the same command to continue", file=out)
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal is gone: writing fails with EIO
+            print(f"[stop] interrupted during {current}; rerun the same command to continue", file=out, flush=True)
         raise
     done = sum(1 for s in status.values() if s != "failed")
     print(f"sweep {sweep.out_dir}: {done}/{len(cells)} cells finished, {len(errors)} failed", file=out)
