@@ -44,7 +44,7 @@ demo: setup
 # McNemar p < 0.05 for either metric; CHECK=--exact fails on any text that differs).
 # `make reproduce ARM=oracle` runs one training arm (none, oracle or mix-robust_bm25) and its cells;
 # the report and the check then cover what the sweep folder holds. SET="KEY=VALUE ..." passes each
-# as `ratune sweep --set` (docs/sweeps.md; values without spaces: [0_shot,oracle]); with a changed
+# as `ratune sweep --set` (quoted for the shell; values without spaces: [0_shot,oracle]); with a changed
 # key, give the run its own REPRODUCE folder (the cells of a finished run would read as changed).
 REPRODUCE := runs/reproduce
 ARM :=
@@ -54,7 +54,7 @@ reproduce: setup
 	test -d $(REPRODUCE)/retriever || $(VENV)/bin/ratune retrieval train --hub torchhub --out $(REPRODUCE)/retriever
 	$(VENV)/bin/ratune sweep configs/sweeps/reproduce_torchhub.yaml --out $(REPRODUCE)/sweep \
 	  --set eval.dense_model=$(REPRODUCE)/retriever $(if $(ARM),--only train_retriever=$(ARM)) \
-	  $(foreach s,$(SET),--set $(s))
+	  $(foreach s,$(SET),--set '$(s)')
 	$(VENV)/bin/ratune report $(REPRODUCE)/sweep
 	$(PY) docs/reproduction/scripts/check_reproduce.py $(REPRODUCE)/sweep $(CHECK)
 

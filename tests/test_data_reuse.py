@@ -118,3 +118,20 @@ def test_a_local_tokenizer_folder_that_changed_is_a_new_request(tmp_path, apiben
     assert edited["request"]["chat_template_sha256"] == hashlib.sha256(template.encode()).hexdigest()
     assert edited["request"]["chat_template_sha256"] != first["request"]["chat_template_sha256"]
     assert "chat_template.jinja" in edited["request"]["tokenizer_files"]
+
+
+def test_a_build_swapped_out_while_it_is_read_is_not_reused(tmp_path, apibench, smol_tokenizer, monkeypatch):
+    """Another `data build` swaps its folder in (two renames) while this one reads the manifest: the
+    file is gone for a moment. Not reused (the rebuild that follows is refused by the writer's
+    lock, in one line), instead of `ratune: error: .../manifest.json: No such file`."""
+    from ratune.data import build
+
+    out = tmp_path / "data"
+    first = _build(apibench, out, smol_tokenizer)
+    assert build._same_build(out, first["request"], ["none"]) == first
+
+    def swapped_out(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(build, "read_json_object", swapped_out)
+    assert build._same_build(out, first["request"], ["none"]) is None

@@ -679,3 +679,16 @@ def test_a_bad_set_is_refused_naming_it(tmp_path, text, message):
     with pytest.raises(RatuneError) as err:
         sw.load_sweep(write_sweep(tmp_path), overrides=[text])
     assert message in str(err.value)
+
+
+def test_a_set_into_a_base_file_names_that_file(tmp_path):
+    """`base.KEY` sets act on the base config; given by file, the error names that file (before, it
+    named "SWEEP base", a section the sweep file does not have)."""
+    inline = write_sweep(tmp_path)
+    with pytest.raises(RatuneError) as err:
+        sw.load_sweep(inline, overrides=["base.lora.r.x=1"])
+    assert str(err.value) == f"--set base.lora.r.x=1: lora.r in {inline} base is int, not a section"
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    with pytest.raises(RatuneError) as err:
+        sw.load_sweep(write_sweep(tmp_path, base="base.yaml"), overrides=["base.lora.r.x=1"])
+    assert str(err.value) == f"--set base.lora.r.x=1: lora.r in {tmp_path / 'base.yaml'} is int, not a section"

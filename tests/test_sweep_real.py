@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 # questions per eval setting: enough that the sweep's Ctrl-C, forwarded to the eval's own process
 # group, lands while the first setting is partly written (the tiny model answers about 30 questions
 # a second here: with 3, both settings could finish between the test seeing the partial file and
-# the forwarded signal arriving, as in CI on 2026-12-04)
-N_QUESTIONS = 12
+# the forwarded signal arriving, as in CI on 2026-12-04; the sweep forwards it after subprocess's
+# own 0.25 s wait for the child, about 7 questions, so 24 leaves a margin of about 40 of 48)
+N_QUESTIONS = 24
 
 
 def _ratune() -> list[str]:

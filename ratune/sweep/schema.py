@@ -228,10 +228,11 @@ def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = N
     if cfg.accelerate_config:
         cfg = cfg.model_copy(update={"accelerate_config": str(find_path(cfg.accelerate_config, path))})
     if isinstance(cfg.base, str):
-        base = load_yaml(find_path(cfg.base, path))
+        base_file = find_path(cfg.base, path)
+        base, base_where = load_yaml(base_file), str(base_file)
     else:
-        base = dict(cfg.base)
+        base, base_where = dict(cfg.base), f"{path} base"
     if base_sets:
-        base = _apply_sets(base, base_sets, f"{path} base")
+        base = _apply_sets(base, base_sets, base_where)  # an error names the base file when there is one
     out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
     return Sweep(config=cfg, source=str(path), out_dir=out, base=base)
