@@ -344,9 +344,9 @@ def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None
     mode of ``modes``; else None (no build, an unfinished one, one from before ``request`` was
     recorded, or another request)."""
     path = final / "manifest.json"
+    if not (is_complete(final) and path.is_file()):
+        return None
     try:
-        if not (is_complete(final) and path.is_file()):
-            return None
         manifest = read_json_object(path)
     except FileNotFoundError:  # another build is swapping its folder in: not reused; its lock then refuses the rebuild
         return None

@@ -577,13 +577,15 @@ def train_rows_sha256(data_dir: Path, mode: str) -> str | None:
     return hashlib.sha256("".join(f"{f.name} {sha256_file(f)}\n" for f in files).encode()).hexdigest()
 
 
-def check_same_data(out: Path, data_dir: Path, mode: str) -> None:
+def check_same_data(out: Path, data_dir: Path, mode: str) -> str | None:
     """Refuse to resume a run whose training rows changed since the run began: its
     ``manifest.json`` (written at the start, :func:`train`) records :func:`train_rows_sha256`, and a
     rebuild with another setting or input file (data/build.py ``build_request``) writes other rows,
     so the remaining steps would train on other rows than the checkpoint's (and a sweep's table
     would mix builds). A rebuild to the same rows passes; so do runs from before it was recorded.
 
+    Returns:
+        The rows' sha256 now (what the run's manifest records next), so they are hashed once.
     Raises:
         RatuneError: the two sha256 differ, naming the folder, the run's manifest and how to start over.
     """
@@ -591,7 +593,7 @@ def check_same_data(out: Path, data_dir: Path, mode: str) -> None:
         if (out / "manifest.json").is_file() else None
     now = train_rows_sha256(data_dir, mode)
     if recorded is None or now is None or now == recorded:
-        return
+        return now
     raise RatuneError(f"{data_dir / mode / 'train'}: the training rows changed since the run in {out} began (sha256 "
                       f"{now[:12]}; {out / 'manifest.json'} records train_rows_sha256 {recorded[:12]}): resuming "
                       f"would train its remaining steps on other rows. Start it over (ratune train --on-unfinished "
@@ -665,8 +667,9 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
         resume_from = prepare_unfinished(Path(config.output_dir), on_unfinished)
     out = _prepare_output_dir(config, resume_from)
     resume = _resolve_resume(out, resume_from)
-    if resume is not None:
-        check_same_data(out, Path(config.data_dir), config.train_retriever)
+    data_dir = Path(config.data_dir)
+    rows_sha256 = check_same_data(out, data_dir, config.train_retriever) if resume is not None \
+        else train_rows_sha256(data_dir, config.train_retriever)
     set_seed(config.seed)
 
     columns, stats = load_training_rows(config, tokenizer)
@@ -763,10 +766,10 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
                     "attn_implementation": checks.attn_implementation_of(model)},
         **hub_record,  # "hub": its name; "catalog": the data manifest's record (catalog hubs only)
     })
-    data_manifest = Path(config.data_dir) / "manifest.json"
+    data_manifest = data_dir / "manifest.json"
     if data_manifest.exists():
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
-        manifest["train_rows_sha256"] = train_rows_sha256(Path(config.data_dir), config.train_retriever)
+        manifest["train_rows_sha256"] = rows_sha256
         # the evaluator renders prompts with the document budget and chat template the model was trained with
         manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"],
                               "chat_template": config.chat_template}
