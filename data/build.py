@@ -33,7 +33,7 @@ from typing import Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, MaxLength, check_fields
-from ratune.data.apibench import HUBS, Example, ParseReport, api_identity, input_hashes, resolve_apibench_dir
+from ratune.data.apibench import Example, ParseReport, api_identity, input_hashes
 from ratune.data.hubs import HubSource, as_hub_source, resolve_hub
 from ratune.data.labels import tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
@@ -371,8 +371,7 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
         if source.examples_file(split).exists():
             splits[split] = source.load_examples(split, lenient=lenient, report=report)
     if not splits:
-        if source.is_catalog:  # its error says to run `ratune catalog pairs`
-            source.load_examples("train")
+        source.load_examples(SPLITS[0])  # every kind's error names the missing file and how to make it
         raise RatuneError(f"{source.root}: no example files for hub {hub}")
     read_counts = {s: len(e) for s, e in splits.items()}
     database = source.load_api_database()
@@ -449,8 +448,9 @@ def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str,
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs), "request": request,
         "retrievers": {m: r.metadata() for m, r in cache.items()},
     })
-    if source.is_catalog:  # APIBench manifests keep their keys
-        manifest["catalog"] = source.manifest_record()
+    record = source.manifest_record()
+    if record is not None:  # a hub with nothing beyond its name and files (APIBench) adds no key
+        manifest[source.kind] = record
     write_json(out / "manifest.json", manifest)
     mark_complete(out)
     return manifest
@@ -463,8 +463,7 @@ def cli_build(args) -> int:
         RatuneError: nothing to build, ``--utility-file`` without ``--min-utility`` or ``--mixture``,
             ``--min-utility`` without ``--utility-file``; as :func:`build_dataset`.
     """
-    # an APIBench hub needs the APIBench folder; a catalog folder does not
-    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
+    source = resolve_hub(args.hub, args.apibench)
     mixtures = [Mixture.parse(spec, **values_from_args(args, MIXTURE_OPTIONS)) for spec in args.mixture or []]
     if not args.modes and not mixtures:
         raise RatuneError("nothing to build: give --modes and/or --mixture")

@@ -1,40 +1,44 @@
-"""The ``ratune eval run`` and ``ratune report --eval`` commands: argument handling over the eval
+"""The ``ratune eval run``, ``ratune eval score`` and ``ratune report --eval`` commands: argument handling over the eval
 modules (ratune/cli.py declares the flags and calls these), kept here so that run, curve, report
 and robustness import one another in one direction only."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
-from ratune.data.apibench import HUBS, resolve_apibench_dir
-from ratune.data.hubs import resolve_hub
+from ratune.data.hubs import hub_name, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
+from ratune.eval.hub_scoring import scoring_for
 from ratune.eval.report import make_cell, own_report_folder, read_metrics, table2_markdown, write_table2
 from ratune.eval.robustness import experiment_rows, experiments_markdown
 from ratune.eval.run import evaluate_checkpoint
+from ratune.eval.scoring.cli import METRIC_CHOICES, add_score_arguments
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.io import write_json, write_text
 from ratune.manifest import is_complete
 from ratune.options import values_from_args
-from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS, EXPERIMENT_SETTINGS
+from ratune.registry import EXPERIMENT_SETTINGS
 
 
 def cli_run(args) -> int:
     """``ratune eval run``: evaluate a checkpoint (or, with ``--all-checkpoints``, every checkpoint of
     a run: a learning curve) under the test settings (``args`` from its parser, ratune/cli.py);
     prints each setting's rates (or the curve). Returns 0."""
+    hub = resolve_hub(args.hub, args.apibench)
     values = values_from_args(args, EVAL_OPTIONS)
-    values["settings"] = args.settings or list(DEFAULT_SETTINGS if args.hub in HUBS else CATALOG_DEFAULT_SETTINGS)
+    values["settings"] = args.settings or list(hub.default_settings)
     settings = EvalSettings(**values)
-    apibench = resolve_apibench_dir(args.apibench) if args.hub in HUBS else None  # a catalog needs no APIBench
     if args.all_checkpoints:
-        rows = evaluate_curve(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+        rows = evaluate_curve(args.checkpoint, hub=hub, apibench_dir=args.apibench, out_dir=args.out,
                               settings=settings, model_name=args.model_name)
         print(curve_markdown(rows), end="")
         return 0
-    results = evaluate_checkpoint(args.checkpoint, hub=args.hub, apibench_dir=apibench, out_dir=args.out,
+    results = evaluate_checkpoint(args.checkpoint, hub=hub, apibench_dir=args.apibench, out_dir=args.out,
                                   settings=settings, model_name=args.model_name)
     print(json.dumps({s: {k: m[k] for k in ("n", "accuracy", "hallucination", "error")}
                       for s, m in results.items()}, sort_keys=True))
@@ -84,7 +88,7 @@ def cli_report(args) -> int:
             f"{cell}: {hub}" for hub, cell in sorted(hubs.items())))
     given = None
     if args.hub is not None:
-        given = args.hub if args.hub in HUBS else resolve_hub(args.hub).name
+        given = hub_name(args.hub)
     if not hubs and given is None:
         raise RatuneError("the --eval cells do not record their hub (made by hand?): give --hub")
     hub, first = next(iter(hubs.items())) if hubs else (given, None)
@@ -100,3 +104,44 @@ def cli_report(args) -> int:
         print("Experiments (beside Table 2, not in it):\n")
         print(experiments_markdown(rows))
     return 0
+
+
+def cli_score(args) -> int:
+    """``ratune eval score``: score one response file and print the result.
+
+    ``args`` has ``hub``, ``responses``, ``apibench`` (None: default folder), ``metric``
+    (gorilla|strict|both, default both), ``json`` (bool) and optionally ``no_hub_check``.
+    With ``json`` prints one JSON object (the result without ``per_question``), else a table.
+    The hub's scorer (:func:`ratune.eval.hub_scoring.scoring_for`) scores and prints.
+
+    Returns:
+        0.
+
+    Raises:
+        RatuneError / InputError: unknown hub, a metric the hub is not scored by, missing files,
+            malformed response lines, a file for another hub, question ids that are not the hub's.
+    """
+    metric = getattr(args, "metric", None) or "both"
+    if metric not in METRIC_CHOICES:
+        raise RatuneError(f"unknown metric {metric!r}: expected gorilla, strict or both")
+    scoring = scoring_for(resolve_hub(args.hub, getattr(args, "apibench", None)))
+    if metric != "both":
+        scoring.require_metric(metric)
+    responses = scoring.load_responses(args.responses, hub_check=not getattr(args, "no_hub_check", False))
+    result = scoring.score(responses)
+    if getattr(args, "json", False):
+        print(json.dumps(scoring.summary(result, metric), sort_keys=True))
+    else:
+        print(scoring.format_table(result, metric, source=os.fspath(args.responses)))
+    return 0
+
+
+def score_main(argv=None) -> int:  # pragma: no cover - convenience entry point
+    """``python -m ratune.eval.scoring --hub ... --responses ...`` (same as cli_score)."""
+    parser = add_score_arguments(argparse.ArgumentParser(prog="ratune eval score"))
+    args = parser.parse_args(argv)
+    try:
+        return cli_score(args)
+    except RatuneError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from ratune.args import add_apibench_argument, bounded, input_path
 from ratune.config import Seed
-from ratune.data.apibench import HUBS, check_hub, released_responses_path, resolve_apibench_dir
-from ratune.data.hubs import hub_argument_type
+from ratune.data.apibench import HUBS, resolve_apibench_dir
+from ratune.data.hubs import hub_argument_type, recorded_hub_kind, resolve_hub
 from ratune.errors import RatuneError
-from ratune.eval.scoring import Scorer, check_hub_matches, load_responses
+from ratune.eval.hub_scoring import scoring_for
 from ratune.eval.scoring.scorer import METRICS
 from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
                                wilson_interval)
@@ -106,46 +106,38 @@ def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, 
             "difference": {"value": diff, "low": low, "high": high, "resamples": resamples, "seed": seed}}
 
 
-def compare_files(responses_a, responses_b, *, hub: str, apibench_dir=None, metric: str = "gorilla",
+def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: str | None = None,
                   resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, hub_check: bool = True,
                   scorer=None) -> dict:
-    """Score two response files (or eval cell folders) for ``hub`` and compare them paired
-    (``scorer``: the hub's :class:`~ratune.eval.scoring.Scorer` when the caller already has one;
-    else it is built from ``apibench_dir``). ``hub`` may be a catalog folder: its answers are
-    scored by :class:`~ratune.eval.catalog_scorer.CatalogEvalScorer` and compared by the strict
-    metric (``metric="gorilla"`` is refused: that metric is APIBench's).
+    """Score two response files (or eval cell folders) for ``hub`` (``--hub`` text or a hub) and
+    compare them paired, by the hub's scorer (:func:`ratune.eval.hub_scoring.scoring_for`;
+    ``scorer``: one the caller built already) and ``metric`` (default: the hub's headline metric;
+    one the hub is not scored by is refused).
 
     Returns:
         :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
 
     Raises:
-        RatuneError / InputError: unknown hub, missing files, malformed lines, ids out of range,
-            a file for another hub (unless ``hub_check`` is False), unpaired question sets.
+        RatuneError / InputError: unknown hub, missing files, malformed lines, ids that are not
+            the hub's questions, a file for another hub (unless ``hub_check`` is False), unpaired
+            question sets.
     """
-    if scorer is None and str(hub) not in HUBS:  # a catalog folder
-        from ratune.data.hubs import resolve_hub
-        from ratune.eval.catalog_scorer import GORILLA_APIBENCH_ONLY, CatalogEvalScorer
-
-        if metric == "gorilla":
-            raise RatuneError(f"--metric gorilla: {GORILLA_APIBENCH_ONLY}; compare with --metric strict")
-        scorer = CatalogEvalScorer.from_source(resolve_hub(hub))
-        hub, hub_check = scorer.hub, False  # the APIBench hub check reads loader calls
-    else:
-        check_hub(hub)
-    scorer = scorer or Scorer.from_apibench(hub, apibench_dir)
+    scoring = scoring_for(resolve_hub(hub, apibench_dir, locate=False))
+    if scorer is not None:
+        scoring.scorer = scorer
+    metric = metric or scoring.main_metric
+    scoring.require_metric(metric, fix="compare with")
     paths, scored = [], []
     for given in (responses_a, responses_b):
         path = resolve_responses_path(given)
-        responses = load_responses(path, scorer.n_questions)
-        if hub_check:
-            check_hub_matches(hub, responses, scorer, path=path)
+        responses = scoring.load_responses(path, hub_check=hub_check)
         paths.append(path)
-        scored.append(scorer.score(responses)["per_question"])
+        scored.append(scoring.score(responses)["per_question"])
     try:
         result = compare_outcomes(scored[0], scored[1], metric=metric, resamples=resamples, seed=seed)
     except RatuneError as err:
         raise RatuneError(f"{err} [A = {paths[0]}, B = {paths[1]}]") from None
-    result["hub"] = hub
+    result["hub"] = scoring.hub.name
     result["a"]["path"], result["b"]["path"] = os.fspath(paths[0]), os.fspath(paths[1])
     return result
 
@@ -224,10 +216,9 @@ def cli_compare(args) -> int:
     if resamples < 1:
         raise RatuneError(f"--resamples must be at least 1, got {resamples}")
     seed = getattr(args, "seed", None)
-    metric = getattr(args, "metric", None) or ("gorilla" if args.hub in HUBS else "strict")
     result = compare_files(args.responses_a, args.responses_b, hub=args.hub,
                            apibench_dir=getattr(args, "apibench", None),
-                           metric=metric, resamples=resamples,
+                           metric=getattr(args, "metric", None), resamples=resamples,
                            seed=DEFAULT_SEED if seed is None else seed,
                            hub_check=not getattr(args, "no_hub_check", False))
     if getattr(args, "json", False):
@@ -256,11 +247,12 @@ def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, ap
     spec = TEST_SETTINGS.get(setting)
     if spec is None or spec.released is None:
         return []
-    apibench = resolve_apibench_dir(apibench_dir)
-    scorer = scorer or Scorer.from_apibench(hub, apibench)  # one scorer for the 4 comparisons
+    source = resolve_hub(hub, apibench_dir)
+    scorer = scorer or scoring_for(source).scorer  # one scorer for the 4 comparisons
+    apibench = source.root
     out = []
     for model in RELEASED_MODELS:
-        released = released_responses_path(apibench, hub, model, spec.released)
+        released = source.released_responses_file(model, spec.released)
         for metric in COMPARE_METRICS:
             result = compare_files(cell, released, hub=hub, apibench_dir=apibench, metric=metric,
                                    resamples=resamples, seed=seed, scorer=scorer)
@@ -292,17 +284,17 @@ def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dic
         hub than APIBench's, or fewer questions than the released files hold).
     """
     apibench = resolve_apibench_dir(apibench_dir)
-    scorers: dict[str, Scorer] = {}  # one per hub, for the question count and every comparison
+    scorers: dict = {}  # one per hub, for the question count and every comparison
     results, skipped = [], []
     for c in cells:
         spec = TEST_SETTINGS.get(c["setting"])
         if spec is None or spec.released is None:
             continue
-        if c["hub"] not in HUBS:
+        if not recorded_hub_kind(c["hub"], c.get("hub_kind")).has_released_responses:
             skipped.append({"cell": c["cell"], "setting": c["setting"], "reason": "no released responses for this hub"})
             continue
         if c["hub"] not in scorers:
-            scorers[c["hub"]] = Scorer.from_apibench(c["hub"], apibench)
+            scorers[c["hub"]] = scoring_for(resolve_hub(c["hub"], apibench)).scorer
         scorer = scorers[c["hub"]]
         if c["n"] != scorer.n_questions:
             skipped.append({"cell": c["cell"], "setting": c["setting"],

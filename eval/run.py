@@ -54,13 +54,12 @@ from ratune.data.hubs import as_hub_source
 from ratune.data.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.eval.abstain import abstention
-from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY, CatalogEvalScorer
 from ratune.eval.constraints import constrained_examples, constraint_metrics
 from ratune.eval.generate import generate_batches, generation_limits, max_positions_of
+from ratune.eval.hub_scoring import scoring_for
 from ratune.eval.report import read_metrics
-from ratune.eval.scoring import Scorer
 from ratune.eval.settings import EvalSettings, resolve_placement
-from ratune.eval.stats import count_rates, rate_intervals
+from ratune.eval.stats import rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
 from ratune.locks import locked_output
@@ -279,10 +278,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         all_examples = all_examples[:settings.n_questions]
     name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
     out = Path(out_dir)
-    if hub_source.is_catalog:
-        scorer = CatalogEvalScorer(hub, hub_source.load_api_database(), all_examples)
-    else:
-        scorer = Scorer.from_apibench(hub, hub_source.root)
+    scoring = scoring_for(hub_source, all_examples)
+    scorer = scoring.scorer
 
     # the prompts are rendered with the template the model was trained with (run manifest)
     chat_template = settings.chat_template or trained_chat_template(described_by)
@@ -343,7 +340,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         responses = _generate_cell(responses_path, done, examples, prompts, model=model, tokenizer=tokenizer,
                                    settings=settings, positions=positions, desc=f"{name} {setting}",
                                    meta={"model": name, "setting": setting}, progress=progress)
-        metrics = _cell_metrics(scorer.score(responses), hub_source=hub_source, responses=responses,
+        metrics = _cell_metrics(scoring.score(responses), scoring=scoring, responses=responses,
                                 head={"hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata()},
                                 generation=generation, device=device, inputs=inputs, positions=positions,
                                 capped=[e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens])
@@ -378,11 +375,9 @@ def _check_request(settings: EvalSettings, hub_source) -> None:
     for s in settings.settings:
         if s not in EVAL_SETTINGS:
             raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
-        if s.startswith(CONSTRAINTS_PREFIX) and (hub_source.is_catalog or hub != "torchhub"):
-            raise RatuneError(f"test setting {s}: constrained questions exist for torchhub only")
-        if hub_source.is_catalog and s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed:
-            raise RatuneError(f"test setting {s}: it replays the paper's precomputed documents, which exist for the "
-                              f"APIBench hubs only, not for catalog {hub} ({hub_source.root})")
+        refusal = hub_source.setting_refusal(s)
+        if refusal is not None:
+            raise RatuneError(refusal)
     needs_model = [s for s in settings.settings if _needs_model(s)]
     if needs_model:
         require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
@@ -443,22 +438,21 @@ def _generate_cell(responses_path: Path, done: dict[int, dict], examples: list, 
     return [done[e.line] for e in examples]
 
 
-def _cell_metrics(scored: dict, *, hub_source, responses: list[dict], head: dict, generation: dict, device: str,
+def _cell_metrics(scored: dict, *, scoring, responses: list[dict], head: dict, generation: dict, device: str,
                   inputs: dict, positions, capped: list[int]) -> dict:
-    """A cell's metrics.json from the scorer's result: every rate with its 95 % Wilson interval;
-    the top-level rates the official gorilla metric's on APIBench, a catalog's strict metric's
-    (with its argument score); generation settings, device, versions, abstention, input hashes and
-    the questions whose prompt left fewer than max_new_tokens positions (``capped``)."""
-    for metric in ("gorilla", "strict"):
-        if metric in scored:
-            scored[metric].update(rate_intervals(scored[metric], scored["n"]))
-    main = scored["strict"] if hub_source.is_catalog else scored["gorilla"]
+    """A cell's metrics.json from the scorer's result: every rate with its 95 % Wilson interval; the
+    top-level rates the hub's headline metric's (:class:`ratune.eval.hub_scoring.HubScoring`), a
+    block per metric and the scoring's own fields; generation settings, device, versions,
+    abstention, input hashes and the questions whose prompt left fewer than max_new_tokens
+    positions (``capped``)."""
+    for metric in scoring.metrics:
+        scored[metric].update(rate_intervals(scored[metric], scored["n"]))
+    main = scored[scoring.main_metric]
     metrics = {
         **head, "n": scored["n"],
         "accuracy": main["accuracy"], "hallucination": main["hallucination"], "error": main["error"],
         **{k: main[k] for k in ("accuracy_ci", "hallucination_ci", "error_ci")},
-        **({} if hub_source.is_catalog else {"gorilla": scored["gorilla"]}),
-        "strict": scored["strict"], "parser": scored["parser"],
+        **{m: scored[m] for m in scoring.metrics}, "parser": scored["parser"],
         "per_question": scored.get("per_question", []),
         "generation": generation,
         "device_name": _device_name(device), "host": host_facts(),
@@ -468,10 +462,7 @@ def _cell_metrics(scored: dict, *, hub_source, responses: list[dict], head: dict
         # ratune.eval.generate.generation_limits
         "generation_limit": {"max_positions": positions, "capped": capped},
     }
-    if hub_source.is_catalog:
-        args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
-        metrics.update({"metric": CATALOG_METRIC, "hub_kind": "catalog", "catalog": hub_source.manifest_record(),
-                        "arguments": count_rates(args_n, scored["n"]), "gorilla_unavailable": GORILLA_APIBENCH_ONLY})
+    metrics.update(scoring.cell_fields(scored))
     return metrics
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.args import input_dir, input_file, output_dir
-from ratune.data.apibench import HUBS
+from ratune.data.hubs import manifest_hub_record, recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.report import _axes, _complete, headline_metric, make_cell, metric_block
 from ratune.io import open_file_modes, read_json, sha256_file, stale_temp_folders, temp_folder, write_json
@@ -44,7 +44,6 @@ from ratune.train.layout import model_folder
 #: Hub id of the base model behind each ratune model alias (ratune/models.py).
 BASE_MODEL_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 #: The training data on the hub (Gorilla's APIBench): the card's ``datasets`` of APIBench-trained runs only.
-DATASET_ID = "gorilla-llm/APIBench"
 DEFAULT_LICENSE = "apache-2.0"
 BASE_TAGS = ("ratune", "gorilla", "api-calling", "retriever-aware-training", "lora-merged")
 EXPORT_MANIFEST = "ratune_export.json"
@@ -191,11 +190,21 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _results_hub(table_hub: str | None, recipe: dict) -> tuple[str | None, bool]:
-    """``(hub, is_catalog)`` of the Table 2 row: the table's (or eval cells') hub, else the
-    catalog of a catalog-trained run; a name that is not an APIBench hub is a catalog's."""
-    hub = table_hub or (recipe.get("catalog") or {}).get("name")
-    return hub, hub is not None and hub not in HUBS
+def _trained_hub(recipe: dict):
+    """``(name, record, hub class)`` of the hub a run was trained on (its manifest's ``hub`` and
+    hub record, :func:`ratune.data.hubs.recorded_hub_kind`)."""
+    kind, record = manifest_hub_record(recipe)
+    name = (record or {}).get("name") or recipe.get("hub")
+    return name, record, recorded_hub_kind(name, kind)
+
+
+def _results_hub(table_hub: str | None, recipe: dict):
+    """``(hub, hub class)`` of the Table 2 row: the table's (or eval cells') hub, else the hub of a
+    run whose manifest records one beyond its name (None: an APIBench hub not named)."""
+    kind, record = manifest_hub_record(recipe)
+    if table_hub is None and record is not None:
+        return record.get("name"), recorded_hub_kind(record.get("name"), kind)
+    return table_hub, recorded_hub_kind(table_hub)
 
 
 def _main_block(cell: dict) -> dict:
@@ -204,20 +213,18 @@ def _main_block(cell: dict) -> dict:
     return metric_block(cell, headline_metric([cell]))
 
 
-def _table_row_markdown(cells: list[dict], hub: str | None, catalog: bool = False) -> str:
+def _table_row_markdown(cells: list[dict], hub: str | None, kind) -> str:
+    """The card's Table 2 row: the headline metric's rates, and the strict accuracy beside them
+    when the headline metric is another one (``kind``: the hub class, which names the data)."""
     _, cols = _axes(cells)
     by = {c["test_retriever"]: c for c in cells}
-    measured = (f"Measured on the eval pairs of the API catalog `{hub}` (scored with the catalog's own metric, "
-                "docs/catalog_scoring.md; 95 % Wilson score intervals; n = questions per cell):" if catalog else
-                f"Measured on APIBench {hub or ''} eval questions (AST sub-tree match, the official Gorilla "
-                "metric; 95 % Wilson score intervals; n = questions per cell):".replace("  ", " "))
-    if catalog:  # one metric: the catalog's strict one
-        lines = [measured, "", "| test-time retrieval | strict accuracy [95 % CI] | hallucination | error | n |",
-                 "|---|---|---|---|---|"]
+    strict_only = headline_metric(cells) == "strict"
+    lines = [kind.card_measured(hub), ""]
+    if strict_only:
+        lines += ["| test-time retrieval | strict accuracy [95 % CI] | hallucination | error | n |", "|---|---|---|---|---|"]
     else:
-        lines = [measured, "",
-                 "| test-time retrieval | accuracy [95 % CI] | hallucination | error | strict accuracy | n |",
-                 "|---|---|---|---|---|---|"]
+        lines += ["| test-time retrieval | accuracy [95 % CI] | hallucination | error | strict accuracy | n |",
+                  "|---|---|---|---|---|---|"]
     for col in cols:
         c = by[col]
         main = _main_block(c)
@@ -229,7 +236,7 @@ def _table_row_markdown(cells: list[dict], hub: str | None, catalog: bool = Fals
             sci = strict.get("accuracy_ci")
             s_acc = _pct(strict["accuracy"]) + (f" [{_pct(sci[0])}-{_pct(sci[1])}]" if sci else "")
         rates = f"| {col} | {acc} | {_pct(main.get('hallucination', 0.0))} | {_pct(main.get('error', 0.0))} "
-        lines.append(rates + (f"| {c['n']} |" if catalog else f"| {s_acc} | {c['n']} |"))
+        lines.append(rates + (f"| {c['n']} |" if strict_only else f"| {s_acc} | {c['n']} |"))
     return "\n".join(lines)
 
 
@@ -257,11 +264,11 @@ def _recipe(manifest: dict | None) -> dict:
         "examples": (manifest.get("data") or {}).get("examples"),
         "train_tokens": (manifest.get("data") or {}).get("tokens"),
     }
-    catalog = manifest.get("catalog")
-    if isinstance(catalog, dict):  # a catalog-trained run (APIBench recipes keep their keys); no local paths
-        source = catalog.get("import_source") or {}
-        recipe["catalog"] = {"name": catalog.get("name"),
-                             "import_source": {k: source[k] for k in ("kind", "module", "sha256") if k in source}}
+    kind, record = manifest_hub_record(manifest)
+    if record is not None:  # a hub recorded beyond its name (a catalog), under its kind; no local paths
+        source = record.get("import_source") or {}
+        recipe[kind] = {"name": record.get("name"),
+                        "import_source": {k: source[k] for k in ("kind", "module", "sha256") if k in source}}
     return recipe
 
 
@@ -269,11 +276,10 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                hash_note: str, versions: dict, vocab: dict, eos: tuple[str, int], cells: list[dict],
                table_hub: str | None, merged_from_adapter: bool) -> str:
     r = recipe
-    catalog = r.get("catalog")
+    hub, record, kind = _trained_hub(r)
     out = [f"# {title}", ""]
     if r:
-        trained_on = (f"on the API catalog `{catalog['name']}` (the user's own APIs, imported with "
-                      "`ratune catalog import`)" if catalog else f"on APIBench {r.get('hub')}")
+        trained_on = kind.card_trained_on(hub, record)
         out += [f"A retriever-aware-training (RAT) finetune, after Gorilla (Patil et al., NeurIPS 2024, "
                 f"arXiv 2305.15334), of `{base_model or base_note or 'an unknown base model'}` for API calling "
                 f"{trained_on}, trained with **train-time retrieval `{r.get('train_retriever')}`** "
@@ -310,17 +316,9 @@ def _card_body(*, title: str, base_model: str | None, base_note: str | None, rec
                 f"| dtype | {r.get('dtype')} (bf16 {r.get('bf16')}) |",
                 f"| seed | {r.get('seed')} |", ""]
     out += ["## Training data", ""]
-    if catalog:
-        source = catalog.get("import_source") or {}
-        how = f" --from {source['kind']}" if source.get("kind") else ""
-        what = (f" (source sha256 `{source['sha256']}`)" if source.get("sha256") else
-                f" (module `{source['module']}`)" if source.get("module") else "")
-        out += [f"The API catalog `{catalog['name']}`: the user's own APIs, imported with `ratune catalog import{how}`"
-                f"{what}, with the user's instruction pairs split by `ratune catalog pairs` (no benchmark data).", ""]
+    out += kind.card_training_data(hub, record)
     if hashes:
-        files = (f"Catalog `{catalog['name']}` files" if catalog else
-                 f"[{DATASET_ID}](https://huggingface.co/datasets/{DATASET_ID}) files")
-        out += [f"{files} ({hash_note}):", "",
+        out += [f"{kind.card_files_label(hub, record)} ({hash_note}):", "",
                 "| file | sha256 |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in sorted(hashes.items())] + [""]
     else:
         out += [f"Data file hashes unavailable: {hash_note}.", ""]
@@ -344,21 +342,19 @@ def _model_card(*, model_name: str, base_model: str | None, license: str, recipe
         tags.append(f"train-retriever-{recipe['train_retriever']}")
     if recipe.get("hub"):
         tags.append(recipe["hub"])  # a catalog's name for a catalog-trained run
-    if recipe.get("catalog"):
-        tags.append("api-catalog")
+    _, _, trained_kind = _trained_hub(recipe)
+    tags += trained_kind.card_tags
     if not recipe.get("lora"):
         tags.remove("lora-merged")
-    hub, on_catalog = _results_hub(table_hub, recipe)
-    dataset = ({"dataset_type": hub, "dataset_name": f"API catalog {hub}", "dataset_config": None} if on_catalog else
-               {"dataset_type": DATASET_ID, "dataset_name": f"APIBench {table_hub or ''}".strip(),
-                "dataset_config": table_hub})
+    hub, kind = _results_hub(table_hub, recipe)
+    dataset = kind.card_dataset(hub)
     results = [EvalResult(task_type="text-generation", task_name="API call generation", **dataset, dataset_split="eval",
                           metric_type="accuracy",
                           metric_name=f"{'AST' if 'accuracy' in c else 'strict API'} accuracy ({c['test_retriever']} retrieval)",
                           metric_value=round(float(_main_block(c)["accuracy"]), 6),
                           metric_config=c["test_retriever"])
                for c in cells]
-    data = ModelCardData(base_model=base_model, datasets=None if recipe.get("catalog") else [DATASET_ID],
+    data = ModelCardData(base_model=base_model, datasets=list(trained_kind.card_datasets or []) or None,
                          library_name="transformers",
                          license=license, tags=tags, pipeline_tag="text-generation", language=["en"],
                          model_name=model_name, eval_results=results or None)

@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_handler("ratune.eval.cli:cli_run"))
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
-    s.set_defaults(func=_handler("ratune.eval.scoring:cli_score"))
+    s.set_defaults(func=_handler("ratune.eval.cli:cli_score"))
 
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")

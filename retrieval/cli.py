@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
-from ratune.data.apibench import HUBS, input_hashes, resolve_apibench_dir
+from ratune.data.apibench import HUBS, input_hashes
 from ratune.data.hubs import resolve_hub
 from ratune.errors import RatuneError
 from ratune.io import write_json, write_text
@@ -33,9 +32,7 @@ def cli_eval(args) -> int:
             did not make (:func:`ratune.manifest.own_output_folder`).
     """
     hubs = list(HUBS) if args.hub == "all" else [args.hub]
-    # an APIBench hub needs the APIBench folder; a catalog folder does not
-    apibench = resolve_apibench_dir(args.apibench) if any(h in HUBS for h in hubs) else None
-    sources = [resolve_hub(h, apibench) for h in hubs]
+    sources = [resolve_hub(h, args.apibench) for h in hubs]
     finetuned = [r.name for r in RETRIEVERS.values() if r.needs_model]
     names = [r.name for r in RETRIEVERS.values() if r.name != "none" and not r.needs_model] \
         if args.retriever == "all" else [args.retriever]
@@ -119,7 +116,7 @@ def _index_variant(index_dir) -> str | None:
 def cli_index(args) -> int:
     """``ratune retrieval index``: build and save a bm25s index of a hub's API documents (``args`` from its
     parser, ratune/cli.py). Returns 0."""
-    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
+    source = resolve_hub(args.hub, args.apibench)
     start = time.perf_counter()
     retriever = BM25Retriever(source.load_api_database(), hub=source.name, variant=args.retriever, backend="bm25s")
     out = retriever.save(args.out)

@@ -42,7 +42,7 @@ from pydantic import Field
 
 from ratune.args import add_apibench_argument, bounded, checked, output_dir, setting
 from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
-from ratune.data.apibench import HUBS, Example, resolve_apibench_dir
+from ratune.data.apibench import Example
 from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
@@ -262,9 +262,7 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubS
     source = as_hub_source(hub, apibench_dir)
     train_path = source.examples_file("train")
     eval_path = source.examples_file("eval")
-    if not train_path.exists() and not source.is_catalog:  # a catalog's own error says what to run
-        raise RatuneError(f"{train_path}: no training split for {source.name} (the finetuned retriever trains on "
-                          f"training instructions only; this APIBench copy lacks {train_path.name})")
+    source.require_split("train", "the finetuned retriever trains on training instructions only")
     return train_dense_retriever(source.load_examples("train"), source.load_examples("eval"),
                                  hub=source.name, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
                                  settings=settings, api_database=source.api_database_file,
@@ -296,7 +294,7 @@ def add_train_arguments(parser) -> None:
 def run_train(args) -> int:
     """Run ``ratune retrieval train``: train, save, print a summary (and eval metrics with --evaluate)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    source = resolve_hub(args.hub, resolve_apibench_dir(args.apibench) if args.hub in HUBS else None)
+    source = resolve_hub(args.hub, args.apibench)
     settings = FinetuneSettings(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                                 seed=args.seed)
     meta = train_hub_retriever(None, source, args.out, settings=settings, overwrite=args.overwrite,

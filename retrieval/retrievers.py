@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratune.data.apibench import HUBS
 from ratune.data.hubs import HubSource, resolve_hub
 from ratune.errors import RatuneError
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVERS, unknown_name
@@ -90,10 +89,9 @@ def make_retriever(name: str, *, hub: str | HubSource, apibench_dir=None, dense_
     if name not in RETRIEVERS:
         raise RatuneError(unknown_name("retriever", name, tuple(RETRIEVERS)))
     spec = RETRIEVERS[name]
-    # an APIBench name is resolved only when its documents are read (none and oracle need no folder)
-    source = hub if isinstance(hub, HubSource) else None if hub in HUBS else resolve_hub(hub)
-    hub_name = source.name if source is not None else hub
-    hub_ref = source.root if source is not None and source.is_catalog else hub_name  # what --hub takes
+    # the hub's folder is looked for only when its documents are read (none and oracle need none)
+    source = resolve_hub(hub, apibench_dir, locate=False)
+    hub_name, hub_ref = source.name, source.ref
     if spec.needs_model:
         if dense_model is None:
             raise RatuneError(f"the {name} retriever needs the finetuned model folder (dense_model); "
@@ -102,16 +100,14 @@ def make_retriever(name: str, *, hub: str | HubSource, apibench_dir=None, dense_
             raise RatuneError(f"{dense_model}: not a ratune finetuned retriever (no {RETRIEVER_METADATA_FILE}); "
                               f"use the dense retriever for a plain sentence-transformers folder")
         check_retriever_hub(dense_model, hub_name)  # fail before reading the corpus
-    if spec.kind == "precomputed" and source is not None and not source.has_precomputed:
+    if spec.kind == "precomputed" and not source.has_precomputed:
         raise RatuneError(f"the {name} retriever is APIBench only: it replays the paper's released documents "
-                          f"(questions_{{hub}}_{spec.source}.jsonl), and catalog {hub_name} has none; use bm25, "
+                          f"(questions_{{hub}}_{spec.source}.jsonl), and {source.kind} {hub_name} has none; use bm25, "
                           "dense or oracle")
     if spec.kind == "none":
         return NoRetriever()
     if spec.kind == "oracle":
         return OracleRetriever()
-    if source is None:
-        source = resolve_hub(hub, apibench_dir)
     corpus = source.load_api_database()
     if spec.kind == "bm25":
         if bm25_index is not None:

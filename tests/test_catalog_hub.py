@@ -20,7 +20,7 @@ from ratune.catalog.schema import load_catalog
 from ratune.cli import main
 from ratune.data.apibench import (HUBS, Answer, api_database_path, examples_path, load_api_database, load_examples,
                                   questions_path)
-from ratune.data.hubs import APIBENCH, CATALOG, check_hub_ref, resolve_hub
+from ratune.data.hubs import APIBENCH, CATALOG, CatalogHub, check_hub_ref, resolve_hub
 from ratune.data.prompt import REFERENCE_PHRASE, serialize_document
 from ratune.errors import InputError, RatuneError
 
@@ -149,7 +149,7 @@ def test_pairs_leakage_is_refused_by_default_and_dropped_on_request(tmp_path):
 def test_resolve_hub_apibench_is_todays_paths_and_loaders(apibench):
     for hub in HUBS:
         source = resolve_hub(hub, apibench)
-        assert (source.name, source.kind, source.root, source.is_catalog) == (hub, APIBENCH, Path(apibench), False)
+        assert (source.name, source.kind, source.root, isinstance(source, CatalogHub)) == (hub, APIBENCH, Path(apibench), False)
         assert source.has_precomputed
         assert source.api_database_file == api_database_path(apibench, hub)
         assert source.examples_file("eval") == examples_path(apibench, hub, "eval")
@@ -164,7 +164,7 @@ def test_resolve_hub_apibench_is_todays_paths_and_loaders(apibench):
 def test_resolve_hub_catalog_examples_are_the_pairs_with_the_gold_document(catalog):
     source = resolve_hub(str(catalog))
     assert (source.name, source.kind, source.root) == ("petstore", CATALOG, catalog)
-    assert source.is_catalog and not source.has_precomputed
+    assert isinstance(source, CatalogHub) and not source.has_precomputed
     assert source.api_database_file == catalog / "apis.jsonl"
     assert source.examples_file("train") == catalog / "pairs" / "train.jsonl"
     assert source.load_api_database() == load_catalog(catalog)

@@ -12,8 +12,8 @@ from conftest import real_apibench_or_skip  # tests/conftest.py
 
 from ratune.data.apibench import HUBS
 from ratune.errors import InputError, RatuneError
-from ratune.eval.scoring import (Scorer, add_score_arguments, check_hub_matches,
-                                 cli_score, hub_evidence, load_responses)
+from ratune.eval.cli import cli_score
+from ratune.eval.scoring import Scorer, add_score_arguments, check_hub_matches, hub_evidence, load_responses
 
 pytestmark = pytest.mark.apibench_data
 APIBENCH = real_apibench_or_skip()

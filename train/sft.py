@@ -66,8 +66,7 @@ import yaml
 
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
 from ratune.config import ON_UNFINISHED, key_line, load_config
-from ratune.data.apibench import HUBS
-from ratune.data.hubs import resolve_hub
+from ratune.data.hubs import manifest_hub_record, resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
 from ratune.data.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
@@ -338,16 +337,17 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
             ``torchhub``, not set in the file) and the data manifest's hub; or
             :func:`~ratune.data.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
     """
-    source = None if config.hub in HUBS else resolve_hub(config.hub)  # an APIBench name needs no APIBench folder here
-    name = config.hub if source is None else source.name
+    source = resolve_hub(config.hub, locate=False)  # its folder is not needed here
+    name = source.name
     data_manifest = Path(config.data_dir) / "manifest.json"
     built = read_json_object(data_manifest) if data_manifest.is_file() else {}
-    built_name, built_catalog = built.get("hub"), built.get("catalog")
-    if built_name is not None and (built_name != name or (source is not None) != isinstance(built_catalog, dict)):
-        given = f"hub: {config.hub}" + (f" (catalog {name!r})" if source is not None else "") + (
+    built_name, (_, built_record) = built.get("hub"), manifest_hub_record(built)
+    record = source.manifest_record()  # None: the hub records only its name
+    if built_name is not None and (built_name != name or (record is None) != (built_record is None)):
+        given = f"hub: {config.hub}" + (f" ({source.kind} {name!r})" if record is not None else "") + (
             " (the default: the config does not set hub)" if "hub" not in config.model_fields_set else "")
-        if isinstance(built_catalog, dict):
-            found, fix = f"the catalog folder {built_catalog.get('path')}", built_catalog.get("path")
+        if built_record is not None:
+            found, fix = f"the {built_record.get('kind')} folder {built_record.get('path')}", built_record.get("path")
         else:
             found, fix = "an APIBench hub", built_name
         line = key_line(config_path, "hub") if config_path is not None else None
@@ -356,10 +356,10 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
         raise RatuneError(f"{where}: {given} is not the hub the data was built from: "
                           f"{data_manifest} says hub: {built_name} ({found}); set hub: {fix}, or train on data built "
                           f"with `ratune data build --hub {config.hub}`")
-    record: dict = {"hub": name}
-    if source is not None:
-        record["catalog"] = built_catalog if isinstance(built_catalog, dict) else source.manifest_record()
-    return record
+    out: dict = {"hub": name}
+    if record is not None:
+        out[source.kind] = built_record if built_record is not None else record
+    return out
 
 
 def check_training_data(config: TrainConfig) -> None:

@@ -26,7 +26,7 @@ The package, by section:
 Every public name is importable from ``ratune.eval.scoring`` itself.
 """
 
-from ratune.eval.scoring.cli import add_score_arguments, cli_score, format_table, summary
+from ratune.eval.scoring.cli import add_score_arguments, format_table, summary
 from ratune.eval.scoring.gorilla import GorillaIndex, extract_api_call
 from ratune.eval.scoring.hub_rules import (HUB_RULES, HubRules, HuggingFaceRules, TensorFlowHubRules, TorchHubRules,
                                            call_identity, rules_for)
@@ -45,6 +45,6 @@ __all__ = [
     "GorillaIndex", "HF_MODEL_KEYWORDS", "HUB_CHECK_MIN", "HUB_LOADERS", "HUB_RULES", "HubRules", "HuggingFaceRules",
     "METRICS", "OUTCOMES", "PARSER_DISTRIBUTIONS", "PINNED_PARSER", "ResponseScore", "STRICT_MAX_TRIES",
     "STRICT_WINDOW", "Scorer", "StrictIndex", "TORCHHUB_VARIANT_ENTRY_POINTS", "TensorFlowHubRules", "TorchHubRules",
-    "add_score_arguments", "call_identity", "check_hub_matches", "check_question_ids", "cli_score", "extract_api_call",
+    "add_score_arguments", "call_identity", "check_hub_matches", "check_question_ids", "extract_api_call",
     "format_table", "hub_evidence", "load_responses", "normalize_call", "parser_versions", "rules_for", "summary",
 ]

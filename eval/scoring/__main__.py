@@ -2,6 +2,6 @@
 
 import sys
 
-from ratune.eval.scoring.cli import main
+from ratune.eval.cli import score_main
 
-sys.exit(main())
+sys.exit(score_main())

@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ratune.config import parse_yaml, validate
-from ratune.data.apibench import HUBS
-from ratune.data.hubs import hub_name
+from ratune.data.hubs import resolve_hub
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
-from ratune.registry import CATALOG_DEFAULT_SETTINGS, CONSTRAINTS_PREFIX, RETRIEVERS, TEST_SETTINGS, setting_retriever
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
 
@@ -133,16 +131,15 @@ def expand(sweep: Sweep) -> list[Cell]:
         data = copy.deepcopy(sweep.base)
         for key, value in axes.items():
             _set_dotted(data, key, value)
-        hub = data.get("hub", "torchhub")
+        hub = _cell_hub(data.get("hub", "torchhub"), f"{sweep.source}: cell {name}")
         # named by the hub's name: a catalog's folder path would not make a folder name
-        data["data_dir"] = str(sweep.out_dir / "data" / _hub_name(hub, f"{sweep.source}: cell {name}"))
+        data["data_dir"] = str(sweep.out_dir / "data" / hub.name)
         data["output_dir"] = str(cell_dir / "train")
         data.setdefault("train_retriever", "none")
         if cfg.data.max_length is not None and "max_length" not in axes:
             data["max_length"] = cfg.data.max_length
         resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
-        if resolved["hub"] not in HUBS:
-            _check_catalog_settings(cfg.eval, f"{sweep.source}: cell {name} (catalog {hub})")
+        _check_hub_settings(hub, cfg.eval, f"{sweep.source}: cell {name}")
         if cfg.eval.curve_settings:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
@@ -189,32 +186,41 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
     return [c for c in cells if all(any(matches(c.axes[key], ch) for ch in choices) for key, choices in wanted.items())]
 
 
-def _hub_name(hub: str, where: str) -> str:
-    """:func:`ratune.data.hubs.hub_name` of a cell's ``hub`` (an APIBench name or a catalog folder).
+def _cell_hub(hub: str, where: str):
+    """The hub a cell's ``hub`` names (:func:`ratune.data.hubs.resolve_hub`; its folder is looked for
+    when first read).
 
     Raises:
         RatuneError: naming ``where``: a folder that is not (or is no longer) a catalog.
     """
     try:
-        return hub_name(hub)
+        return resolve_hub(hub, locate=False)
     except RatuneError as exc:
         raise RatuneError(f"{where}: {exc}") from None
 
 
-def _check_catalog_settings(evaluation, where: str) -> None:
-    """A catalog cell's eval settings must exist for a catalog: no precomputed documents
-    (``gpt_index``, ``released_bm25``: APIBench only) and no ``constraints_*`` (TorchHub only).
+def cell_hub_name(hub: str, where: str) -> str:
+    """The name of a cell's hub (what report folders and sweep data folders are called).
 
     Raises:
-        RatuneError: naming ``where`` and the settings, with the ones a catalog has.
+        RatuneError: as :func:`_cell_hub`.
+    """
+    return _cell_hub(hub, where).name
+
+
+def _check_hub_settings(hub, evaluation, where: str) -> None:
+    """A cell's eval settings must exist for its hub (:meth:`ratune.data.hubs.Hub.setting_refusal`:
+    e.g. a catalog has no precomputed documents and no constrained questions).
+
+    Raises:
+        RatuneError: naming ``where``, the settings and the ones the hub has.
     """
     asked = [*evaluation.settings, *(evaluation.curve_settings or [])]
-    bad = [s for s in dict.fromkeys(asked) if s.startswith(CONSTRAINTS_PREFIX)
-           or (s in TEST_SETTINGS and RETRIEVERS[setting_retriever(s)].precomputed)]
+    bad = [s for s in dict.fromkeys(asked) if hub.setting_refusal(s) is not None]
     if bad:
-        raise RatuneError(f"{where}: eval settings {', '.join(bad)} exist for the APIBench hubs only (the paper's "
-                          "precomputed documents, the constrained TorchHub questions); set eval.settings, e.g. "
-                          f"[{', '.join(CATALOG_DEFAULT_SETTINGS)}]")
+        raise RatuneError(f"{where} ({hub.kind} {hub.ref}): eval settings {', '.join(bad)} exist for the APIBench "
+                          "hubs only (the paper's precomputed documents, the constrained TorchHub questions); set "
+                          f"eval.settings, e.g. [{', '.join(hub.default_settings)}]")
 
 
 def _check_curve_saves(config: dict, where: str) -> None:

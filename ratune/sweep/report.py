@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratune.data.apibench import HUBS, resolve_apibench_dir
+from ratune.data.apibench import resolve_apibench_dir
+from ratune.data.hubs import recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
@@ -19,7 +20,7 @@ from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
 from ratune.manifest import SWEEP_FOLDER_STAGES, is_complete, output_stage
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
-from ratune.sweep.cells import _hub_name, _slug_value
+from ratune.sweep.cells import _slug_value, cell_hub_name
 from ratune.sweep.commands import _fmt
 from ratune.sweep.pairs import ComparePair, compare_pairs, comparisons_csv_rows, comparisons_markdown, parse_selector
 from ratune.sweep.schema import load_saved_sweep
@@ -107,7 +108,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                 abstention_by_cell[record["name"]] = cell_metrics["abstention"]
             table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
             rows.append((record, table_cell))
-            finished.append({"dims": {**record.get("axes", {}), "hub": _hub_name(config["hub"], record["name"]),
+            finished.append({"dims": {**record.get("axes", {}), "hub": cell_hub_name(config["hub"], record["name"]),
                                       "train_retriever": config["train_retriever"], "test_retriever": setting},
                              "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
     if not rows:
@@ -120,7 +121,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     def group_of(record: dict, drop_seed: bool) -> str:
         others = {k: v for k, v in record.get("axes", {}).items()
                   if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
-        return _hub_name(record["config"]["hub"], record["name"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
+        return cell_hub_name(record["config"]["hub"], record["name"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
                                                       for k, v in sorted(others.items()))
 
     def seed_of(record: dict) -> Any:
@@ -136,7 +137,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     groups: dict[str, dict] = {}
     if replicate:
         for (group, _, _), runs in buckets.items():
-            g = groups.setdefault(group, {"hub": _hub_name(runs[0][0]["config"]["hub"], runs[0][0]["name"]),
+            g = groups.setdefault(group, {"hub": cell_hub_name(runs[0][0]["config"]["hub"], runs[0][0]["name"]),
                                           "cells": [], "seeds": [],
                                           "model": Path(str(runs[0][0]["config"]["model"])).name})
             seeds = [seed_of(r) for r, _ in runs]
@@ -149,7 +150,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         for record, c in rows:
             config = record["config"]
             g = groups.setdefault(group_of(record, False),
-                                  {"hub": _hub_name(config["hub"], record["name"]),
+                                  {"hub": cell_hub_name(config["hub"], record["name"]),
                                    "model": Path(str(config["model"])).name, "cells": []})
             g["cells"].append(c)
 
@@ -243,7 +244,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
                        "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
                        "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
-                      if f["dims"]["hub"] in HUBS]  # released Gorilla-7B responses exist for APIBench only
+                      if recorded_hub_kind(f["dims"]["hub"]).has_released_responses]
     if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
         named_apibench = saved.config.apibench if saved else None  # None: the default folder
         if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent

@@ -1,0 +1,162 @@
+"""Scoring by hub: what eval, ``eval score`` and ``compare`` do with a hub's answers, one class per
+scorer a hub names (:attr:`ratune.data.hubs.Hub.scorer`, the key of :data:`HUB_SCORINGS`).
+
+:class:`APIBenchScoring` scores by the official ``gorilla`` metric and the ``strict`` one
+(:class:`ratune.eval.scoring.Scorer`); :class:`CatalogScoring` by a catalog's ``strict`` metric and
+argument score (:class:`ratune.eval.catalog_scorer.CatalogEvalScorer`). A scorer may run in another
+process: callers use only :meth:`HubScoring.score` and the fields it returns.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from functools import cached_property
+from typing import ClassVar
+
+from ratune.data.hubs import Hub
+from ratune.errors import InputError, RatuneError
+from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY, CatalogEvalScorer
+from ratune.eval.scoring.cli import format_table, outcome_lines
+from ratune.eval.scoring.responses import check_hub_matches, check_question_ids, load_responses
+from ratune.eval.scoring.scorer import Scorer
+from ratune.eval.stats import count_rates
+
+
+class HubScoring(ABC):
+    """A hub's scorer (``self.scorer``: ``score``, ``n_questions``, ``names_api``, ``hub``) and what
+    its metric set decides.
+
+    Args:
+        hub: the hub whose eval questions are scored.
+        examples: its eval examples when the caller has loaded them already.
+    """
+
+    #: The metrics with correct / hallucination / error blocks, the headline metric first.
+    metrics: ClassVar[tuple[str, ...]]
+
+    def __init__(self, hub: Hub, examples=None):
+        self.hub = hub
+        self._examples = examples
+
+    @cached_property
+    def scorer(self):
+        """The scorer, built when first used (so a refused metric reads no file)."""
+        return self._make_scorer(self.hub, self._examples)
+
+    @abstractmethod
+    def _make_scorer(self, hub: Hub, examples):
+        """The scorer object."""
+
+    @property
+    def main_metric(self) -> str:
+        """The metric of a cell's top-level rates and of ``compare`` by default."""
+        return self.metrics[0]
+
+    def require_metric(self, metric: str, fix: str = "use") -> None:
+        """Refuse a metric the hub is not scored by (``fix``: the verb of the way out)."""
+        if metric not in self.metrics:
+            raise RatuneError(f"--metric {metric}: not a metric of hub {self.hub.name} (its metrics: "
+                              f"{', '.join(self.metrics)})")
+
+    @abstractmethod
+    def load_responses(self, path: str | os.PathLike, *, hub_check: bool = True) -> list[dict]:
+        """A response file's lines, checked against the hub's questions (and, where the kind can
+        tell, that they were written for this hub).
+
+        Raises:
+            RatuneError, InputError: naming the file and line.
+        """
+
+    def score(self, responses: list[dict]) -> dict:
+        """The scorer's result (``n``, a block per metric, ``parser``, ``per_question``, ...)."""
+        return self.scorer.score(responses)
+
+    def cell_fields(self, scored: dict) -> dict:
+        """The fields a cell's metrics.json adds for this kind of scoring."""
+        return {}
+
+    def summary(self, result: dict, metric: str = "both") -> dict:
+        """``result`` without ``per_question`` and, for one ``metric``, without the other metrics' blocks."""
+        out = {k: v for k, v in result.items() if k != "per_question"}
+        if metric in self.metrics:
+            for other in self.metrics:
+                if other != metric:
+                    out.pop(other, None)
+        return out
+
+    @abstractmethod
+    def format_table(self, result: dict, metric: str, source: str) -> str:
+        """``ratune eval score``'s text: counts and percentages per metric."""
+
+
+class APIBenchScoring(HubScoring):
+    """The official ``gorilla`` metric (headline) and ``strict`` (docs/scoring.md)."""
+
+    metrics = ("gorilla", "strict")
+
+    def _make_scorer(self, hub, examples):
+        return Scorer.from_apibench(hub.name, hub.root)
+
+    def load_responses(self, path, *, hub_check=True):
+        responses = load_responses(path)
+        if hub_check:
+            check_hub_matches(self.scorer.hub, responses, self.scorer, path=path)
+        check_question_ids(responses, self.scorer.n_questions, path=path)
+        return responses
+
+    def format_table(self, result, metric, source):
+        return format_table(result, metric, source=source)
+
+
+class CatalogScoring(HubScoring):
+    """A catalog's ``strict`` metric and argument score (docs/catalog_scoring.md); no ``gorilla``."""
+
+    metrics = (CATALOG_METRIC,)
+
+    def _make_scorer(self, hub, examples):
+        if examples is None:
+            return CatalogEvalScorer.from_source(hub)
+        return CatalogEvalScorer(hub.name, hub.load_api_database(), examples)
+
+    def require_metric(self, metric, fix="use"):
+        if metric == "gorilla":
+            raise RatuneError(f"--metric gorilla: {GORILLA_APIBENCH_ONLY}; {fix} --metric strict")
+        super().require_metric(metric, fix)
+
+    def load_responses(self, path, *, hub_check=True):
+        responses = load_responses(path)
+        for r in responses:
+            if not self.scorer.has_question(r["question_id"]):
+                raise InputError(os.fspath(path), r["line"], "question_id",
+                                 f"question_id {r['question_id']} is not a line of catalog {self.scorer.hub}'s eval "
+                                 f"pairs (1..{self.scorer.n_questions})")
+        return responses
+
+    def cell_fields(self, scored):
+        args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
+        return {"metric": CATALOG_METRIC, "hub_kind": self.hub.kind, "catalog": self.hub.manifest_record(),
+                "arguments": count_rates(args_n, scored["n"]), "gorilla_unavailable": GORILLA_APIBENCH_ONLY}
+
+    def format_table(self, result, metric, source):
+        n, arguments = result["n"], result["arguments"]
+        return "\n".join([
+            f"catalog {result['hub']}, {n} responses ({source})", *outcome_lines(result, ["strict"]),
+            f"arguments: required present {arguments['required_present_n']} ({100 * arguments['required_present']:.2f}%), "
+            f"values equal {arguments['values_equal_n']} ({100 * arguments['values_equal']:.2f}%) of {n}",
+            "(no gorilla metric: it is APIBench's)"])
+
+
+#: The scorers a hub can name (:attr:`ratune.data.hubs.Hub.scorer`).
+HUB_SCORINGS: dict[str, type[HubScoring]] = {"apibench": APIBenchScoring, "catalog": CatalogScoring}
+
+
+def scoring_for(hub: Hub, examples=None) -> HubScoring:
+    """The :class:`HubScoring` of ``hub`` (``examples``: its eval examples, when loaded already).
+
+    Raises:
+        RatuneError: the hub names a scorer that is not registered; the scorer's own errors.
+    """
+    if hub.scorer not in HUB_SCORINGS:
+        raise RatuneError(f"hub {hub.name}: scorer {hub.scorer!r} is not one of {', '.join(HUB_SCORINGS)}")
+    return HUB_SCORINGS[hub.scorer](hub, examples)
