@@ -5,7 +5,7 @@ Usage:
                                     [--max-new-tokens 48] [--threads N] [--device cpu|cuda] [--json]
 
 Takes the first ``--n`` TorchHub eval questions and renders them with
-:func:`ratune.data.prompt.render_user_turn` / :func:`ratune.data.prompt.encode_prompt`,
+:func:`ratune.sources.prompt.render_user_turn` / :func:`ratune.sources.prompt.encode_prompt`,
 alternating the oracle setting (even positions: the gold document) and 0-shot (odd positions), so
 prompts of very different lengths are mixed. The HF runs go through the project's own backend,
 :func:`ratune.eval.generate.generate_all` (prompts sorted by length, left padding, greedy, stop
@@ -184,8 +184,8 @@ def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new
 
 def eval_prompts(tokenizer, apibench_dir, n: int) -> list[list[int]]:
     """The first ``n`` TorchHub eval questions as prompt ids: oracle at even positions, 0-shot at odd."""
-    from ratune.data.apibench import load_examples
-    from ratune.data.prompt import encode_prompt, render_user_turn
+    from ratune.sources.apibench import load_examples
+    from ratune.sources.prompt import encode_prompt, render_user_turn
     from ratune.retrieval.retrievers import Query, make_retriever
 
     examples = load_examples(apibench_dir, "torchhub", "eval")[:n]
@@ -216,7 +216,7 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
     """Measure batch 1, batched and (where possible) vLLM on the same prompts; returns the ``--json`` object."""
     import torch
 
-    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.sources.apibench import resolve_apibench_dir
     from ratune.eval.generate import resolve_prefill
     from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
 

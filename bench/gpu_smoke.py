@@ -183,7 +183,7 @@ def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int)
 
     from ratune.manifest import mark_complete
     from ratune.data.labels import tokenize_row
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
 
     tok = use_chat_template(load_tokenizer(tokenizer_dir), "gorilla_v0")
@@ -415,7 +415,7 @@ def stage_generate(plan: dict, work: Path) -> dict:
     """ratune's eval loading path and batched generation at each batch size, beside the loop."""
     import torch
 
-    from ratune.data.prompt import encode_prompt, use_chat_template
+    from ratune.sources.prompt import encode_prompt, use_chat_template
     from ratune.eval.settings import resolve_placement
     from ratune.models import load_model, load_tokenizer
 

@@ -22,7 +22,7 @@ import random
 import sys
 import time
 
-from ratune.data.apibench import HUBS, api_database_path, load_api_database, load_examples, resolve_apibench_dir
+from ratune.sources.apibench import HUBS, api_database_path, load_api_database, load_examples, resolve_apibench_dir
 from ratune.registry import BM25_BACKENDS
 from ratune.retrieval.retrievers import BM25Retriever, Query, rank_scores
 

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from ratune.data.apibench import HUBS, released_responses_path, resolve_apibench_dir
+from ratune.sources.apibench import HUBS, released_responses_path, resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.scoring import Scorer, load_responses, parser_versions
 from ratune.registry import RELEASED_MODELS as MODES

@@ -181,8 +181,8 @@ def build_mode_lengths(mode: str, *, examples, apibench_dir, tokenizer, max_leng
 
 def load_train_examples(apibench_dir) -> list:
     """TorchHub training examples after the builder's validation (duplicates removed, leakage checked)."""
-    from ratune.data.apibench import api_database_path, examples_path, load_api_database, load_examples
-    from ratune.data.validate import validate_splits
+    from ratune.sources.apibench import api_database_path, examples_path, load_api_database, load_examples
+    from ratune.sources.validate import validate_splits
 
     from ratune.registry import SPLITS
 
@@ -196,7 +196,7 @@ def load_train_examples(apibench_dir) -> list:
 def run(*, apibench_dir=None, modes: Sequence[str] = DEFAULT_MODES, max_length: int = 2048,
         max_document_tokens: int | None = None, batch_size: int = 8, seed: int = 0, tokenizer=None) -> dict:
     """Build each mode's training rows and measure every strategy; returns the ``--json`` object."""
-    from ratune.data.apibench import resolve_apibench_dir
+    from ratune.sources.apibench import resolve_apibench_dir
     from ratune.models import DEMO_MODEL_ALIAS, ensure_demo_model, load_tokenizer
 
     apibench_dir = resolve_apibench_dir(apibench_dir)

@@ -12,8 +12,8 @@ instructions a user could give for that API without naming it. Here:
   {api_name}")`` (the paper samples 3 of its 6 seeds per API) and shown in file order;
 * **the prompt** (:func:`render_prompt`): :data:`PROMPT_TEMPLATE`, the one owner of its text,
   with each seed rendered by :data:`EXAMPLE_TEMPLATE` and every document serialized by
-  :func:`ratune.data.prompt.serialize_document` (the serialization training prompts use); given to
-  the model as one user turn of its chat template (:func:`ratune.data.prompt.encode_prompt`), or
+  :func:`ratune.sources.prompt.serialize_document` (the serialization training prompts use); given to
+  the model as one user turn of its chat template (:func:`ratune.sources.prompt.encode_prompt`), or
   as plain text when its tokenizer has no template;
 * **parsing** (:func:`parse_lines`): every non-blank output line is one candidate, with a leading
   number (``1.``, ``2)``, ``(3)``, ``4:``), bullet (``-``, ``*``, ``+``, ``•``), heading ``#``,
@@ -27,7 +27,7 @@ instructions a user could give for that API without naming it. Here:
   consecutive words of the prompt's own text, or a document's ``"api_name"`` key,
   :func:`echoes_prompt`: a small model often answers "Here are 10 different requests a user could
   give that this API solves:" or repeats a document), ``copies_seed`` (equal to a seed's instruction
-  after :func:`ratune.data.validate.normalise`), ``duplicate`` (equal, after normalising, to an
+  after :func:`ratune.sources.validate.normalise`), ``duplicate`` (equal, after normalising, to an
   instruction kept earlier, for any API), ``beyond_per_api`` (the API already has ``per_api``
   kept instructions). So ``generated = kept + sum(dropped)``;
 * **output** (:func:`instruct_catalog`): ``--out FILE``, one ``{"instruction", "api_name",
@@ -64,8 +64,8 @@ from ratune.catalog.folder import read_catalog_manifest
 from ratune.catalog.pairs import INSTRUCT_STAGE, SIDECAR_SUFFIX, Pair, instruct_sidecar, load_pairs, sidecar_path
 from ratune.catalog.schema import APIS_FILE, API_CALL, API_NAME, load_catalog, parse_api_call
 from ratune.config import Count, Seed
-from ratune.data.prompt import encode_prompt, serialize_document
-from ratune.data.validate import normalise
+from ratune.sources.prompt import encode_prompt, serialize_document
+from ratune.sources.validate import normalise
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json, write_text
 from ratune.locks import output_lock
@@ -396,7 +396,7 @@ def load_generator(model_path: str | os.PathLike, *, model: str | None = None, t
     ``AutoModelForCausalLM``, safetensors only), on the GPU when torch sees one.
 
     Each prompt is one user turn of the tokenizer's chat template
-    (:func:`ratune.data.prompt.encode_prompt`), or plain text when the tokenizer has none; the
+    (:func:`ratune.sources.prompt.encode_prompt`), or plain text when the tokenizer has none; the
     batch is left-padded. ``temperature > 0`` samples from the temperature-scaled distribution
     alone (``top_k=0``, ``top_p=1.0``, whatever the model folder's generation config says);
     ``temperature == 0`` is greedy. :func:`transformers.set_seed` runs once here, so the same

@@ -17,7 +17,7 @@ silently ignored):
 * ``explanation``, ``code`` (str, optional): the answer's other fields. The answer's ``domain``
   and ``api_provider`` always come from the catalog document, so those fields are refused here.
 
-Duplicates: two lines whose instructions are equal after :func:`ratune.data.validate.normalise`
+Duplicates: two lines whose instructions are equal after :func:`ratune.sources.validate.normalise`
 (case-folded, whitespace collapsed) are an error by default (``duplicates="error"``); with
 ``duplicates="drop"`` the later line is dropped and reported when both name the same API. The same
 instruction for two different APIs is a conflicting label and always an error.
@@ -27,13 +27,13 @@ shuffled with their own generator, seeded by ``(seed, api_name)``, and cut so th
 every API that has at least 2 pairs: ``n_eval = round_half_up(k * eval_fraction)`` clamped to
 ``1 .. k - 1`` for an API with k >= 2 pairs; **an API with a single pair goes to train**. A given
 API's split does not depend on the other APIs in the file. Then the leakage check of the
-APIBench build (:func:`ratune.data.validate.find_leakage`: exact, normalised and near-duplicate
-instructions) runs on the two splits under one of :data:`~ratune.data.validate.LEAKAGE_POLICIES`.
+APIBench build (:func:`ratune.sources.validate.find_leakage`: exact, normalised and near-duplicate
+instructions) runs on the two splits under one of :data:`~ratune.sources.validate.LEAKAGE_POLICIES`.
 
 ``ratune catalog pairs`` (:func:`write_pairs`) writes the split into the catalog folder:
 ``CATALOG/pairs/train.jsonl`` and ``eval.jsonl`` (one :func:`pair_record` per line) and
 ``CATALOG/pairs/manifest.json`` (the source file's hash, fraction, seed, counts, the dropped
-duplicates and the leaks); :mod:`ratune.data.hubs` reads them back as the catalog's examples.
+duplicates and the leaks); :mod:`ratune.hubs` reads them back as the catalog's examples.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ratune.catalog.folder import read_catalog_manifest
 from ratune.catalog.schema import APIS_FILE, load_catalog
 from ratune.catalog.scoring import CatalogIndex, parse_call
 from ratune.config import Seed
-from ratune.data.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_MESSAGE, NEAR_DUPLICATE_JACCARD,
+from ratune.sources.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_MESSAGE, NEAR_DUPLICATE_JACCARD,
                                   find_leakage, normalise)
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json_object, sha256_file, write_json, write_text
@@ -247,7 +247,7 @@ def load_pairs(path: str | os.PathLike, documents: Sequence[dict], *, duplicates
 
 @dataclass(frozen=True)
 class _Row:
-    """What :func:`ratune.data.validate.find_leakage` reads: an instruction and a unique line
+    """What :func:`ratune.sources.validate.find_leakage` reads: an instruction and a unique line
     (here the pair's position in the input, so pairs from several files cannot collide)."""
 
     instruction: str
@@ -290,7 +290,7 @@ def split_pairs(pairs: Sequence[Pair], eval_fraction: float, seed: int, *, leaka
             removes the leaked training pairs (the eval split is never changed), ``allow`` keeps
             them; under ``drop`` and ``allow`` the leaks are reported in ``leaks``.
         near_threshold: token-set Jaccard at or above which two instructions are near-duplicates
-            (:data:`~ratune.data.validate.NEAR_DUPLICATE_JACCARD`); None checks exact and
+            (:data:`~ratune.sources.validate.NEAR_DUPLICATE_JACCARD`); None checks exact and
             normalised equality only.
         leaks: receives a :class:`PairLeak` per (train, eval) pair found.
     Returns:

@@ -76,7 +76,7 @@ ARGUMENT_MEASURES = ("args_required_present", "args_values_equal")
 #: as cheap as ordinary ones and, with the parser's own limits, bounds the parse tree.
 MAX_CALL_CHARS = 10_000
 
-#: The marker that starts a full answer's api_call field (data/prompt.py, ANSWER_MARKERS).
+#: The marker that starts a full answer's api_call field (sources/prompt.py, ANSWER_MARKERS).
 API_CALL_MARKER = "<<<api_call>>>"
 
 #: Why a response has no parsed call (``CatalogScore.reason``).

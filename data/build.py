@@ -1,11 +1,11 @@
 """The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode.
 
-The hub is an APIBench hub or a catalog folder (:func:`ratune.data.hubs.resolve_hub`); its
-documents and examples come from the :class:`~ratune.data.hubs.HubSource`, the rest is the same.
+The hub is an APIBench hub or a catalog folder (:func:`ratune.hubs.resolve_hub`); its
+documents and examples come from the :class:`~ratune.hubs.Hub`, the rest is the same.
 For every example and mode (none, oracle, or a retriever's top_k; the modes are
 ratune/registry.py TRAIN_MODES) the builder retrieves the documents,
-renders the user turn with :func:`ratune.data.prompt.render_user_turn` (the evaluator calls the
-same function) and the answer with :func:`ratune.data.prompt.format_answer`, and checks the
+renders the user turn with :func:`ratune.sources.prompt.render_user_turn` (the evaluator calls the
+same function) and the answer with :func:`ratune.sources.prompt.format_answer`, and checks the
 token length of the whole row against ``max_length``.
 
 Over-length policy (explicit; never truncates the answer): documents are first shortened to
@@ -33,14 +33,14 @@ from typing import Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, MaxLength, check_fields
-from ratune.data.apibench import Example, ParseReport, api_identity, input_hashes
-from ratune.data.hubs import HubSource, as_hub_source, resolve_hub
+from ratune.sources.apibench import Example, ParseReport, api_identity, input_hashes
+from ratune.hubs import Hub, as_hub_source, resolve_hub
 from ratune.data.labels import tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
-from ratune.data.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
+from ratune.sources.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name, use_chat_template)
 from ratune.data.utility import load_utility
-from ratune.data.validate import validate_splits
+from ratune.sources.validate import validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, read_json_object, sha256_file, write_json
 from ratune.locks import replacing_folder
@@ -119,7 +119,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
     Args:
         components: for a mixture mode, each example's drawn component (stored per row as
             ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the abstention
-            (:func:`ratune.data.prompt.abstain_answer`).
+            (:func:`ratune.sources.prompt.abstain_answer`).
     Returns:
         ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
     """
@@ -179,11 +179,11 @@ def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings
                           "raise --max-length (or lower --max-document-tokens)")
 
 
-def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | HubSource, apibench_dir, top_k: int,
+def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | Hub, apibench_dir, top_k: int,
                       retriever_cache: dict, dense_model: str | None = None,
                       bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
     """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k);
-    ``hub`` is a hub name or a :class:`~ratune.data.hubs.HubSource` (:func:`make_retriever`)."""
+    ``hub`` is a hub name or a :class:`~ratune.hubs.Hub` (:func:`make_retriever`)."""
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
                                                dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
@@ -214,7 +214,7 @@ def _percentiles(values: list[int]) -> dict:
     return {f"p{p}": int(np.percentile(arr, p, method="nearest")) for p in (50, 90, 95, 99, 100)}
 
 
-def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer, tokenizer_name: str,
+def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, tokenizer_name: str,
                   modes: Sequence[str] = DEFAULT_MODES, settings: BuildSettings = BuildSettings(),
                   lenient: bool = False, overwrite: bool = False, progress: bool = True,
                   leakage: str = "error", mixtures: Sequence = (), utility_keep: dict | None = None,
@@ -223,22 +223,22 @@ def build_dataset(*, apibench_dir=None, hub: str | HubSource, out_dir, tokenizer
 
     Args:
         apibench_dir: the APIBench folder, for an APIBench hub (None: found as
-            :func:`~ratune.data.apibench.resolve_apibench_dir` does); unused for a catalog.
+            :func:`~ratune.sources.apibench.resolve_apibench_dir` does); unused for a catalog.
         hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here), a
             catalog folder with its pairs split (``ratune catalog pairs``), or a
-            :class:`~ratune.data.hubs.HubSource` (:func:`ratune.data.hubs.resolve_hub`).
+            :class:`~ratune.hubs.Hub` (:func:`ratune.hubs.resolve_hub`).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
             Built in a temporary sibling (:func:`ratune.locks.replacing_folder`) and swapped in
             when complete, so a failed or interrupted rebuild leaves the previous build as it was.
         tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
-            template training will use (:func:`ratune.data.prompt.use_chat_template`); its registry
+            template training will use (:func:`ratune.sources.prompt.use_chat_template`); its registry
             name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
         tokenizer_name: recorded in the manifest.
         modes: train-time retrieval modes to build.
         settings: see :class:`BuildSettings`.
         lenient: write unparseable rows to ``rejects.jsonl`` and count them instead of failing.
         leakage: what to do with eval instructions found in the training data
-            (:func:`ratune.data.validate.validate_splits`): ``error`` (default), ``drop`` the
+            (:func:`ratune.sources.validate.validate_splits`): ``error`` (default), ``drop`` the
             leaked training rows, or ``allow``. Duplicate training examples are always removed.
         mixtures: :class:`ratune.data.mixture.Mixture` objects; each builds the mode ``mix-NAME``.
         utility_keep: ``{(line, mode): keep}`` from :func:`ratune.data.utility.load_utility`: a
@@ -300,7 +300,7 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
             **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})}
 
 
-def build_request(source: HubSource, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
+def build_request(source: Hub, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
                   leakage: str, mixtures: Sequence, utility_meta: dict | None) -> dict:
     """Everything that decides a build's rows besides its modes, as JSON: ratune's version (its
     prompt format and row building), the settings (:func:`settings_record`), the tokenizer's name
@@ -355,7 +355,7 @@ def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None
     return manifest
 
 
-def _build_into(out: Path, *, source: HubSource, tokenizer, tokenizer_name: str, modes: Sequence[str],
+def _build_into(out: Path, *, source: Hub, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
     """The build of :func:`build_dataset` (its arguments were checked), written into ``out``."""

@@ -1,7 +1,7 @@
 """Where labels are made: prompt/completion token ids and the completion-only loss mask.
 
 A training row is ``prompt_ids + completion_ids`` where ``prompt_ids`` come from
-:func:`ratune.data.prompt.encode_prompt` and ``completion_ids`` are the answer text's tokens
+:func:`ratune.sources.prompt.encode_prompt` and ``completion_ids`` are the answer text's tokens
 followed by the EOS id. Under a template whose assistant turn starts with a separator
 (``gorilla_v0``: ``ASSISTANT: {answer}</s>``) the answer is tokenized in context, as the tail of
 the prompt text + separator + answer, as FastChat tokenizes a whole conversation (a leading space
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratune.data.prompt import encode_prompt, prompt_text, template_of
+from ratune.sources.prompt import encode_prompt, prompt_text, template_of
 
 
 class NoTrainableTokens(ValueError):

@@ -17,10 +17,10 @@ probabilities:
     random without replacement; the gold document's position is drawn uniformly;
 ``irrelevant``
     one document of an API from *another domain*, which cannot answer the request, and the
-    abstention as the answer (:func:`ratune.data.prompt.abstain_answer`; BFCL's irrelevance
+    abstention as the answer (:func:`ratune.sources.prompt.abstain_answer`; BFCL's irrelevance
     category): teaches the model to say that no API fits instead of calling one.
 
-Several documents use the one multi-document format of :func:`ratune.data.prompt.build_user_turn`:
+Several documents use the one multi-document format of :func:`ratune.sources.prompt.build_user_turn`:
 the reference phrase once, then one serialized document per line. Draws are deterministic given
 the mixture's seed (Python's ``random.Random``, one stream per split, examples in file order);
 the build manifest records the realised share of each component.
@@ -40,7 +40,7 @@ from typing import Sequence
 
 from ratune.args import registered
 from ratune.config import Count, Seed, Top1RetrieverName, check_fields
-from ratune.data.apibench import api_identity
+from ratune.sources.apibench import api_identity
 from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import RETRIEVED_MODES, unknown_name

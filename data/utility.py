@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.data.labels import tokenize_row
-from ratune.data.prompt import require_chat_template, use_chat_template
+from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
 from ratune.manifest import base_manifest, is_complete, mark_complete, own_output_folder, require_owned

@@ -4,7 +4,7 @@ answer the request should say that no API fits instead of calling one.
 The test setting ``irrelevant`` gives each eval question one document of an API from *another
 domain* than its gold API (drawn deterministically by
 :class:`ratune.retrieval.perturbed.IrrelevantRetriever`). An answer *abstains* when its api_call
-line is :data:`ratune.data.prompt.ABSTAIN_API_CALL` (:func:`ratune.data.prompt.is_abstention`).
+line is :data:`ratune.sources.prompt.ABSTAIN_API_CALL` (:func:`ratune.sources.prompt.is_abstention`).
 
 - abstention rate: the share of abstaining answers under ``irrelevant`` (higher is better);
 - false-abstention rate: the share of abstaining answers under a setting whose documents can
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ratune.data.prompt import answer_field, is_abstention
+from ratune.sources.prompt import answer_field, is_abstention
 from ratune.eval.stats import wilson_interval
 
 
@@ -27,7 +27,7 @@ def abstention(responses: Sequence[dict]) -> dict:
     """``{"n", "abstained_n", "rate", "rate_ci"}`` of a setting's responses (fractions; 95 % Wilson).
 
     An answer abstains when its ``<<<api_call>>>:`` line holds the abstention
-    (:func:`ratune.data.prompt.answer_field`; the official api_call extraction keeps trailing
+    (:func:`ratune.sources.prompt.answer_field`; the official api_call extraction keeps trailing
     marker characters when a call has no parenthesis, so it is not used here).
 
     Args:

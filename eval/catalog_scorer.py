@@ -15,7 +15,7 @@ scored by :class:`ratune.catalog.scoring.CatalogScorer` (docs/catalog_scoring.md
   call (``values_equal``), in the manner of BFCL's AST checker; fractions of n with their counts.
 
 A question is a line of the catalog's ``pairs/eval.jsonl``: its ``question_id`` is that 1-based
-line (:meth:`ratune.data.hubs.HubSource.load_examples`), its gold API the pair's ``api_name`` and
+line (:meth:`ratune.hubs.Hub.load_examples`), its gold API the pair's ``api_name`` and
 its gold call the pair's ``api_call``.
 """
 
@@ -42,7 +42,7 @@ class CatalogEvalScorer:
     Args:
         hub: the catalog's name (recorded as ``hub``).
         documents: the catalog's API documents (``apis.jsonl``, catalog schema).
-        examples: the eval examples (:meth:`ratune.data.hubs.HubSource.load_examples` of
+        examples: the eval examples (:meth:`ratune.hubs.Hub.load_examples` of
             ``eval``), whose ``line`` is the question_id.
     Raises:
         RatuneError: as :class:`ratune.catalog.scoring.CatalogScorer` (documents it cannot index).
@@ -56,7 +56,7 @@ class CatalogEvalScorer:
 
     @classmethod
     def from_source(cls, source) -> "CatalogEvalScorer":
-        """Build it from a catalog :class:`~ratune.data.hubs.HubSource`.
+        """Build it from a catalog :class:`~ratune.hubs.Hub`.
 
         Raises:
             RatuneError, InputError: as the source's loaders (missing or changed files, bad lines).

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ratune.data.hubs import hub_name, resolve_hub
+from ratune.hubs import hub_name, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
 from ratune.eval.hub_scoring import scoring_for

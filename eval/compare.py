@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ratune.args import add_apibench_argument, bounded, input_path
 from ratune.config import Seed
-from ratune.data.apibench import HUBS, resolve_apibench_dir
-from ratune.data.hubs import hub_argument_type, recorded_hub_kind, resolve_hub
+from ratune.sources.apibench import HUBS, resolve_apibench_dir
+from ratune.hubs import hub_argument_type, recorded_hub_kind, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.hub_scoring import scoring_for
 from ratune.eval.scoring.scorer import METRICS

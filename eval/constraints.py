@@ -98,7 +98,7 @@ def constrained_examples(examples: Sequence, database: Sequence[dict]) -> list[t
     """The eval examples that get a constraint, each with its instruction extended.
 
     Args:
-        examples: TorchHub eval :class:`ratune.data.apibench.Example` objects.
+        examples: TorchHub eval :class:`ratune.sources.apibench.Example` objects.
         database: the TorchHub API records.
     Returns:
         ``[(example with the constraint in its instruction, Constraint)]`` in input order.

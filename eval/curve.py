@@ -26,7 +26,7 @@ import io
 import os
 from pathlib import Path
 
-from ratune.data.hubs import as_hub_source
+from ratune.hubs import as_hub_source
 from ratune.errors import RatuneError
 from ratune.eval.run import evaluate_checkpoint
 from ratune.eval.settings import EvalSettings
@@ -89,7 +89,7 @@ def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | 
         RatuneError: ``run`` is not a run folder or has no Trainer checkpoints; ``out_dir`` exists
             and is not a ratune curve output; anything :func:`evaluate_checkpoint` raises.
     """
-    source = as_hub_source(hub, apibench_dir)  # an APIBench name, a catalog folder or a HubSource
+    source = as_hub_source(hub, apibench_dir)  # an APIBench name, a catalog folder or a Hub
     checkpoints = trainer_checkpoints(run)
     if not checkpoints:
         raise RatuneError(f"{run}: no Trainer checkpoints (trainer/checkpoint-STEP) to draw a learning curve from; "

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Sequence
 
 #: When only scoring needs the answer, a sequence is done once this field's line is complete: the
-#: answer format puts domain, api_call, api_provider first (data/prompt.py), so by then the
+#: answer format puts domain, api_call, api_provider first (sources/prompt.py), so by then the
 #: api_call and api_provider fields are complete.
 LAST_NEEDED_FIELD = "<<<api_provider>>>:"
 
@@ -241,7 +241,7 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
     Args:
         model: a causal LM (eval mode is set here).
         tokenizer: its tokenizer (pad token set; padding side is forced to left here).
-        prompts: token ids per prompt (from :func:`ratune.data.prompt.encode_prompt`).
+        prompts: token ids per prompt (from :func:`ratune.sources.prompt.encode_prompt`).
         batch_size: prompts per ``generate`` call.
         max_new_tokens: the generation limit per answer; a prompt near the model's positions gets
             fewer (:func:`generation_limits`).

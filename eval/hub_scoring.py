@@ -1,5 +1,5 @@
 """Scoring by hub: what eval, ``eval score`` and ``compare`` do with a hub's answers, one class per
-scorer a hub names (:attr:`ratune.data.hubs.Hub.scorer`, the key of :data:`HUB_SCORINGS`).
+scorer a hub names (:attr:`ratune.hubs.Hub.scorer`, the key of :data:`HUB_SCORINGS`).
 
 :class:`APIBenchScoring` scores by the official ``gorilla`` metric and the ``strict`` one
 (:class:`ratune.eval.scoring.Scorer`); :class:`CatalogScoring` by a catalog's ``strict`` metric and
@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from functools import cached_property
 from typing import ClassVar
 
-from ratune.data.hubs import Hub
+from ratune.hubs import Hub
 from ratune.errors import InputError, RatuneError
 from ratune.eval.catalog_scorer import CATALOG_METRIC, GORILLA_APIBENCH_ONLY, CatalogEvalScorer
 from ratune.eval.scoring.cli import format_table, outcome_lines
@@ -147,7 +147,7 @@ class CatalogScoring(HubScoring):
             "(no gorilla metric: it is APIBench's)"])
 
 
-#: The scorers a hub can name (:attr:`ratune.data.hubs.Hub.scorer`).
+#: The scorers a hub can name (:attr:`ratune.hubs.Hub.scorer`).
 HUB_SCORINGS: dict[str, type[HubScoring]] = {"apibench": APIBenchScoring, "catalog": CatalogScoring}
 
 

@@ -36,7 +36,7 @@ Length: prompt plus answer stay within the model's positions for both backends
 ``max_new_tokens`` new tokens are listed in ``metrics.json`` (``generation_limit.capped``), and a
 prompt that fills the positions alone is an error before the model is loaded.
 
-The user turn is rendered by :func:`ratune.data.prompt.render_user_turn`, the function the
+The user turn is rendered by :func:`ratune.sources.prompt.render_user_turn`, the function the
 training-set builder uses, with the document budget and the chat template the checkpoint was
 trained with (its run manifest; :func:`trained_chat_template`).
 """
@@ -49,9 +49,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ratune.data.apibench import input_hashes
-from ratune.data.hubs import as_hub_source
-from ratune.data.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
+from ratune.sources.apibench import input_hashes
+from ratune.hubs import as_hub_source
+from ratune.sources.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.eval.abstain import abstention
 from ratune.eval.constraints import constrained_examples, constraint_metrics
@@ -195,7 +195,7 @@ def _needs_model(setting: str) -> bool:
 def _setting_plan(setting: str, examples: list, *, source, settings: EvalSettings):
     """``(examples, retriever, extra)`` of one setting: the questions it asks, the retriever that
     gives their documents, and what its extra metrics need (``swapped`` / ``constraints``).
-    ``source`` is the hub's :class:`~ratune.data.hubs.HubSource`."""
+    ``source`` is the hub's :class:`~ratune.hubs.Hub`."""
     def cached(name: str):
         key = (str(source.root.resolve()), source.name, name)
         if key not in settings.retriever_cache:
@@ -238,7 +238,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     generated (:func:`_generate_cell`, resumable) and scored (:func:`_cell_metrics`).
 
     Args:
-        hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.data.hubs.HubSource`.
+        hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.hubs.Hub`.
             A catalog's cells are scored by its strict metric and argument score
             (:mod:`ratune.eval.catalog_scorer`; no ``gorilla`` block: that metric is APIBench's),
             and its top-level ``accuracy`` / ``hallucination`` / ``error`` are the strict ones

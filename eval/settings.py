@@ -13,7 +13,7 @@ from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
-from ratune.data.prompt import CHAT_TEMPLATE_NAMES
+from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
@@ -48,7 +48,7 @@ class EvalSettings:
         dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
             retrieval train``); recorded in those cells' identity.
         bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/bm25.py).
-        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` for the prompts;
+        chat_template: a template of :data:`ratune.sources.prompt.CHAT_TEMPLATES` for the prompts;
             None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
             the tokenizer's own. A named one is recorded in each cell's identity.
         device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``

@@ -1,6 +1,6 @@
 """vLLM generation backend (optional extra ``vllm``; CUDA GPUs only), answer-for-answer like HF.
 
-Same prompts: the prompt token ids of :func:`ratune.data.prompt.encode_prompt` are passed to vLLM
+Same prompts: the prompt token ids of :func:`ratune.sources.prompt.encode_prompt` are passed to vLLM
 as token ids (``{"prompt_token_ids": ids}``), never re-tokenized from text. Same decoding: greedy
 (``temperature=0``); per prompt at most :func:`ratune.eval.generate.generation_limits` new tokens
 (``max_new_tokens``, fewer where prompt plus answer would pass the model's positions; vLLM's
@@ -142,7 +142,7 @@ def vllm_generate_batches(llm, tokenizer, prompts: Sequence[list[int]], *, max_p
     Args:
         llm: from :func:`load_llm` (anything with vLLM's ``generate(prompts, params, use_tqdm=)``).
         tokenizer: the checkpoint's tokenizer (decodes the generated ids).
-        prompts: token ids per prompt (from :func:`ratune.data.prompt.encode_prompt`).
+        prompts: token ids per prompt (from :func:`ratune.sources.prompt.encode_prompt`).
         max_positions: the model's positions (the ``max_model_len`` given to :func:`load_llm`);
             with ``max_new_tokens`` they give each prompt its limit
             (:func:`ratune.eval.generate.generation_limits`, as the HF backend).

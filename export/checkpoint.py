@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.args import input_dir, input_file, output_dir
-from ratune.data.hubs import manifest_hub_record, recorded_hub_kind
+from ratune.hubs import manifest_hub_record, recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.report import _axes, _complete, headline_metric, make_cell, metric_block
 from ratune.io import open_file_modes, read_json, sha256_file, stale_temp_folders, temp_folder, write_json
@@ -192,7 +192,7 @@ def _pct(x: float) -> str:
 
 def _trained_hub(recipe: dict):
     """``(name, record, hub class)`` of the hub a run was trained on (its manifest's ``hub`` and
-    hub record, :func:`ratune.data.hubs.recorded_hub_kind`)."""
+    hub record, :func:`ratune.hubs.recorded_hub_kind`)."""
     kind, record = manifest_hub_record(recipe)
     name = (record or {}).get("name") or recipe.get("hub")
     return name, record, recorded_hub_kind(name, kind)

@@ -209,7 +209,7 @@ def _latest_or_dir(text: str) -> str:
 latest_or_dir = _typed(_latest_or_dir, "checkpoint", good="latest", bad=("missing", "file"))
 
 
-#: Where ``--apibench`` looks when it is not given (data/apibench.py ``resolve_apibench_dir``).
+#: Where ``--apibench`` looks when it is not given (sources/apibench.py ``resolve_apibench_dir``).
 APIBENCH_DEFAULT = "$RATUNE_APIBENCH or ../shared/apibench"
 
 

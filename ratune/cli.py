@@ -19,135 +19,20 @@
     ratune catalog pairs    your instruction pairs -> the catalog's train/eval split (then --hub CATALOG_DIR)
 
 User errors (bad input, bad config, a bad flag value) print one message naming file, line, field or
-flag on stderr and exit with status 2, without a traceback (:func:`run_guarded` states the policy).
+flag on stderr and exit with status 2, without a traceback (:func:`ratune.boundary.run_guarded` states the
+policy).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import sys
 from typing import Callable
 
+from ratune.boundary import run_guarded
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import add_arguments
-
-
-#: Set to 1 to see the traceback of an error the boundary reports in one line.
-TRACEBACK_ENV = "RATUNE_TRACEBACK"
-
-
-def _say(line: str) -> None:
-    """One line on stderr in one write: the ranks of a launch share stderr, and print's separate
-    write of the newline let two ranks' lines run together on one line."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def _say_if_possible(line: str) -> None:
-    """:func:`_say` for the last line of an interrupted command: after SIGHUP (the terminal closed)
-    writing to the terminal fails with EIO, and that OSError must not replace the exit status."""
-    with contextlib.suppress(OSError):
-        _say(line)
-
-
-def run_guarded(fn: Callable[[], int]) -> int:
-    """Run ``fn`` behind ratune's one error boundary (every ``ratune`` command and
-    ``python -m ratune.train``, under accelerate or not).
-
-    Policy: a user's mistake is reported where it is found, as a :class:`~ratune.errors.RatuneError`
-    naming the file, line, field or flag (readers of JSON, JSONL and YAML name the file and line;
-    argparse types name the flag, :mod:`ratune.args`). The boundary prints ``ratune: error:
-    MESSAGE`` on stderr and returns 2 for:
-
-    * a RatuneError (InputError included);
-    * an OSError that carries a file name (missing, a folder where a file is expected, permission
-      denied, disk full, ...): the operating system refused an operation on a named path, which no
-      traceback would explain better: ``ratune: error: PATH: reason``.
-
-    Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
-    in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
-    that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
-    Ctrl-C returns 130, SIGTERM 143 and SIGHUP 129 (:class:`~ratune.errors.Terminated`: they
-    unwind as Ctrl-C does, so lock files and temporary folders are cleaned up), a closed stdout
-    (``| head``) 0.
-    The third-party messages of :mod:`ratune.noise` are silenced first.
-    """
-    import os
-
-    from ratune.errors import RatuneError, Terminated
-    from ratune.noise import quiet_known_noise
-
-    quiet_known_noise()  # third-party lines that are noise here, named in ratune/noise.py
-    debug = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
-    try:
-        with _terminate_like_ctrl_c():
-            return fn() or 0
-    except RatuneError as exc:
-        if debug:
-            raise
-        _say(f"ratune: error: {exc}")
-        return 2
-    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as exc:
-        if debug or not exc.filename:
-            raise
-        where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
-        _say(f"ratune: error: {where}: {exc.strerror or exc}")
-        return 2
-    except Terminated as exc:
-        import signal
-
-        name = signal.Signals(exc.signum).name
-        _say_if_possible(f"ratune: terminated ({name}); rerun the same command to continue where it stopped")
-        return 128 + exc.signum
-    except KeyboardInterrupt:
-        _say_if_possible("ratune: interrupted; rerun the same command to continue where it stopped")
-        return 130
-
-
-@contextlib.contextmanager
-def _terminate_like_ctrl_c():
-    """For the body, SIGTERM and SIGHUP raise :class:`~ratune.errors.Terminated` in the main
-    thread, each unless something (a launcher, a test runner, ``nohup``) has set its own handler;
-    the default handlers are put back after. Used by :func:`run_guarded`.
-
-    Only the first signal raises; later ones are ignored while the process unwinds. Supervisors
-    often send SIGTERM twice within microseconds (Slurm signals every process of a step and torch's
-    launcher passes its own SIGTERM on to its workers; a local sweep forwards to a command that a
-    job's end also signalled), and a second signal that ended the process at once would skip the
-    ``finally`` blocks and leave the lock file behind. The hard stop stays SIGKILL, which each
-    supervisor sends after its grace period (Slurm's KillWait, the sweep's
-    :data:`ratune.sweep.local.CHILD_GRACE_S`). The ignoring handler is Python's own, so a program
-    started while unwinding gets the default handlers back."""
-    import signal
-    import threading
-
-    from ratune.errors import Terminated
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    ours = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
-
-    def again(signum, frame):
-        pass  # already unwinding (see above): SIGKILL is the hard stop
-
-    def terminated(signum, frame):
-        for s in ours:
-            signal.signal(s, again)
-        raise Terminated(signum)
-
-    for s in ours:
-        signal.signal(s, terminated)
-    try:
-        yield
-    finally:
-        for s in ours:
-            signal.signal(s, signal.SIG_DFL)
 
 
 def _handler(target: str) -> Callable[[argparse.Namespace], int]:
@@ -190,8 +75,8 @@ def _report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of the ``ratune`` command."""
-    from ratune.data.prompt import CHAT_TEMPLATE_NAMES
-    from ratune.data.validate import LEAKAGE_POLICIES
+    from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
+    from ratune.sources.validate import LEAKAGE_POLICIES
     from ratune.eval.scoring import add_score_arguments
     from ratune.args import (APIBENCH_DEFAULT, RatuneArgumentParser, add_apibench_argument, bounded, checked, input_dir,
                              input_file, key_equals_dir, model_ref, output_dir, registered, setting)
@@ -208,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend = registered("BM25 backend", BM25_BACKENDS)
     finetuned = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
-    from ratune.data.hubs import check_hub_ref, hub_argument_type, hub_choices_text
+    from ratune.hubs import check_hub_ref, hub_argument_type, hub_choices_text
 
-    # --hub of every stage: an APIBench hub or a catalog folder (data/hubs.py)
+    # --hub of every stage: an APIBench hub or a catalog folder (hubs/)
     hub_ref = {"type": hub_argument_type(), "metavar": "HUB"}
     hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
                                   bad=("no_such_hub", "folder")), "metavar": "HUB"}

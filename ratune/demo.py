@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ratune.config import load_yaml
-from ratune.data.apibench import resolve_apibench_dir
+from ratune.sources.apibench import resolve_apibench_dir
 from ratune.errors import RatuneError
 from ratune.eval.report import table2_markdown
 from ratune.locks import output_lock
@@ -45,7 +45,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     (:func:`ratune.sweep.run_local`; without it such an arm is refused before anything runs).
     ``apibench`` (``ratune demo --apibench DIR``) overrides the config's ``apibench`` key; with
     neither, the APIBench folder is $RATUNE_APIBENCH or ../shared/apibench
-    (:func:`ratune.data.apibench.resolve_apibench_dir`); it is checked before anything is written.
+    (:func:`ratune.sources.apibench.resolve_apibench_dir`); it is checked before anything is written.
 
     Holds the output folder's lock throughout (:func:`ratune.locks.output_lock`) and writes only
     into a folder that is new, empty or a ratune demo or sweep output (:func:`ratune.manifest.require_owned`).

@@ -9,7 +9,7 @@ class RatuneError(Exception):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a Slurm time limit, ``kill``, a container stop) or SIGHUP (the terminal closed)
-    arrived: raised in the main thread by the handler :func:`ratune.cli.run_guarded` installs, so
+    arrived: raised in the main thread by the handler :func:`ratune.boundary.run_guarded` installs, so
     the process unwinds as after Ctrl-C: ``finally`` blocks run, lock files (ratune/locks.py) are
     removed, temporary folders deleted, a sweep stops its running command, and a rerun continues
     where it stopped, on any host. Without it either signal ends Python at once and leaves the lock

@@ -235,7 +235,7 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
     """Load a tokenizer for training and generation, with the tokenizer's own chat template.
 
     A registry template (gorilla_v0, chatml) is given by the stage that builds prompts:
-    :func:`ratune.data.prompt.use_chat_template`. The pad token is never added to the vocabulary
+    :func:`ratune.sources.prompt.use_chat_template`. The pad token is never added to the vocabulary
     (that would have to survive export): when the tokenizer has none, its EOS token is used for
     padding. Loss masks never depend on the pad id.
 

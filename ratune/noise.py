@@ -3,7 +3,7 @@
 A CPU training run used to print, besides ratune's own lines, DeepSpeed's accelerator guess and
 transformers' deprecation warnings for names a library (not the user) still uses. They told the
 user nothing they could act on and buried ratune's lines. :func:`quiet_known_noise` (called once
-by the error boundary, ``ratune.cli.run_guarded``, so by every command and ``python -m
+by the error boundary, ``ratune.boundary.run_guarded``, so by every command and ``python -m
 ratune.train``) removes exactly these messages, matched by text; every other warning and log line
 stays.
 """

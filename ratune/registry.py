@@ -164,7 +164,7 @@ def setting_retriever(setting: str) -> str:
 
 
 #: A hub's example splits: training examples and the eval questions (APIBench's
-#: ``{hub}_{split}.json``, data/apibench.py examples_path; a catalog's ``pairs/{split}.jsonl``,
+#: ``{hub}_{split}.json``, sources/apibench.py examples_path; a catalog's ``pairs/{split}.jsonl``,
 #: catalog/pairs.py SPLIT_FILES).
 SPLITS = ("train", "eval")
 

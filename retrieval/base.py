@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ratune.data.apibench import api_identity
+from ratune.sources.apibench import api_identity
 from ratune.errors import RatuneError
 
 

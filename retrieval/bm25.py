@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from ratune.data.prompt import serialize_document
+from ratune.sources.prompt import serialize_document
 from ratune.errors import RatuneError
 from ratune.io import read_json, write_json
 from ratune.locks import replacing_folder

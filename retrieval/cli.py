@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from ratune.data.apibench import HUBS, input_hashes
-from ratune.data.hubs import resolve_hub
+from ratune.sources.apibench import HUBS, input_hashes
+from ratune.hubs import resolve_hub
 from ratune.errors import RatuneError
 from ratune.io import write_json, write_text
 from ratune.manifest import own_output_folder, package_versions, require_owned
@@ -79,7 +79,7 @@ def cli_eval(args) -> int:
 
 
 def _hub_report(args, source, names: list[str], index_variant: str | None) -> tuple[list, list, str, dict]:
-    """One hub's (a :class:`ratune.data.hubs.HubSource`) retrieval results, paper-BM25
+    """One hub's (a :class:`ratune.hubs.Hub`) retrieval results, paper-BM25
     agreement, markdown and input hashes. With ``--retriever all`` a catalog leaves out the
     precomputed retrievers (APIBench only); naming one is make_retriever's error."""
     if args.retriever == "all" and not source.has_precomputed:

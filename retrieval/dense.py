@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Sequence
 
-from ratune.data.prompt import serialize_document
+from ratune.sources.prompt import serialize_document
 from ratune.errors import InputError, RatuneError
 from ratune.io import read_json
 from ratune.retrieval.base import Retriever, dedup_corpus
@@ -36,7 +36,7 @@ def default_dense_model() -> Path:
 def dense_document_text(doc: dict) -> str:
     """The text the dense retriever embeds for an API document (the one owner of that choice).
 
-    It is :func:`~ratune.data.prompt.serialize_document` (compact JSON in database key order),
+    It is :func:`~ratune.sources.prompt.serialize_document` (compact JSON in database key order),
     cut by the model to its ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2). The
     finetuning pairs (:mod:`ratune.retrieval.finetune`) use this same function, so the model is
     trained on exactly the text it later indexes.

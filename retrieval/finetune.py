@@ -16,14 +16,14 @@ on CPU:
   10 % warmup, fixed seed, CPU.
 * **Leakage**: before training, every eval instruction of the hub is compared with every training
   instruction (exact, whitespace/case-normalised, token-set Jaccard >= 0.9) by
-  :func:`ratune.data.validate.check_leakage`; any pair is a RatuneError that lists them.
+  :func:`ratune.sources.validate.check_leakage`; any pair is a RatuneError that lists them.
 * **Output**: a sentence-transformers folder plus ``ratune_retriever.json`` (hub, base model,
   training file and its sha256, pairs, settings, leakage check, timing, package versions), which
   :class:`~ratune.retrieval.dense.DenseRetriever` reads to refuse use on another hub.
 
 The shared APIBench copy has a training split for TorchHub only (its README), so only TorchHub can
 be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files. A
-catalog folder (:mod:`ratune.data.hubs`) trains on its ``pairs/train.jsonl``, checked against its
+catalog folder (:mod:`ratune.hubs`) trains on its ``pairs/train.jsonl``, checked against its
 ``pairs/eval.jsonl``.
 """
 
@@ -42,9 +42,9 @@ from pydantic import Field
 
 from ratune.args import add_apibench_argument, bounded, checked, output_dir, setting
 from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
-from ratune.data.apibench import Example
-from ratune.data.hubs import HubSource, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
-from ratune.data.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
+from ratune.sources.apibench import Example
+from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
+from ratune.sources.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.locks import replacing_folder
@@ -106,7 +106,7 @@ def check_no_eval_leakage(train_examples: Sequence[Example], eval_examples: Sequ
                           eval_path, near_threshold: float = NEAR_DUPLICATE_JACCARD) -> dict:
     """Check that no eval instruction is among the training instructions; return the check's record.
 
-    Uses :func:`ratune.data.validate.check_leakage` (exact, whitespace/case-normalised, and
+    Uses :func:`ratune.sources.validate.check_leakage` (exact, whitespace/case-normalised, and
     token-set Jaccard >= ``near_threshold``), the rule of the data build.
 
     Returns:
@@ -243,7 +243,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     return meta
 
 
-def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubSource", out_dir: str | os.PathLike, *,
+def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub", out_dir: str | os.PathLike, *,
                         settings: FinetuneSettings = FinetuneSettings(), overwrite: bool = False,
                         threads: int | None = None) -> dict:
     """Train the finetuned retriever on every example of ``hub``'s training split (see module doc).
@@ -251,13 +251,13 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | HubS
     Args:
         apibench_dir: the APIBench folder, for an APIBench hub name (unused for a catalog).
         hub: an APIBench hub, a catalog folder (its ``pairs/train.jsonl``; the retriever's
-            metadata records the catalog's name) or a :class:`~ratune.data.hubs.HubSource`.
+            metadata records the catalog's name) or a :class:`~ratune.hubs.Hub`.
     Returns:
         The metadata written (see :func:`train_dense_retriever`).
     Raises:
         RatuneError: no training file for the hub (the shared copy has TorchHub's only; a catalog
             without ``ratune catalog pairs``), leakage, or the errors of
-            :func:`train_dense_retriever` and :func:`ratune.data.hubs.resolve_hub`.
+            :func:`train_dense_retriever` and :func:`ratune.hubs.resolve_hub`.
     """
     source = as_hub_source(hub, apibench_dir)
     train_path = source.examples_file("train")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ratune.data.apibench import api_identity
+from ratune.sources.apibench import api_identity
 from ratune.retrieval.base import Query, Retriever
 
 #: RRF's k (Cormack et al. 2009, who found 60 near-optimal across collections).
@@ -27,7 +27,7 @@ class FusionRetriever(Retriever):
 
     A document's score is ``sum(1 / (k + rank))`` over the components whose top ``depth`` holds
     it (summed with :func:`math.fsum`, so the order of the components never changes a score in
-    its last bit). Documents are the same API when their :func:`ratune.data.apibench.api_identity`
+    its last bit). Documents are the same API when their :func:`ratune.sources.apibench.api_identity`
     is; equal scores are ordered by first appearance, reading the first component's ranking, then
     the second's, and so on, so the ranking is defined on any machine.
 

@@ -1,7 +1,7 @@
 """Retrieval quality measured on its own: top-1 accuracy, recall@k and NDCG@k.
 
 Each query has exactly one relevant API (the gold API, compared by
-:func:`~ratune.data.apibench.api_identity`, never by text). With one relevant item at rank r
+:func:`~ratune.sources.apibench.api_identity`, never by text). With one relevant item at rank r
 (1-based), recall@k = 1 if r <= k else 0, and NDCG@k = 1 / log2(r + 1) if r <= k else 0 (the
 ideal DCG is 1). Top-1 accuracy equals recall@1.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ratune.data.apibench import Example, api_identity
+from ratune.sources.apibench import Example, api_identity
 from ratune.retrieval.base import Query, Retriever
 
 #: The cut-offs reported (recall@k, NDCG@k).

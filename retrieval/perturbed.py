@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from ratune.data.apibench import api_identity
+from ratune.sources.apibench import api_identity
 from ratune.retrieval.base import Query, Retriever
 
 

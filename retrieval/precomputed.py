@@ -12,7 +12,7 @@ import json
 import re
 from typing import Sequence
 
-from ratune.data.apibench import api_identity, questions_path
+from ratune.sources.apibench import api_identity, questions_path
 from ratune.errors import RatuneError
 from ratune.io import iter_jsonl
 from ratune.registry import RETRIEVERS

@@ -3,7 +3,7 @@
 All retrievers share one interface, :meth:`Retriever.retrieve`, that takes a batch of
 :class:`Query` and returns, per query, up to ``top_k`` API documents (dicts from the hub's API
 database) best first. The corpus is the hub's API database with duplicate APIs removed (same
-:func:`~ratune.data.apibench.api_identity`; the first occurrence in file order is kept), so a
+:func:`~ratune.sources.apibench.api_identity`; the first occurrence in file order is kept), so a
 top-k list never repeats an API.
 
 The names and what each is live in one registry, :mod:`ratune.registry` (RETRIEVERS); this
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratune.data.hubs import HubSource, resolve_hub
+from ratune.hubs import Hub, resolve_hub
 from ratune.errors import RatuneError
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVERS, unknown_name
 from ratune.retrieval.base import NoRetriever, OracleRetriever, Query, Retriever, dedup_corpus
@@ -60,14 +60,14 @@ __all__ = [
 ]
 
 
-def make_retriever(name: str, *, hub: str | HubSource, apibench_dir=None, dense_model: str | Path | None = None,
+def make_retriever(name: str, *, hub: str | Hub, apibench_dir=None, dense_model: str | Path | None = None,
                    bm25_backend: str = DEFAULT_BM25_BACKEND, bm25_index: str | Path | None = None) -> Retriever:
     """Build a retriever by name (a key of ratune/registry.py RETRIEVERS) over the hub's API
     database, by the kind its registry entry names.
 
     Args:
         hub: an APIBench hub name (documents from ``apibench_dir``), a catalog folder, or a
-            :class:`~ratune.data.hubs.HubSource` (:func:`ratune.data.hubs.resolve_hub`); its name
+            :class:`~ratune.hubs.Hub` (:func:`ratune.hubs.resolve_hub`); its name
             is the ``hub`` of the retriever's metadata.
         apibench_dir: the APIBench folder, for an APIBench hub name.
         dense_model: the sentence-transformers folder for ``dense`` (default all-MiniLM-L6-v2) and
@@ -82,7 +82,7 @@ def make_retriever(name: str, *, hub: str | HubSource, apibench_dir=None, dense_
             retriever; a finetuned folder or saved BM25 index made for another hub (or, for the
             index, another variant or corpus); a precomputed retriever (``gpt_index``,
             ``released_bm25``) on a catalog, which has no released documents (APIBench only);
-            an unknown hub or a folder that is not a catalog (:func:`~ratune.data.hubs.resolve_hub`).
+            an unknown hub or a folder that is not a catalog (:func:`~ratune.hubs.resolve_hub`).
     """
     if bm25_backend not in BM25_BACKENDS:
         raise RatuneError(unknown_name("BM25 backend", bm25_backend, BM25_BACKENDS))

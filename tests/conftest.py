@@ -46,9 +46,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from ratune.data.apibench import APIBENCH_ENV, resolve_apibench_dir  # noqa: E402
+from ratune.sources.apibench import APIBENCH_ENV, resolve_apibench_dir  # noqa: E402
 from ratune.errors import RatuneError  # noqa: E402
-from ratune.data.prompt import GORILLA_V0_SYSTEM  # noqa: E402
+from ratune.sources.prompt import GORILLA_V0_SYSTEM  # noqa: E402
 from ratune.train.tiny import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
 
 #: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
@@ -114,7 +114,7 @@ def _clear_transformers_cuda_cache() -> None:
 
 
 def _real_apibench() -> Path | None:
-    """The real APIBench folder (:func:`~ratune.data.apibench.resolve_apibench_dir`), or None where it is absent."""
+    """The real APIBench folder (:func:`~ratune.sources.apibench.resolve_apibench_dir`), or None where it is absent."""
     try:
         return resolve_apibench_dir(None)
     except RatuneError:

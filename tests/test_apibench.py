@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ratune.data.apibench import (api_database_path, api_identity, load_api_database, load_examples,
+from ratune.sources.apibench import (api_database_path, api_identity, load_api_database, load_examples,
                                   parse_code, ParseReport)
 from ratune.errors import InputError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratune.data.apibench import load_api_database, load_examples
+from ratune.sources.apibench import load_api_database, load_examples
 from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, load_responses
 from ratune.retrieval.retrievers import Query, make_retriever

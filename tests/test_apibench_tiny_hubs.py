@@ -22,7 +22,7 @@ import json
 import pytest
 
 from ratune.cli import main
-from ratune.data.apibench import api_identity, examples_path, load_api_database, load_examples
+from ratune.sources.apibench import api_identity, examples_path, load_api_database, load_examples
 from ratune.errors import RatuneError
 from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, extract_api_call, load_responses

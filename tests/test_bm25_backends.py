@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from ratune.data.apibench import api_database_path, load_api_database, load_examples
+from ratune.sources.apibench import api_database_path, load_api_database, load_examples
 from ratune.errors import RatuneError
 from ratune.retrieval.retrievers import (BM25_INDEX_METADATA, RETRIEVER_METADATA_FILE, BM25Retriever, Query,
                                          _BM25SIndex, _RankBM25Index, default_dense_model, make_retriever,
@@ -76,7 +76,7 @@ def test_backends_rank_every_eval_question_the_same(apibench, hub, variant):
 
 _RANK_UNDER_HASH_SEED = """
 import hashlib, json, sys
-from ratune.data.apibench import api_database_path, load_api_database, load_examples
+from ratune.sources.apibench import api_database_path, load_api_database, load_examples
 from ratune.retrieval.retrievers import BM25Retriever, Query
 apibench, hub = sys.argv[1], sys.argv[2]
 corpus = load_api_database(api_database_path(apibench, hub))

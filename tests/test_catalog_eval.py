@@ -71,7 +71,7 @@ def _fake_generation(monkeypatch, smol_tokenizer, answer_of):
 
 
 def _by_instruction(catalog, answers: dict[int, str]):
-    from ratune.data.hubs import resolve_hub
+    from ratune.hubs import resolve_hub
 
     examples = resolve_hub(catalog).load_examples("eval")
 
@@ -85,7 +85,7 @@ def _by_instruction(catalog, answers: dict[int, str]):
 
 
 def test_catalog_eval_scorer_counts_the_hand_worked_cases(catalog):
-    from ratune.data.hubs import resolve_hub
+    from ratune.hubs import resolve_hub
     from ratune.eval.catalog_scorer import CatalogEvalScorer
 
     scorer = CatalogEvalScorer.from_source(resolve_hub(catalog))
@@ -150,7 +150,7 @@ def test_eval_run_on_a_catalog_scores_strict_and_arguments_without_gorilla(catal
 
 def test_eval_run_swap_on_a_catalog_uses_the_catalog_identity(catalog, tiny_model_dir, smol_tokenizer, tmp_path,
                                                               monkeypatch):
-    from ratune.data.hubs import resolve_hub
+    from ratune.hubs import resolve_hub
     from ratune.eval.run import evaluate_checkpoint
 
     gold = {e.line: e.answer.api_call for e in resolve_hub(catalog).load_examples("eval")}
@@ -264,7 +264,7 @@ def test_eval_score_cli_scores_a_catalog_response_file(catalog, tmp_path, capsys
 
 
 def test_compare_two_catalog_response_files_by_the_strict_metric(catalog, tmp_path, capsys):
-    from ratune.data.hubs import resolve_hub
+    from ratune.hubs import resolve_hub
 
     gold = {e.line: e.answer.api_call for e in resolve_hub(catalog).load_examples("eval")}
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

@@ -1,8 +1,8 @@
 """A catalog folder is a hub (issue 20 item 3, first half): ``ratune catalog pairs`` writes the
-split, :func:`ratune.data.hubs.resolve_hub` reads it, and ``ratune data build`` and
+split, :func:`ratune.hubs.resolve_hub` reads it, and ``ratune data build`` and
 ``ratune retrieval eval`` run on it, on the real OpenAPI petstore (examples/catalogs/) with the
 hand-written pairs examples/catalogs/petstore_pairs.jsonl; APIBench hubs resolve to exactly the
-paths and records of :mod:`ratune.data.apibench`.
+paths and records of :mod:`ratune.sources.apibench`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from ratune.catalog.folder import import_catalog
 from ratune.catalog.pairs import load_pairs, write_pairs
 from ratune.catalog.schema import load_catalog
 from ratune.cli import main
-from ratune.data.apibench import (HUBS, Answer, api_database_path, examples_path, load_api_database, load_examples,
+from ratune.sources.apibench import (HUBS, Answer, api_database_path, examples_path, load_api_database, load_examples,
                                   questions_path)
-from ratune.data.hubs import APIBENCH, CATALOG, CatalogHub, check_hub_ref, resolve_hub
-from ratune.data.prompt import REFERENCE_PHRASE, serialize_document
+from ratune.hubs import APIBENCH, CATALOG, CatalogHub, check_hub_ref, resolve_hub
+from ratune.sources.prompt import REFERENCE_PHRASE, serialize_document
 from ratune.errors import InputError, RatuneError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from ratune.catalog.instruct import (DROP_REASONS, EXAMPLE_TEMPLATE, MIN_WORDS, 
 from ratune.catalog.pairs import Pair, load_pairs, write_pairs
 from ratune.catalog.schema import load_catalog
 from ratune.cli import main
-from ratune.data.prompt import serialize_document
+from ratune.sources.prompt import serialize_document
 from ratune.errors import InputError, RatuneError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -367,7 +367,7 @@ def test_the_data_stage_module_imports_no_later_stage():
     modules |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     later = sorted(m for m in modules if m and m.split(".")[:2] in (["ratune", "train"], ["ratune", "eval"],
                                                                     ["ratune", "retrieval"]))
-    assert later == [] and "ratune.data.prompt" in modules and "ratune.catalog.pairs" in modules
+    assert later == [] and "ratune.sources.prompt" in modules and "ratune.catalog.pairs" in modules
 
 
 def test_a_candidate_that_repeats_the_prompt_is_copies_prompt():

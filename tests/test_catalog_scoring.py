@@ -11,8 +11,8 @@ import pytest
 
 from ratune.catalog.scoring import (MAX_CALL_CHARS, CatalogIndex, CatalogScorer, call_identity,
                                     extract_call_text)
-from ratune.data.apibench import Answer
-from ratune.data.prompt import format_answer
+from ratune.sources.apibench import Answer
+from ratune.sources.prompt import format_answer
 from ratune.errors import RatuneError
 
 
@@ -54,7 +54,7 @@ def scorer() -> CatalogScorer:
 
 
 def answer(call: str) -> str:
-    """A full five-field answer, as the model is trained to write it (data/prompt.py)."""
+    """A full five-field answer, as the model is trained to write it (sources/prompt.py)."""
     return format_answer(Answer(domain="default", api_call=call, api_provider="test",
                                 explanation="Calls the API.", code=call))
 

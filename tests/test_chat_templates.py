@@ -15,8 +15,8 @@ import typing
 
 import pytest
 
-from ratune.data.apibench import load_examples
-from ratune.data.prompt import (CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES, GORILLA_V0_SYSTEM, encode_prompt,
+from ratune.sources.apibench import load_examples
+from ratune.sources.prompt import (CHAT_TEMPLATE_NAMES, CHAT_TEMPLATES, GORILLA_V0_SYSTEM, encode_prompt,
                                 format_answer, prompt_text, template_name, with_bos)
 from ratune.errors import RatuneError
 from ratune.data.labels import tokenize_row
@@ -27,7 +27,7 @@ ANSWER_IDS = [263, NL, 264, NL, 265, NL, 266, NL, 267, NL, 268]
 
 
 def _load(folder, chat_template=None):
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
 
     return use_chat_template(load_tokenizer(folder), chat_template)
@@ -258,7 +258,7 @@ def _capture_prompts(monkeypatch):
 
 
 def test_eval_renders_prompts_with_the_trained_template(apibench, llama1_dir, tmp_path, monkeypatch):
-    from ratune.data.prompt import render_user_turn
+    from ratune.sources.prompt import render_user_turn
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.train.layout import trained_chat_template
 

@@ -21,7 +21,8 @@ import yaml
 
 import ratune.cli as cli
 from ratune.args import PATH_KINDS
-from ratune.cli import main, run_guarded
+from ratune.boundary import TRACEBACK_ENV, run_guarded
+from ratune.cli import main
 from ratune.errors import RatuneError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,7 +209,7 @@ def test_the_console_entry_points_print_one_line(tmp_path):
 
 
 def test_boundary_policy_user_errors_one_line_bugs_keep_their_traceback(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
 
     def raise_(exc):
         def fn():
@@ -226,7 +227,7 @@ def test_boundary_policy_user_errors_one_line_bugs_keep_their_traceback(tmp_path
                 UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), json.JSONDecodeError("x", "{", 1)):
         with pytest.raises(type(bug)):
             run_guarded(raise_(bug))
-    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
     with pytest.raises(RatuneError):
         run_guarded(raise_(RatuneError("shown with its traceback")))
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from ratune.data.apibench import api_database_path, load_api_database, load_examples
+from ratune.sources.apibench import api_database_path, load_api_database, load_examples
 from ratune.eval.constraints import Constraint, constraint_metrics, constrained_examples, top1_accuracy
 from ratune.eval.scoring import Scorer
 

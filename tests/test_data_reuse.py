@@ -91,7 +91,7 @@ def test_a_folder_ratune_did_not_make_is_refused_and_kept(tmp_path, apibench, sm
 def test_a_local_tokenizer_folder_that_changed_is_a_new_request(tmp_path, apibench, smol_tokenizer_dir):
     """The tokenizer by folder: its files' sha256 are part of the request, so a tokenizer saved
     again with other files under the same path rebuilds; ratune's version is recorded too."""
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
 
     folder = tmp_path / "tok"

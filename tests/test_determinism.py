@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ratune.data.apibench import api_identity, load_examples
+from ratune.sources.apibench import api_identity, load_examples
 from ratune.retrieval.retrievers import BM25_VARIANTS, BM25Retriever, Query, make_retriever
 
 # hand-made eval / sweep folders are built with the report and sweep tests' own helpers

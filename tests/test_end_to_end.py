@@ -72,8 +72,8 @@ def test_pipeline_writes_valid_table2(tmp_path, apibench, tiny_model_dir, smol_t
     # pass the checks above): the same scorer counts gold answers of questions 1-3 correct on both
     # metrics and tells hallucinations from errors; and re-scoring each cell's saved responses
     # gives its metrics.json counts.
-    from ratune.data.apibench import load_examples
-    from ratune.data.prompt import format_answer
+    from ratune.sources.apibench import load_examples
+    from ratune.sources.prompt import format_answer
     from ratune.eval.scoring import Scorer
 
     scorer = Scorer.from_apibench("torchhub", apibench)

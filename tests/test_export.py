@@ -41,7 +41,7 @@ def run(tmp_path_factory, apibench, tiny_model_dir, smol_tokenizer):
 def _prompts(root: Path, tokenizer, n: int = 3) -> list[list[int]]:
     from datasets import load_from_disk
 
-    from ratune.data.prompt import encode_prompt
+    from ratune.sources.prompt import encode_prompt
 
     rows = load_from_disk(str(root / "data" / "oracle"))["eval"].select(range(n))
     return [encode_prompt(tokenizer, r["user_turn"]) for r in rows]
@@ -196,7 +196,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     import huggingface_hub
     from huggingface_hub import HfApi
 
-    from ratune.cli import run_guarded
+    from ratune.boundary import run_guarded
     from ratune.export.checkpoint import add_export_arguments, cli_export
 
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):

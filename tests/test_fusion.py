@@ -71,7 +71,7 @@ def test_hybrid_is_a_retriever_a_train_mode_and_a_test_setting(apibench):
     """Through the registry only: make_retriever builds it from its components, the data builder
     and the eval stage take its name, and on TorchHub it ranks the gold API first more often
     than the weaker of its components (measured: docs/retrieval/retrieval_torchhub.md)."""
-    from ratune.data.apibench import load_examples
+    from ratune.sources.apibench import load_examples
     from ratune.registry import RETRIEVED_MODES, TABLE_SETTINGS, TRAIN_MODES
     from ratune.retrieval.metrics import evaluate_retriever
     from ratune.retrieval.retrievers import make_retriever

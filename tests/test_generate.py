@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ratune.data.prompt import encode_prompt, render_user_turn
+from ratune.sources.prompt import encode_prompt, render_user_turn
 from ratune.eval.generate import generate_all
 
 
 def mixed_prompts(apibench, tok, n: int, max_document_tokens: int) -> list[list[int]]:
     """The first ``n`` TorchHub eval questions as prompt ids: 0-shot at even positions, with the
     gold document (cut to ``max_document_tokens``) at odd ones, so lengths differ several-fold."""
-    from ratune.data.apibench import load_examples
+    from ratune.sources.apibench import load_examples
 
     def count(t):
         return len(tok(t, add_special_tokens=False)["input_ids"])

@@ -154,7 +154,7 @@ def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, 
 @pytest.mark.gpu
 def test_prefill_auto_takes_the_padded_path_on_cuda(tiny_model_dir, smol_tokenizer, monkeypatch):
     import ratune.eval.generate as gen
-    from ratune.data.prompt import encode_prompt
+    from ratune.sources.prompt import encode_prompt
     from ratune.models import load_model
 
     model = load_model(tiny_model_dir, device="cuda")

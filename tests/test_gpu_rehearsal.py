@@ -345,7 +345,7 @@ def test_data_build_with_the_llama1_tokenizer(data, rehearsal):
     from datasets import load_from_disk
 
     from ratune.data.labels import tokenize_row
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
 
     manifest = json.loads((data / "manifest.json").read_text())
@@ -446,10 +446,10 @@ def test_sigkill_after_the_middle_checkpoint_then_resume_is_bit_identical(full_r
 def test_eval_run_on_the_trained_checkpoint(evaluation, full_runs, rehearsal, apibench):
     import torch
 
-    from ratune.data.apibench import load_examples
-    from ratune.data.prompt import encode_prompt, render_user_turn
+    from ratune.sources.apibench import load_examples
+    from ratune.sources.prompt import encode_prompt, render_user_turn
     from ratune.registry import DEFAULT_SETTINGS as SETTINGS  # what eval runs without --settings
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_model, load_tokenizer
 
     model_dir = full_runs["run"] / "model"
@@ -487,7 +487,7 @@ def test_full_export_reloads_with_the_trained_logits(full_runs, rehearsal):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ratune.data.prompt import template_name
+    from ratune.sources.prompt import template_name
 
     (_, _, _, _, export), _ = rehearsal.blocks
     run(rehearsal.argv(export), rehearsal.root / "export.log")

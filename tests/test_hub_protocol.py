@@ -1,4 +1,4 @@
-"""A third kind of hub, defined here and registered in ratune.data.hubs.HUB_KINDS only, goes
+"""A third kind of hub, defined here and registered in ratune.hubs.base.HUB_KINDS only, goes
 through `ratune data build`, `ratune eval run` (tiny model, 2 questions), `ratune report` and
 `ratune compare` with no edit anywhere else: stages ask the hub, never its kind.
 
@@ -16,8 +16,8 @@ from typing import ClassVar
 import pytest
 
 from ratune.cli import main
-from ratune.data.apibench import Answer, Example
-from ratune.data.hubs import HUB_KINDS, Hub, register_hub_kind, resolve_hub
+from ratune.sources.apibench import Answer, Example
+from ratune.hubs import HUB_KINDS, Hub, register_hub_kind, resolve_hub
 from ratune.io import iter_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ class ToyHub(Hub):
 def toy(tmp_path, monkeypatch):
     from ratune.catalog.folder import import_catalog
 
-    monkeypatch.setattr("ratune.data.hubs.HUB_KINDS", dict(HUB_KINDS))  # registered for this test only
+    monkeypatch.setattr("ratune.hubs.base.HUB_KINDS", dict(HUB_KINDS))  # registered for this test only
     register_hub_kind(ToyHub)
     import_catalog("openapi", PETSTORE, tmp_path / "petstore", "petstore")
     folder = tmp_path / "shop"

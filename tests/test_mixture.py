@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from ratune.data.apibench import api_identity
+from ratune.sources.apibench import api_identity
 from ratune.data.mixture import MIXTURE_COMPONENTS, Mixture, draw_documents, realised_shares
-from ratune.data.prompt import REFERENCE_PHRASE, serialize_document
+from ratune.sources.prompt import REFERENCE_PHRASE, serialize_document
 from ratune.errors import RatuneError
 
 
@@ -73,7 +73,7 @@ def test_draws_are_deterministic_and_follow_the_weights():
 
 
 def test_irrelevant_component_and_abstention_rows():
-    from ratune.data.prompt import ABSTAIN_API_CALL, abstain_answer, format_answer, is_abstention
+    from ratune.sources.prompt import ABSTAIN_API_CALL, abstain_answer, format_answer, is_abstention
 
     database = [doc(i) for i in range(5)] + [{"domain": "Audio", "api_call": "torch.hub.load('a/b', 'w')"}]
     m = Mixture.parse("irr:irrelevant=1")
@@ -152,7 +152,7 @@ def test_mixed_rows_and_manifest(mixed_build):
 
 def test_serialization_is_the_single_document_one():
     d = doc(5)
-    from ratune.data.prompt import build_user_turn
+    from ratune.sources.prompt import build_user_turn
 
     assert build_user_turn("q", "\n".join(serialize_document(x) for x in [d, doc(6)])) == \
         f"q\n{REFERENCE_PHRASE}{serialize_document(d)}\n{serialize_document(doc(6))}"
@@ -177,7 +177,7 @@ def test_cli_builds_only_the_mixture(tmp_path, apibench, smol_tokenizer_dir, cap
 
 
 def test_abstention_rows_in_a_real_build(mixed_build):
-    from ratune.data.prompt import ABSTAIN_API_CALL
+    from ratune.sources.prompt import ABSTAIN_API_CALL
 
     _, _, ds = mixed_build
     rows = ds["mix-abstain"]
@@ -197,7 +197,7 @@ def test_force_gold_in_train_time_retrieval(tmp_path, apibench, smol_tokenizer):
     lowest-ranked one where BM25 missed it, as many as BM25 missed); eval rows are unchanged."""
     from datasets import load_from_disk
 
-    from ratune.data.apibench import api_identity
+    from ratune.sources.apibench import api_identity
     from ratune.data.build import BuildSettings, build_dataset
     from ratune.retrieval.retrievers import Query, make_retriever
 
@@ -231,6 +231,6 @@ def test_force_gold_in_train_time_retrieval(tmp_path, apibench, smol_tokenizer):
 
 def load_examples_for_test(apibench):
     """The TorchHub training examples the build keeps (duplicates removed; the released file has none)."""
-    from ratune.data.apibench import load_examples
+    from ratune.sources.apibench import load_examples
 
     return load_examples(apibench, "torchhub", "train")

@@ -34,7 +34,7 @@ def test_filters_drop_exactly_the_named_messages(monkeypatch):
 
 
 def _script(quiet: bool) -> str:
-    return ("import sys\nfrom ratune.cli import run_guarded\n"
+    return ("import sys\nfrom ratune.boundary import run_guarded\n"
             + ("" if quiet else "import ratune.noise\nratune.noise.quiet_known_noise = lambda: None\n")
             + "def body():\n    from deepspeed.accelerator import get_accelerator\n    get_accelerator()\n    return 0\n"
             "sys.exit(run_guarded(body))\n")

@@ -142,7 +142,7 @@ def test_sigterm_unwinds_like_ctrl_c_and_removes_the_lock_file(tmp_path, tiny_mo
     proc = subprocess.Popen([sys.executable, "-m", "ratune.train", "--config", str(config), "--on-unfinished", "resume"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             # as from a terminal: under `nohup make test` SIGHUP is ignored, and ratune
-                            # leaves a signal that something set alone (ratune/cli.py _terminate_like_ctrl_c)
+                            # leaves a signal that something set alone (ratune/boundary.py terminate_like_ctrl_c)
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
@@ -173,7 +173,7 @@ def test_a_second_signal_while_unwinding_does_not_cut_the_unwinding_short(tmp_pa
 
     script = tmp_path / "twice.py"
     script.write_text("import os, signal, sys, time\n"
-                      "from ratune.cli import run_guarded\n"
+                      "from ratune.boundary import run_guarded\n"
                       "def body():\n"
                       "    try:\n"
                       "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -196,7 +196,7 @@ def test_the_last_line_cannot_replace_the_exit_status_when_the_terminal_is_gone(
     import errno
     import signal
 
-    from ratune.cli import run_guarded
+    from ratune.boundary import run_guarded
     from ratune.errors import Terminated
 
     class Gone:

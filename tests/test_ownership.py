@@ -49,7 +49,7 @@ def _one_error_line(err: str) -> str:
 @pytest.fixture(scope="module")
 def small_apibench(tmp_path_factory, apibench):
     """The TorchHub files of APIBench (API database, train and eval examples), copied."""
-    from ratune.data.apibench import api_database_path, examples_path
+    from ratune.sources.apibench import api_database_path, examples_path
 
     root = tmp_path_factory.mktemp("apibench")
     for src in (api_database_path(apibench, "torchhub"), examples_path(apibench, "torchhub", "train"),
@@ -130,7 +130,7 @@ def test_data_build_overwrite_never_deletes_a_user_folder(tmp_path, small_apiben
 def test_failed_or_interrupted_rebuild_keeps_the_previous_build(tmp_path, small_apibench, smol_tokenizer_dir,
                                                                 capsys, monkeypatch):
     from ratune.cli import main
-    from ratune.data.apibench import examples_path
+    from ratune.sources.apibench import examples_path
 
     apibench = tmp_path / "apibench"
     shutil.copytree(small_apibench, apibench)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from ratune.data.apibench import Answer, load_examples
+from ratune.sources.apibench import Answer, load_examples
 from ratune.data.build import BuildSettings, build_rows, retrieve_for_mode
-from ratune.data.prompt import (REFERENCE_PHRASE, build_user_turn, encode_prompt, format_answer,
+from ratune.sources.prompt import (REFERENCE_PHRASE, build_user_turn, encode_prompt, format_answer,
                                 render_user_turn, serialize_document, shorten_document)
 from ratune.data.labels import NoTrainableTokens, tokenize_row
 

@@ -62,8 +62,8 @@ def _base_plus_adapter(tiny_model_dir, run):
 
 
 def _zero_shot_prompts(apibench, tokenizer, n):
-    from ratune.data.apibench import load_examples
-    from ratune.data.prompt import encode_prompt, render_user_turn
+    from ratune.sources.apibench import load_examples
+    from ratune.sources.prompt import encode_prompt, render_user_turn
 
     examples = load_examples(apibench, "torchhub", "eval")[:n]
     return examples, [encode_prompt(tokenizer, render_user_turn(e.instruction, None, max_document_tokens=64,

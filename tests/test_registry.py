@@ -131,7 +131,7 @@ def test_schemas_and_stages_name_the_new_spelling(apibench, smol_tokenizer, tmp_
 
 def test_an_index_saved_under_the_old_variant_name_still_loads(apibench, tmp_path):
     """A saved bm25s index records its variant; one saved as bm25_paper is the bm25_replica index."""
-    from ratune.data.apibench import api_database_path, load_api_database
+    from ratune.sources.apibench import api_database_path, load_api_database
     from ratune.io import read_json, write_json
     from ratune.retrieval.retrievers import BM25_INDEX_METADATA, BM25Retriever, Query, make_retriever
 
@@ -153,8 +153,8 @@ def test_released_bm25_setting_replays_the_papers_bm25_documents(apibench):
     """Each question's document under released_bm25 is the one in the released
     questions_torchhub_bm25.jsonl: its api_call appears in that question's released text
     (quotes, backslashes and spaces ignored), and differs from our bm25's where the two disagree."""
-    from ratune.data.apibench import load_examples, questions_path
-    from ratune.data.hubs import resolve_hub
+    from ratune.sources.apibench import load_examples, questions_path
+    from ratune.hubs import resolve_hub
     from ratune.eval.run import EvalSettings, _setting_plan
     from ratune.io import iter_jsonl
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ratune.data.apibench import api_identity, load_examples
+from ratune.sources.apibench import api_identity, load_examples
 from ratune.retrieval.metrics import evaluate_retriever, ndcg_at_k
 from ratune.retrieval.retrievers import (BM25Retriever, OracleRetriever, PrecomputedRetriever, Query, Retriever,
                                          dedup_corpus, make_retriever)
@@ -43,7 +43,7 @@ def test_metrics_on_a_tiny_example(apibench):
 
 
 def test_corpus_deduplicated_by_api_identity(apibench):
-    from ratune.data.apibench import api_database_path, load_api_database
+    from ratune.sources.apibench import api_database_path, load_api_database
 
     tf = load_api_database(api_database_path(apibench, "tensorflowhub"))
     corpus = dedup_corpus(tf)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from ratune.data.apibench import api_identity, examples_path, load_examples
+from ratune.sources.apibench import api_identity, examples_path, load_examples
 from ratune.errors import RatuneError
 from ratune.io import read_json, sha256_file
 from ratune.retrieval.finetune import (FinetuneSettings, pairs_sha256, train_dense_retriever, training_pairs)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import real_apibench_or_skip  # tests/conftest.py
 
-from ratune.data.apibench import HUBS
+from ratune.sources.apibench import HUBS
 from ratune.eval.scoring import (OUTCOMES, PINNED_PARSER, ResponseScore, Scorer, extract_api_call,
                                  load_responses, parser_versions)
 
@@ -288,7 +288,7 @@ def test_every_released_file_scores_without_error(hub):
 
 
 def test_hub_rules_are_one_object_per_hub_and_own_each_difference():
-    from ratune.data.apibench import HUBS
+    from ratune.sources.apibench import HUBS
     from ratune.errors import RatuneError
     from ratune.eval.scoring import HUB_LOADERS, HUB_RULES, rules_for
 

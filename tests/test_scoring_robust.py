@@ -10,7 +10,7 @@ from functools import lru_cache
 import pytest
 from conftest import real_apibench_or_skip  # tests/conftest.py
 
-from ratune.data.apibench import HUBS
+from ratune.sources.apibench import HUBS
 from ratune.errors import InputError, RatuneError
 from ratune.eval.cli import cli_score
 from ratune.eval.scoring import Scorer, add_score_arguments, check_hub_matches, hub_evidence, load_responses

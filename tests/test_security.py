@@ -183,7 +183,7 @@ def test_audit_of_ratune_sources(tmp_path):
     files = source_files()
     names = {str(p.relative_to(REPO)) for p in files}
     # the audit really covers the stages (a wrong SOURCE_DIRS would pass vacuously)
-    assert {"ratune/cli.py", "data/apibench.py", "retrieval/retrievers.py", "ratune/models.py", "train/sft.py",
+    assert {"ratune/cli.py", "sources/apibench.py", "retrieval/retrievers.py", "ratune/models.py", "train/sft.py",
             "export/checkpoint.py", "eval/run.py", "eval/scoring/scorer.py"} <= names
     problems = [p for f in files for p in audit_source(f.read_text(encoding="utf-8"), str(f.relative_to(REPO)))]
     assert problems == [], "\n".join(problems)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratune.data.apibench import api_database_path, api_identity, load_api_database, load_examples
+from ratune.sources.apibench import api_database_path, api_identity, load_api_database, load_examples
 from ratune.eval.scoring import Scorer
 from ratune.eval.swap import follow_rates
 from ratune.retrieval.perturbed import SwapRetriever
@@ -73,7 +73,7 @@ def test_names_api_uses_strict_keys(torchhub):
 
 
 def test_irrelevant_documents_and_abstention_rate(torchhub):
-    from ratune.data.prompt import abstain_answer, format_answer
+    from ratune.sources.prompt import abstain_answer, format_answer
     from ratune.eval.abstain import abstention
     from ratune.retrieval.perturbed import IrrelevantRetriever
 

@@ -604,7 +604,7 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
     import signal
     import threading
 
-    from ratune.cli import _terminate_like_ctrl_c
+    from ratune.boundary import terminate_like_ctrl_c
     from ratune.errors import Terminated
 
     marker, started, script = tmp_path / "unwound", tmp_path / "started", tmp_path / "child.py"
@@ -630,7 +630,7 @@ def test_an_interrupted_sweep_signals_its_whole_command_and_waits_for_it(tmp_pat
     signum = getattr(signal, sig)
     before = signal.signal(signum, signal.default_int_handler if sig == "SIGINT" else signal.SIG_DFL)
     try:
-        with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else Terminated), _terminate_like_ctrl_c():
+        with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else Terminated), terminate_like_ctrl_c():
             sw.run_command(["accelerate", "launch", "-q", "--config_file",
                             str(REPO / "configs" / "accelerate" / "cpu_1proc.yaml"), str(script)], tmp_path / "cmd.log")
     finally:

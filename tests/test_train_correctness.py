@@ -144,7 +144,7 @@ def test_first_step_loss_is_the_mean_cross_entropy_of_its_labels(tmp_path, tiny_
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from ratune.data.prompt import use_chat_template
+    from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
     from ratune.train.sft import load_training_rows, train
 

@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from ratune.data.apibench import (HUBS, api_database_path, examples_path, load_api_database, load_examples)
-from ratune.data.validate import (DOMAIN_RULE, NEAR_DUPLICATE_JACCARD, DomainConflict, LeakPair, ValidationReport,
+from ratune.sources.apibench import (HUBS, api_database_path, examples_path, load_api_database, load_examples)
+from ratune.sources.validate import (DOMAIN_RULE, NEAR_DUPLICATE_JACCARD, DomainConflict, LeakPair, ValidationReport,
                                   check_leakage, conflicting_domains, dedupe, drop_leaked, find_duplicates,
                                   find_leakage, jaccard, normalise, tokens, validate_splits)
 from ratune.errors import RatuneError

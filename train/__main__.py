@@ -2,7 +2,7 @@
 
 import sys
 
-from ratune.cli import run_guarded
+from ratune.boundary import run_guarded
 from ratune.train.sft import main
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, Threads
-from ratune.data.prompt import CHAT_TEMPLATE_NAMES
+from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import InputError, RatuneError
 from ratune.io import read_json_object
 from ratune.registry import RENAMED, TRAIN_MODES, unknown_name
@@ -41,7 +41,7 @@ class TrainConfig(BaseModel):
         hub: the hub the data was built from, as ``ratune data build --hub`` took it: an APIBench
             hub (``torchhub``, the default; ``huggingface``, ``tensorflowhub``) or the path of a
             catalog folder (``ratune catalog import``; checked with
-            :func:`ratune.data.hubs.check_hub_ref` when the config is validated). Training refuses
+            :func:`ratune.hubs.check_hub_ref` when the config is validated). Training refuses
             data whose manifest names another hub (:func:`ratune.train.sft.check_data_hub`), so a
             catalog-built ``data_dir`` needs ``hub: CATALOG_DIR``; the run manifest records the
             hub's name and, for a catalog, the data manifest's ``catalog`` record, and
@@ -59,7 +59,7 @@ class TrainConfig(BaseModel):
         learning_rate [2e-5], num_epochs [5], warmup_ratio [0.03], lr_scheduler.
         max_steps: stop after this many optimizer steps (overrides num_epochs when set).
         max_examples: train on the first N examples after a seeded shuffle (CPU demo).
-        chat_template: a template of :data:`ratune.data.prompt.CHAT_TEMPLATES` (``chatml``;
+        chat_template: a template of :data:`ratune.sources.prompt.CHAT_TEMPLATES` (``chatml``;
             ``gorilla_v0``, the paper's FastChat format) for a tokenizer without one (base
             LLaMA); null keeps the tokenizer's own. Must be the one the data was built with
             (``ratune data build --chat-template``); training refuses another (docs/prompts.md).
@@ -132,7 +132,7 @@ class TrainConfig(BaseModel):
     save_steps: Count | None = None
     save_strategy: Literal["no", "steps", "epoch"] | None = None
     save_total_limit: int | None = Field(None, ge=1)
-    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None  # the names of data/prompt.py CHAT_TEMPLATES
+    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None  # the names of sources/prompt.py CHAT_TEMPLATES
     trust_remote_code: bool = False
     load_in_4bit: bool = False
     verify_saves: bool = True
@@ -153,7 +153,7 @@ class TrainConfig(BaseModel):
     @field_validator("hub")
     @classmethod
     def _hub(cls, value: str) -> str:
-        from ratune.data.hubs import check_hub_ref  # the one place that knows what a hub is
+        from ratune.hubs import check_hub_ref  # the one place that knows what a hub is
 
         try:
             return check_hub_ref(value)

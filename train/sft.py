@@ -66,9 +66,9 @@ import yaml
 
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
 from ratune.config import ON_UNFINISHED, key_line, load_config
-from ratune.data.hubs import manifest_hub_record, resolve_hub
+from ratune.hubs import manifest_hub_record, resolve_hub
 from ratune.data.labels import NoTrainableTokens, tokenize_row
-from ratune.data.prompt import require_chat_template, use_chat_template
+from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
 from ratune.io import (open_file_modes, read_json, read_json_object, sha256_file, stale_temp_folders, swap_folder,
                        temp_folder, write_json, write_text)
@@ -322,20 +322,20 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
     ``ratune data build`` writes: ``hub``, the hub's name, and for a catalog a ``catalog`` record).
 
     The config's ``hub`` (an APIBench hub name or a catalog folder,
-    :func:`ratune.data.hubs.resolve_hub`) must name the hub the data was built from: the same
+    :func:`ratune.hubs.resolve_hub`) must name the hub the data was built from: the same
     name, and a catalog exactly when the data manifest has a ``catalog`` record. Without a data
     manifest (or one from before hubs were recorded) nothing is compared.
 
     Returns:
         What the run manifest records: ``{"hub": name}``, plus for a catalog ``"catalog"``: the
         data manifest's record (``kind``, ``path``, ``name``, ``import_source``, ``pairs``;
-        :meth:`ratune.data.hubs.HubSource.manifest_record` of the catalog when there is no data
+        :meth:`ratune.hubs.Hub.manifest_record` of the catalog when there is no data
         manifest).
     Raises:
         RatuneError: one line naming the config file (``config_path``, with the line of its
             ``hub:`` when it sets one; "the training config" without one), the field ``hub``, its value (and whether it is the default
             ``torchhub``, not set in the file) and the data manifest's hub; or
-            :func:`~ratune.data.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
+            :func:`~ratune.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
     """
     source = resolve_hub(config.hub, locate=False)  # its folder is not needed here
     name = source.name

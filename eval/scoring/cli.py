@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from ratune.args import add_apibench_argument, input_file
-from ratune.data.apibench import HUBS
-from ratune.data.hubs import hub_argument_type
+from ratune.sources.apibench import HUBS
+from ratune.hubs import hub_argument_type
 from ratune.eval.scoring.parse import PINNED_PARSER
 from ratune.eval.scoring.scorer import METRICS
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ratune.data.apibench import check_hub
+from ratune.sources.apibench import check_hub
 from ratune.eval.scoring.parse import WHITESPACE, call_parts, value
 
 _PUNCTUATION = (b"(", b")", b",")
@@ -40,7 +40,7 @@ class HubRules:
     """The rules of one hub (see the module docstring); one instance per hub in :data:`HUB_RULES`.
 
     Attributes:
-        name: the hub (one of :data:`~ratune.data.apibench.HUBS`).
+        name: the hub (one of :data:`~ratune.sources.apibench.HUBS`).
         parses_text_without_marker: semantics §2: a response text without the literal
             ``api_call`` is parsed whole (True), or is "error" without a parse (False, TorchHub).
         evidence: a response text that matches this calls the hub's loader (the database api_call
@@ -262,7 +262,7 @@ class TensorFlowHubRules(HubRules):
         return re.compile(r"(?<![\w.])(?:tensorflow_)?hub\s*\.\s*(?:KerasLayer|load)\s*\(")
 
 
-#: The rules of every APIBench hub, in :data:`~ratune.data.apibench.HUBS` order.
+#: The rules of every APIBench hub, in :data:`~ratune.sources.apibench.HUBS` order.
 HUB_RULES: dict[str, HubRules] = {rules.name: rules for rules in (TorchHubRules(), HuggingFaceRules(),
                                                                  TensorFlowHubRules())}
 
@@ -271,7 +271,7 @@ def rules_for(hub: str) -> HubRules:
     """The rules of an APIBench hub.
 
     Raises:
-        RatuneError: unknown hub (:func:`~ratune.data.apibench.check_hub`'s message).
+        RatuneError: unknown hub (:func:`~ratune.sources.apibench.check_hub`'s message).
     """
     return HUB_RULES[check_hub(hub)]
 

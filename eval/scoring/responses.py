@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ratune.data.apibench import HUBS
+from ratune.sources.apibench import HUBS
 from ratune.errors import InputError, RatuneError
 from ratune.eval.scoring.hub_rules import HUB_RULES
 from ratune.io import iter_jsonl

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratune.data.apibench import api_database_path, examples_path, load_api_database, resolve_apibench_dir
+from ratune.sources.apibench import api_database_path, examples_path, load_api_database, resolve_apibench_dir
 from ratune.errors import InputError, RatuneError
 from ratune.eval.scoring.gorilla import GorillaIndex, extract_api_call
 from ratune.eval.scoring.hub_rules import rules_for

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ratune.config import parse_yaml, validate
-from ratune.data.hubs import resolve_hub
+from ratune.hubs import resolve_hub
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
@@ -187,7 +187,7 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
 
 
 def _cell_hub(hub: str, where: str):
-    """The hub a cell's ``hub`` names (:func:`ratune.data.hubs.resolve_hub`; its folder is looked for
+    """The hub a cell's ``hub`` names (:func:`ratune.hubs.resolve_hub`; its folder is looked for
     when first read).
 
     Raises:
@@ -209,7 +209,7 @@ def cell_hub_name(hub: str, where: str) -> str:
 
 
 def _check_hub_settings(hub, evaluation, where: str) -> None:
-    """A cell's eval settings must exist for its hub (:meth:`ratune.data.hubs.Hub.setting_refusal`:
+    """A cell's eval settings must exist for its hub (:meth:`ratune.hubs.Hub.setting_refusal`:
     e.g. a catalog has no precomputed documents and no constrained questions).
 
     Raises:

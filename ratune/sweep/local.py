@@ -36,7 +36,7 @@ def run_command(cmd: list[str], log_path: Path) -> None:
     SIGINT; SIGTERM or SIGHUP: :class:`ratune.errors.Terminated`), the sweep sends the same signal
     to the command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end
     (a second Ctrl-C stops the wait; a second SIGTERM or SIGHUP is ignored, ratune/cli.py
-    ``_terminate_like_ctrl_c``), kills what is left, and re-raises. A sweep killed with
+    ``terminate_like_ctrl_c``), kills what is left, and re-raises. A sweep killed with
     SIGKILL cannot do this: its running command is left to finish on its own.
 
     Raises:

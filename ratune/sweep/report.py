@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratune.data.apibench import resolve_apibench_dir
-from ratune.data.hubs import recorded_hub_kind
+from ratune.sources.apibench import resolve_apibench_dir
+from ratune.hubs import recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,

@@ -14,7 +14,7 @@ from ratune.errors import RatuneError
 from ratune.manifest import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-from ratune.data.validate import LEAKAGE_POLICIES
+from ratune.sources.validate import LEAKAGE_POLICIES
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair

@@ -7,7 +7,7 @@ Run from the repository root: python docs/reproduction/scripts/arm_comparisons.p
 import json, os, shutil, sys
 from pathlib import Path
 from ratune.eval.compare import compare_files, released_comparisons, released_markdown
-from ratune.data.apibench import released_responses_path, resolve_apibench_dir
+from ratune.sources.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.scoring import Scorer
 
 from arms import DOCS, MIXTURE_VS, VS, label as label_of, sources

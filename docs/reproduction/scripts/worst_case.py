@@ -5,7 +5,7 @@ arm's worst cell is paired against every other model's worst cell (McNemar and t
 interval, ratune.eval.compare). Run from the repository root after the arms' cells are copied into
 docs/reproduction/ARM/SETTING/responses.jsonl; writes worst_case.json and worst_case.md there."""
 import json
-from ratune.data.apibench import released_responses_path, resolve_apibench_dir
+from ratune.sources.apibench import released_responses_path, resolve_apibench_dir
 from ratune.eval.compare import compare_files
 from ratune.eval.scoring import Scorer, load_responses
 

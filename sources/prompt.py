@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ratune.data.apibench import ANSWER_FIELDS, Answer
+from ratune.sources.apibench import ANSWER_FIELDS, Answer
 from ratune.errors import RatuneError
 from ratune.registry import unknown_name
 

@@ -1,11 +1,11 @@
 """Data checks across rows and files: duplicate examples, train/eval leakage, conflicting domains.
 
-The parser (:mod:`ratune.data.apibench`) checks each row on its own; the checks here need
+The parser (:mod:`ratune.sources.apibench`) checks each row on its own; the checks here need
 several rows or several files at once:
 
 * **Duplicates** (:func:`find_duplicates`, :func:`dedupe`): training examples with the same
   instruction (after whitespace and case normalisation, :func:`normalise`) and the same API
-  (:func:`~ratune.data.apibench.api_identity` of the gold document). The first in file order is
+  (:func:`~ratune.sources.apibench.api_identity` of the gold document). The first in file order is
   kept, the others removed and reported.
 * **Leakage** (:func:`find_leakage`, :func:`check_leakage`, :func:`drop_leaked`): an eval
   instruction that also appears among the training instructions, exactly, after normalisation, or
@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from ratune.data.apibench import Example, api_identity
+from ratune.sources.apibench import Example, api_identity
 from ratune.errors import RatuneError
 
 #: Token-set Jaccard similarity at or above which an eval instruction counts as a near-duplicate
@@ -263,7 +263,7 @@ class DomainConflict:
 
     Attributes:
         api_call: the call as the first entry writes it.
-        identity: :func:`~ratune.data.apibench.api_identity` of the call (whitespace removed).
+        identity: :func:`~ratune.sources.apibench.api_identity` of the call (whitespace removed).
         entries: 1-based positions (lines, for a file without blank lines) of every entry with
             this call, in file order.
         domains: the distinct domains, in order of first appearance.
@@ -285,7 +285,7 @@ def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | 
     """API calls that the database lists more than once with different ``domain`` values.
 
     Args:
-        api_database: the documents in file order (:func:`~ratune.data.apibench.load_api_database`).
+        api_database: the documents in file order (:func:`~ratune.sources.apibench.load_api_database`).
         lines: the documents' line numbers, when they are not simply 1..n.
     Returns:
         One :class:`DomainConflict` per call (never one per entry), ordered by first entry.

@@ -1,0 +1,18 @@
+"""Hubs: where a stage gets its API documents and its examples, one class per kind.
+
+Two kinds ship: :class:`APIBenchHub` (hubs/apibench.py) and :class:`CatalogHub` (hubs/catalog.py).
+Each owns what differs between kinds: its files and loaders, precomputed documents, the test
+settings it has and runs by default, its scorer's key, what manifests record and how reports and
+model cards name it; stages ask the hub and never test its kind. hubs/base.py holds the protocol,
+the registry and :func:`resolve_hub` (``--hub`` text to a hub); docs/development.md says where a
+new kind goes.
+"""
+
+from ratune.hubs.base import (HUB_KINDS, Hub, as_hub_source, check_hub_ref, hub_argument_type, hub_choices_text,
+                              hub_name, manifest_hub_record, recorded_hub_kind, register_hub_kind, resolve_hub)
+from ratune.hubs.apibench import APIBENCH, APIBENCH_DATASET_ID, APIBenchHub
+from ratune.hubs.catalog import CATALOG, CATALOG_LAYOUT, CatalogHub
+
+__all__ = ["APIBENCH", "APIBENCH_DATASET_ID", "APIBenchHub", "CATALOG", "CATALOG_LAYOUT", "CatalogHub", "HUB_KINDS",
+           "Hub", "as_hub_source", "check_hub_ref", "hub_argument_type", "hub_choices_text", "hub_name",
+           "manifest_hub_record", "recorded_hub_kind", "register_hub_kind", "resolve_hub"]

@@ -1,0 +1,277 @@
+"""The hub protocol: :class:`Hub`, the base class of every kind of hub, the registry of kinds
+(:data:`HUB_KINDS`, :func:`register_hub_kind`) and the functions that turn ``--hub`` text or a
+recorded name into a hub or its kind. The kinds that ship are registered by ``ratune.hubs``
+(hubs/__init__.py)."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Sequence
+
+from ratune.errors import RatuneError
+from ratune.registry import CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, RETRIEVERS, TEST_SETTINGS, setting_retriever
+from ratune.sources.apibench import Example, ParseReport
+
+
+@dataclass(frozen=True)
+class Hub(ABC):
+    """One hub: its ``name`` (what examples, manifests, metrics and report folders call it) and
+    the folder it is read from. Subclasses set the class attributes and implement the loaders."""
+
+    name: str
+
+    #: The kind's name in :data:`HUB_KINDS` and in records (``hub_kind``).
+    kind: ClassVar[str]
+    #: Whether the paper's precomputed documents (``gpt_index``, ``released_bm25``) exist for it.
+    has_precomputed: ClassVar[bool] = False
+    #: Whether the released Gorilla-7B responses (``ratune compare`` against them) exist for it.
+    has_released_responses: ClassVar[bool] = False
+    #: The key of its scorer in the eval stage's scorer registry (eval/hub_scoring.py).
+    scorer: ClassVar[str]
+    #: What ``--hub`` takes, for messages.
+    choices_text: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def claims(cls, text: str) -> bool:
+        """Whether ``--hub`` text names a hub of this kind."""
+
+    @classmethod
+    def claims_name(cls, name: str | None) -> bool:
+        """Whether a record that names a hub but not its kind (older manifests and cells) is of this kind."""
+        return False
+
+    @classmethod
+    @abstractmethod
+    def from_ref(cls, text: str, apibench_dir: str | os.PathLike | None) -> "Hub":
+        """The hub ``text`` names (``claims(text)`` holds).
+
+        Raises:
+            RatuneError: a folder that is not of this kind after all, a name it refuses.
+        """
+
+    @property
+    @abstractmethod
+    def root(self) -> Path:
+        """The folder the hub is read from."""
+
+    @property
+    @abstractmethod
+    def ref(self) -> str:
+        """What ``--hub`` takes to name this hub again."""
+
+    @property
+    @abstractmethod
+    def api_database_file(self) -> Path:
+        """The file of the API documents."""
+
+    @abstractmethod
+    def examples_file(self, split: str) -> Path:
+        """The example file of a split (``train`` or ``eval``); it may not exist."""
+
+    @abstractmethod
+    def load_api_database(self) -> list[dict]:
+        """The API documents in file order.
+
+        Raises:
+            RatuneError, InputError: a missing file, a bad line named by file, line and field.
+        """
+
+    @abstractmethod
+    def load_examples(self, split: str, *, lenient: bool = False, report: ParseReport | None = None
+                      ) -> list[Example]:
+        """A split's examples in file order (``lenient``/``report``: rows set aside instead of refused,
+        where the kind allows it).
+
+        Raises:
+            RatuneError: the split's file does not exist (the message says how to make it).
+            InputError: a bad row (file, line, field).
+        """
+
+    def locate(self) -> "Hub":
+        """Check that the hub's folder can be found now (an APIBench folder is looked for lazily)."""
+        self.root
+        return self
+
+    def questions_file(self, setting: str) -> Path:
+        """The paper's question file of a test setting.
+
+        Raises:
+            RatuneError: the hub has no precomputed question files.
+        """
+        raise RatuneError(f"{self.root}: a {self.kind} has no precomputed question files "
+                          f"(questions_*_{setting}.jsonl are APIBench only)")
+
+    def released_responses_file(self, model: str, setting: str) -> Path:
+        """A released Gorilla-7B response file.
+
+        Raises:
+            RatuneError: the hub has none.
+        """
+        raise RatuneError(f"hub {self.name}: no released responses (APIBench only)")
+
+    def input_files(self, splits: Sequence[str]) -> list[Path]:
+        """The files whose sha256 manifests record: the API documents, then each split's example file."""
+        return [self.api_database_file] + [self.examples_file(s) for s in splits]
+
+    def manifest_record(self) -> dict | None:
+        """What a manifest records about the hub beyond its name and file hashes (None: nothing)."""
+        return None
+
+    def require_split(self, split: str, purpose: str) -> None:
+        """Refuse, before anything is computed, a split whose example file is missing (``purpose``:
+        why it is needed, for the message).
+
+        Raises:
+            RatuneError: naming the file and how to make it.
+        """
+        self.load_examples(split)
+
+    @property
+    def default_settings(self) -> tuple[str, ...]:
+        """The test settings ``ratune eval run`` runs without ``--settings``."""
+        return tuple(s for s in DEFAULT_SETTINGS if self.setting_refusal(s) is None)
+
+    def setting_refusal(self, setting: str) -> str | None:
+        """Why the test or experiment ``setting`` does not exist for this hub (None: it does)."""
+        if setting in TEST_SETTINGS and RETRIEVERS[setting_retriever(setting)].precomputed and not self.has_precomputed:
+            return (f"test setting {setting}: it replays the paper's precomputed documents, which exist for the "
+                    f"APIBench hubs only, not for {self.kind} {self.name} ({self.ref})")
+        if setting.startswith(CONSTRAINTS_PREFIX) and not self.has_constraints:
+            return f"test setting {setting}: constrained questions exist for torchhub only"
+        return None
+
+    @property
+    def has_constraints(self) -> bool:
+        """Whether the constrained questions (``constraints_*`` settings) exist for it."""
+        return False
+
+    # -- how records, reports and model cards name it (class-level: they read recorded names) --
+
+    @classmethod
+    def card_trained_on(cls, name: str, record: dict | None) -> str:
+        """The words after "for API calling" in a model card: what the model was trained on."""
+        return f"on {name}"
+
+    @classmethod
+    def card_training_data(cls, name: str, record: dict | None) -> list[str]:
+        """Lines of the card's training-data section before the file hashes."""
+        return []
+
+    @classmethod
+    def card_files_label(cls, name: str, record: dict | None) -> str:
+        """How the card names the hashed data files."""
+        return f"`{name}` files"
+
+    @classmethod
+    def card_measured(cls, name: str | None) -> str:
+        """The sentence above the card's results table."""
+        return f"Measured on the eval questions of {name} (95 % Wilson score intervals; n = questions per cell):"
+
+    @classmethod
+    def card_dataset(cls, name: str | None) -> dict:
+        """The dataset fields of the card's ``EvalResult`` entries."""
+        return {"dataset_type": name, "dataset_name": name, "dataset_config": None}
+
+    #: The card's ``datasets`` (None: none to name) and extra tags.
+    card_datasets: ClassVar[list[str] | None] = None
+    card_tags: ClassVar[tuple[str, ...]] = ()
+
+
+#: The kinds of hub, in the order ``--hub`` text is tried (:func:`register_hub_kind`).
+HUB_KINDS: dict[str, type[Hub]] = {}
+
+
+def register_hub_kind(cls: type[Hub]) -> type[Hub]:
+    """Add a kind of hub to :data:`HUB_KINDS` (a class decorator); a kind registered later is
+    tried after the earlier ones."""
+    if cls.kind in HUB_KINDS and HUB_KINDS[cls.kind] is not cls:
+        raise RatuneError(f"hub kind {cls.kind!r} is registered already")
+    HUB_KINDS[cls.kind] = cls
+    return cls
+
+
+def hub_choices_text() -> str:
+    """The hubs a ``--hub`` accepts, for messages."""
+    return ", or ".join(cls.choices_text for cls in HUB_KINDS.values())
+
+
+def resolve_hub(hub: "str | os.PathLike | Hub", apibench_dir: str | os.PathLike | None = None, *,
+                locate: bool = True) -> Hub:
+    """The :class:`Hub` that ``--hub`` text names (a hub is returned as it is).
+
+    Args:
+        hub: a hub name or folder of a kind in :data:`HUB_KINDS`, or a hub.
+        apibench_dir: the APIBench folder for an APIBench hub (None: found when needed).
+        locate: check that the hub's folder exists now (False: when first read).
+    Raises:
+        RatuneError: no kind claims ``hub`` (the message lists what ``--hub`` takes), the kind's own
+            refusal, or (``locate``) its folder is not found.
+    """
+    if isinstance(hub, Hub):
+        return hub
+    text = str(hub)
+    for cls in HUB_KINDS.values():
+        if cls.claims(text):
+            found = cls.from_ref(text, apibench_dir)
+            return found.locate() if locate else found
+    raise RatuneError(f"unknown hub {text!r}: expected one of {hub_choices_text()}"
+                      + (f" ({text}: no such folder)" if text and not Path(text).exists() else ""))
+
+
+def hub_name(hub: str | os.PathLike) -> str:
+    """The name of a hub reference (what manifests, metrics, report folders and sweep data folders call it).
+
+    Raises:
+        RatuneError: as :func:`resolve_hub`.
+    """
+    return resolve_hub(hub, locate=False).name
+
+
+def recorded_hub_kind(name: str | None, kind: str | None = None) -> type[Hub]:
+    """The class of a hub that a manifest, metrics file or report names: its recorded ``kind``
+    (``hub_kind``, a hub record's key), else the first kind that claims the recorded name
+    (:meth:`Hub.claims_name`: an APIBench name or none, the default hub; else a catalog's).
+
+    Raises:
+        RatuneError: a recorded kind that is not registered, or a name no kind claims.
+    """
+    if kind is not None:
+        if kind not in HUB_KINDS:
+            raise RatuneError(f"hub kind {kind!r} is not one of {', '.join(HUB_KINDS)}")
+        return HUB_KINDS[kind]
+    found = next((cls for cls in HUB_KINDS.values() if cls.claims_name(name)), None)
+    if found is None:
+        raise RatuneError(f"hub {name!r}: no kind of hub claims this recorded name")
+    return found
+
+
+def manifest_hub_record(manifest: dict) -> tuple[str | None, dict | None]:
+    """``(kind, record)`` of the hub record a manifest holds under its kind's key
+    (:meth:`Hub.manifest_record`, written as ``manifest[hub.kind]``); ``(None, None)`` when it holds
+    none (an APIBench hub records only its name)."""
+    return next(((kind, manifest[kind]) for kind in HUB_KINDS if isinstance(manifest.get(kind), dict)), (None, None))
+
+
+def check_hub_ref(text: str) -> str:
+    """Return ``text`` if :func:`resolve_hub` could resolve it (the APIBench folder itself is looked
+    for later), else raise its RatuneError. The argparse type of ``--hub``."""
+    resolve_hub(text, locate=False)
+    return text
+
+
+def hub_argument_type():
+    """The argparse type of every ``--hub``: :func:`check_hub_ref` at the edge, keeping the text
+    (:func:`ratune.args.checked`)."""
+    from ratune.args import checked
+
+    return checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder"))
+
+
+def as_hub_source(hub: "str | Hub", apibench_dir: str | os.PathLike | None = None) -> Hub:
+    """``hub`` itself when it is a :class:`Hub`, else :func:`resolve_hub` of it, its folder looked for
+    when first read (the stages' entry points; the commands look for it first)."""
+    return resolve_hub(hub, apibench_dir, locate=False)
