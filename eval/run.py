@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ratune.sources.apibench import input_hashes
-from ratune.hubs import as_hub_source
+from ratune.hubs import Hub, as_hub_source
 from ratune.sources.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.eval.abstain import abstention
@@ -66,8 +67,8 @@ from ratune.locks import locked_output
 from ratune.manifest import (EVAL_RUN_STAGE, OWNER_MARKER, base_manifest, claim_folder, host_facts, is_complete,
                              mark_complete, package_versions)
 from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
-from ratune.registry import (CONSTRAINTS_PREFIX, EVAL_SETTINGS, RETRIEVERS,
-                             TEST_SETTINGS, setting_retriever, unknown_name)
+from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
+                             TEST_SETTINGS, setting_retriever)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
@@ -232,8 +233,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     (:func:`ratune.locks.locked_output`) throughout; ``out_dir`` is checked with
     :func:`ratune.manifest.require_owned` before the lock (a quick refusal) and again once it is held.
 
-    Every check that needs no model runs before a cell is written (:func:`_check_request`, the
-    checkpoint's files, its chat template and every prompt's length); the model is loaded once,
+    Every check that needs no model runs before a cell is written (:func:`resolve_eval_request`,
+    the checkpoint's chat template and every prompt's length); the model is loaded once,
     when the first cell has questions left to answer (:func:`_load_for_generation`). Each cell is
     generated (:func:`_generate_cell`, resumable) and scored (:func:`_cell_metrics`).
 
@@ -255,20 +256,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
             ratune eval output (:func:`ratune.manifest.require_owned`).
         LockHeld: another process is writing ``out_dir``.
     """
-    hub_source = as_hub_source(hub, apibench_dir)
-    hub = hub_source.name
-    _check_request(settings, hub_source)
-    device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
+    request = resolve_eval_request(checkpoint, hub, apibench_dir, settings)
+    hub_source, source, device, dtype = request.hub, request.checkpoint, request.device, request.dtype
+    hub, folder = hub_source.name, source.folder
     set_torch_threads(settings.torch_threads)
-    source = resolve_checkpoint(checkpoint)
-    folder = source.folder
-    if source.base is not None and settings.backend == "vllm":
-        raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (adapter/, no merged model/); the vLLM "
-                          "backend loads model folders: merge it first (ratune export RUN --out DIR --merge-lora) "
-                          "and evaluate DIR, or use the HF backend")
-    require_model_files(folder)  # weights (safetensors only) and tokenizer, before any cell is written
-    if source.base is not None:
-        require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
     described_by = source.run or checkpoint  # the run manifest that holds the prompt settings
     budget = settings.max_document_tokens
     if budget is None:
@@ -362,29 +353,49 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     return results
 
 
-def _check_request(settings: EvalSettings, hub_source) -> None:
-    """Refuse, before any file is read or written, a test setting the hub does not have, a
-    ``dense_ft``-style setting without its finetuned retriever folder, and the vLLM backend
-    where vLLM is not installed (an unknown backend, device or dtype is refused by
-    :class:`~ratune.eval.settings.EvalSettings` itself).
+@dataclass(frozen=True)
+class EvalRequest:
+    """An eval request that :func:`resolve_eval_request` resolved: the hub, the checkpoint and where
+    it generates."""
+
+    hub: Hub
+    checkpoint: Checkpoint
+    device: str
+    dtype: str
+
+
+def resolve_eval_request(checkpoint: str | os.PathLike, hub, apibench_dir, settings: EvalSettings) -> EvalRequest:
+    """The one preflight of an eval request (``ratune eval run``; each checkpoint of a learning
+    curve): every refusal of an impossible combination, before any file is read or written and
+    before any model loads. An unknown setting, backend, device or dtype is refused where the
+    :class:`~ratune.eval.settings.EvalSettings` are made; a sweep and the demo refuse a cell's
+    settings its hub lacks when planning (:meth:`ratune.hubs.Hub.check_settings`).
 
     Raises:
-        RatuneError: naming the setting and what it needs.
+        RatuneError: a setting the hub does not have; a finetuned-retriever setting without its
+            folder, or with one for another hub; the vLLM backend where vLLM is not installed, or
+            for a run that saved only its LoRA adapter; a device or dtype that cannot be had here;
+            a checkpoint without its weights (safetensors) or tokenizer, or an adapter without its base.
     """
-    hub = hub_source.name
-    for s in settings.settings:
-        if s not in EVAL_SETTINGS:
-            raise RatuneError(unknown_name("test setting", s, EVAL_SETTINGS))
-        refusal = hub_source.setting_refusal(s)
-        if refusal is not None:
-            raise RatuneError(refusal)
+    hub_source = as_hub_source(hub, apibench_dir)
+    hub_source.check_settings(settings.settings)
     needs_model = [s for s in settings.settings if _needs_model(s)]
     if needs_model:
-        require_finetuned_retriever(settings.dense_model, hub, f"the {needs_model[0]} test setting")
+        require_finetuned_retriever(settings.dense_model, hub_source.name, f"the {needs_model[0]} test setting")
     if settings.backend == "vllm":
         from ratune.eval.vllm_backend import require_vllm  # an optional extra
 
-        require_vllm()  # before any question is loaded or cell written
+        require_vllm()
+    device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
+    source = resolve_checkpoint(checkpoint)
+    if source.base is not None and settings.backend == "vllm":
+        raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (adapter/, no merged model/); the vLLM "
+                          "backend loads model folders: merge it first (ratune export RUN --out DIR --merge-lora) "
+                          "and evaluate DIR, or use the HF backend")
+    require_model_files(source.folder)  # weights (safetensors only) and tokenizer, before any cell is written
+    if source.base is not None:
+        require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
+    return EvalRequest(hub=hub_source, checkpoint=source, device=device, dtype=dtype)
 
 
 def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: str, device: str, positions):

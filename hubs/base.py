@@ -144,6 +144,22 @@ class Hub(ABC):
             return f"test setting {setting}: constrained questions exist for torchhub only"
         return None
 
+    def check_settings(self, settings: Sequence[str], where: str | None = None) -> None:
+        """Refuse the test or experiment settings this hub does not have (the one place that does:
+        ``ratune eval run`` before anything is read, a sweep and the demo when planning each cell).
+
+        Raises:
+            RatuneError: without ``where``, the first one's :meth:`setting_refusal`; with it (a sweep
+                cell), one line naming ``where``, the hub, every such setting and the defaults it has.
+        """
+        bad = [s for s in dict.fromkeys(settings) if self.setting_refusal(s) is not None]
+        if bad and where is None:
+            raise RatuneError(self.setting_refusal(bad[0]))
+        if bad:
+            raise RatuneError(f"{where} ({self.kind} {self.ref}): eval settings {', '.join(bad)} exist for the "
+                              "APIBench hubs only (the paper's precomputed documents, the constrained TorchHub "
+                              f"questions); set eval.settings, e.g. [{', '.join(self.default_settings)}]")
+
     @property
     def has_constraints(self) -> bool:
         """Whether the constrained questions (``constraints_*`` settings) exist for it."""

@@ -139,7 +139,7 @@ def expand(sweep: Sweep) -> list[Cell]:
         if cfg.data.max_length is not None and "max_length" not in axes:
             data["max_length"] = cfg.data.max_length
         resolved = validate(TrainConfig, data, f"{sweep.source}: cell {name}").model_dump(mode="json")
-        _check_hub_settings(hub, cfg.eval, f"{sweep.source}: cell {name}")
+        hub.check_settings([*cfg.eval.settings, *(cfg.eval.curve_settings or [])], f"{sweep.source}: cell {name}")
         if cfg.eval.curve_settings:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
@@ -206,21 +206,6 @@ def cell_hub_name(hub: str, where: str) -> str:
         RatuneError: as :func:`_cell_hub`.
     """
     return _cell_hub(hub, where).name
-
-
-def _check_hub_settings(hub, evaluation, where: str) -> None:
-    """A cell's eval settings must exist for its hub (:meth:`ratune.hubs.Hub.setting_refusal`:
-    e.g. a catalog has no precomputed documents and no constrained questions).
-
-    Raises:
-        RatuneError: naming ``where``, the settings and the ones the hub has.
-    """
-    asked = [*evaluation.settings, *(evaluation.curve_settings or [])]
-    bad = [s for s in dict.fromkeys(asked) if hub.setting_refusal(s) is not None]
-    if bad:
-        raise RatuneError(f"{where} ({hub.kind} {hub.ref}): eval settings {', '.join(bad)} exist for the APIBench "
-                          "hubs only (the paper's precomputed documents, the constrained TorchHub questions); set "
-                          f"eval.settings, e.g. [{', '.join(hub.default_settings)}]")
 
 
 def _check_curve_saves(config: dict, where: str) -> None:
