@@ -139,6 +139,7 @@ def test_curve_refusals(tmp_path, tiny_model_dir, apibench):
                        progress=False)
     assert not (tmp_path / "c").exists()
     shutil.copytree(run / "model", run / "trainer" / "checkpoint-1")  # a checkpoint with weights
+    (run / "trainer" / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')  # and its state
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")

@@ -21,6 +21,7 @@ def _run(tmp_path, *, checkpoint: bool, complete: bool = False, ratune: bool = T
     if checkpoint:
         (out / "trainer" / "checkpoint-3").mkdir()
         (out / "trainer" / "checkpoint-3" / "model.safetensors").write_bytes(b"x")
+        (out / "trainer" / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')  # written last
     (out / "log.txt").write_text("step 1\n")
     if complete:
         (out / COMPLETE_MARKER).write_text("complete\n")
@@ -255,6 +256,7 @@ def test_resume_latest_takes_the_highest_step_and_ignores_other_names(tmp_path):
     run = tmp_path / "run"
     for name in ("checkpoint-21", "checkpoint-105", "checkpoint-old", "checkpoint-7"):
         (run / "trainer" / name).mkdir(parents=True)
+        (run / "trainer" / name / "trainer_state.json").write_text("{}")  # complete saves
     (run / "trainer" / "checkpoint-9").write_text("a file, not a checkpoint")
     assert [p.name for p in checkpoint_folders(run)] == ["checkpoint-7", "checkpoint-21", "checkpoint-105"]
     assert _resolve_resume(run, "latest") == str(run / "trainer" / "checkpoint-105")

@@ -7,14 +7,17 @@ stage (which model, tokenizer, chat template and document budget to evaluate wit
     RUN/manifest.json                the run manifest: config, model_path, prompt settings, ...
     RUN/model/                       the final model (LoRA merged), config.json + safetensors
     RUN/adapter/                     the LoRA adapter (a QLoRA run saves only this)
-    RUN/trainer/checkpoint-STEP/     the Trainer's checkpoints (full weights or an adapter)
+    RUN/trainer/checkpoint-STEP/     the Trainer's checkpoints (full weights or an adapter); one
+                                     without a readable trainer_state.json is partial
     RUN/.complete                    written last
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,51 @@ def checkpoint_folders(run: str | os.PathLike) -> list[Path]:
     found = [(int(m.group(1)), p) for p in (trainer.iterdir() if trainer.is_dir() else ())
              if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found)]
+
+
+#: The file the Trainer writes last in a checkpoint, after the weights, optimizer, scheduler and RNG
+#: states (transformers ``Trainer._save_checkpoint``): a checkpoint is complete when it is readable.
+TRAINER_STATE = "trainer_state.json"
+
+
+def checkpoint_gap(folder: str | os.PathLike) -> str | None:
+    """What a Trainer checkpoint lacks to be complete (None: nothing): no readable
+    :data:`TRAINER_STATE`, as a save cut short by a full disk or a kill leaves it."""
+    state = Path(folder) / TRAINER_STATE
+    if not state.is_file():
+        return f"no {TRAINER_STATE}: its save was cut short"
+    try:
+        ok = isinstance(json.loads(state.read_bytes()), dict)
+    except (OSError, ValueError):
+        ok = False
+    return None if ok else f"{TRAINER_STATE} is cut short: its save was interrupted"
+
+
+def complete_checkpoint_folders(run: str | os.PathLike, *, say: bool = True) -> list[Path]:
+    """:func:`checkpoint_folders` that are complete (:func:`checkpoint_gap`); with ``say``, one line
+    on stderr for each partial one passed over."""
+    complete = []
+    for folder in checkpoint_folders(run):
+        gap = checkpoint_gap(folder)
+        if gap is None:
+            complete.append(folder)
+        elif say:
+            sys.stderr.write(f"ratune: note: passing over the partial checkpoint {folder} ({gap})\n")
+    return complete
+
+
+def require_complete_checkpoint(folder: str | os.PathLike) -> None:
+    """Refuse a partial Trainer checkpoint (:func:`checkpoint_gap`), naming what it lacks.
+
+    Raises:
+        RatuneError: naming the folder, the gap and the complete checkpoints to use instead.
+    """
+    gap = checkpoint_gap(folder)
+    if gap is not None:
+        run = Path(folder).parent.parent
+        raise RatuneError(f"{folder}: a partial Trainer checkpoint ({gap}); use a complete one ("
+                          f"--resume-from latest takes the newest, {run / TRAINER_DIR}/checkpoint-STEP with a "
+                          f"{TRAINER_STATE})")
 
 
 @dataclass(frozen=True)
@@ -98,6 +146,7 @@ def _trainer_checkpoint(path: Path) -> Checkpoint | None:
     if not match or path.parent.name != TRAINER_DIR or not (run / "manifest.json").is_file():
         return None
     step = int(match.group(1))
+    require_complete_checkpoint(path)
     if (path / "config.json").exists():
         return Checkpoint(path, run=run, step=step)
     if (path / "adapter_config.json").exists():
@@ -178,8 +227,9 @@ def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
 
 
 def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
-    """The Trainer checkpoints ``RUN/trainer/checkpoint-STEP`` of a run, by increasing step
-    (numeric: checkpoint-105 after checkpoint-21), each as :func:`resolve_checkpoint` loads it.
+    """The complete Trainer checkpoints ``RUN/trainer/checkpoint-STEP`` of a run, by increasing step
+    (numeric: checkpoint-105 after checkpoint-21), each as :func:`resolve_checkpoint` loads it; a
+    partial one is passed over with a line on stderr (:func:`complete_checkpoint_folders`).
 
     Raises:
         RatuneError: ``run`` has no ``manifest.json`` (not a ``ratune train`` run folder), or a
@@ -188,7 +238,7 @@ def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
     run = Path(run)
     if not (run / "manifest.json").is_file():
         raise RatuneError(f"{run}: not a ratune train run folder (no manifest.json)")
-    return [c for c in map(_trainer_checkpoint, checkpoint_folders(run)) if c is not None]
+    return [c for c in map(_trainer_checkpoint, complete_checkpoint_folders(run)) if c is not None]
 
 
 def checkpoint_epoch(checkpoint: Checkpoint) -> float | None:

@@ -78,7 +78,8 @@ from ratune.models import (check_attention, load_model, load_tokenizer, merge_ad
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
 from ratune.train.config import TrainConfig, read_deepspeed_config
-from ratune.train.layout import TRAINER_DIR, checkpoint_folders
+from ratune.train.layout import (TRAINER_DIR, checkpoint_folders, complete_checkpoint_folders,
+                                 require_complete_checkpoint)
 from ratune.train.tokens import check_packing_attention, shares_for_rows
 
 
@@ -547,7 +548,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
         RatuneError: a finished run; a folder ratune did not make (:func:`ratune.manifest.require_owned`).
     """
     try:
-        resumable = policy == "resume" and bool(checkpoint_folders(out))
+        resumable = policy == "resume" and bool(complete_checkpoint_folders(out, say=False))
     except OSError:  # another rank, while the main process deletes a run without checkpoints
         resumable = False
     if not _is_main_process():  # the main process checks and deletes (a folder it deletes has no checkpoint
@@ -560,7 +561,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
                           "runs only: choose another output_dir")
     if resumable:
         return "latest"
-    why = "--on-unfinished restart" if policy == "restart" else "it saved no checkpoint to resume"
+    why = "--on-unfinished restart" if policy == "restart" else "it saved no complete checkpoint to resume"
     print(f"ratune: note: {out}: starting the unfinished run over ({why}); its files are deleted", file=sys.stderr)
     shutil.rmtree(out)  # an unfinished ratune training run (checked above), under its lock
     return None
@@ -604,12 +605,15 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     if resume_from is None:
         return None
     if resume_from == "latest":
-        ckpts = checkpoint_folders(out)
+        ckpts = complete_checkpoint_folders(out, say=_is_main_process())  # a partial one is passed over
         if not ckpts:
-            raise RatuneError(f"{out / TRAINER_DIR}: --resume-from latest, but there is no checkpoint to resume")
+            partial = f" ({len(checkpoint_folders(out))} partial)" if checkpoint_folders(out) else ""
+            raise RatuneError(f"{out / TRAINER_DIR}: --resume-from latest, but there is no checkpoint to resume"
+                              f"{partial}; start over with --on-unfinished restart")
         return str(ckpts[-1])
     if not Path(resume_from).is_dir():
         raise RatuneError(f"{resume_from}: --resume-from path does not exist")
+    require_complete_checkpoint(resume_from)
     return resume_from
 
 
