@@ -101,7 +101,7 @@ def test_count_generated_excludes_padding_after_eos(et):
 def test_hf_measurement_counts_only_generated_tokens(et, tiny_model_dir):
     import torch
 
-    from ratune.data.prompt import encode_prompt
+    from ratune.sources.prompt import encode_prompt
     from ratune.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
@@ -251,8 +251,8 @@ def test_gpu_run_plan_exits_0_without_a_gpu():
 
 def test_retrieval_scale_catalog_and_backends_agree(apibench):
     rs = _load("retrieval_scale")
-    from ratune.data.apibench import api_database_path, load_api_database
-    from ratune.data.prompt import serialize_document
+    from ratune.sources.apibench import api_database_path, load_api_database
+    from ratune.sources.prompt import serialize_document
 
     real = load_api_database(api_database_path(apibench, "torchhub"))
     catalog = rs.synthetic_catalog(real, 3 * len(real), seed=0)
@@ -410,39 +410,157 @@ def test_score_released_counts_the_released_torchhub_table(apibench, capsys):
 def test_behaviour_hashes_compare_by_hand():
     """A probe that changed, one only the new record has and one only the old has are named; a
     record from before a rename (bm25_paper -> bm25_replica, ratune/registry.py RENAMED) compares
-    under today's name."""
+    under today's name; a family that failed on one side is reported and fails the comparison."""
     bh = _load("behaviour_hashes")
     before = {"data/bm25_paper/train": "aa", "eval/0_shot": "bb", "scores/gone.jsonl": "cc"}
     after = {"data/bm25_replica/train": "aa", "eval/0_shot": "b2", "sweep_dry_run/new.yaml": "dd"}
     assert bh.compare(before, after) == ["eval/0_shot", "scores/gone.jsonl", "sweep_dry_run/new.yaml"]
     assert bh.compare(before, bh.renamed(before)) == []
 
+    base = {"train/model.safetensors": "1" * 64, "train/manifest.json": "2" * 64, "help/ratune": "3" * 64}
+    head = {**base, "train/manifest.json": "4" * 64}
+    lines, same = bh.comparison(base, head, ("base", "head"), renames={})
+    assert not same and "CHANGED train/manifest.json:\n    base 2222222222222222\n    head 4444444444444444" in lines
+    assert "help              1 of 1    identical" in lines and "train             1 of 2    identical" in lines
+    assert lines[-1] == "2 of 3 probes identical"
+    assert bh.comparison(base, dict(base), renames={}) == (["help              1 of 1    identical",
+                                                           "train             2 of 2    identical",
+                                                           "3 of 3 probes identical"], True)
+    missing = "missing: ratune catalog import: exit 2: ratune: error: argument stage: invalid choice: 'catalog'"
+    lines, same = bh.comparison({**base, "catalog/folder/apis.jsonl": "5" * 64}, {**base, "catalog/FAILED": missing},
+                                ("base", "head"), renames={})
+    text = "\n".join(lines)
+    assert not same and "catalog           0 of 2    identical" in text
+    assert f"MISSING catalog/FAILED:\n    base missing\n    head {missing}" in text
+    assert "MISSING catalog/folder/apis.jsonl:\n    base 5555555555555555\n    head missing" in text
+    lines, same = bh.comparison({"help/FAILED": "failed: x"}, {"help/FAILED": "failed: x"}, renames={})
+    assert not same and "FAILED help/FAILED on both sides: failed: x" in lines
+
+
+def test_behaviour_hashes_strip_volatile_by_hand():
+    """Times, durations, rates, git, host and pid keys go at any depth, digests of JSON files
+    become SHA256, paths become their placeholders (longest first); the rest is kept as it is."""
+    bh = _load("behaviour_hashes")
+    record = {
+        "git_commit": "5ed16b9", "created_at": "2026-12-05", "host": {"cpu": "AMD EPYC"}, "pid": 12,
+        "train_result": {"train_runtime": 2.4, "train_samples_per_second": 1.6, "train_loss": 14.49},
+        "throughput": {"tokens": 993, "tokens_per_s": 407.1, "train_runtime_s": 2.4},
+        "eval": [{"wall_s": 3.0, "seconds": 1, "n": 4}],
+        "data_manifest_sha256": "a" * 64,
+        "inputs": {"checkpoint ratune_manifest.json": "b" * 64, "eval.jsonl": "c" * 64},
+        "sources": {"cells/x/metrics.json": "d" * 64},
+        "config": {"output_dir": "/tmp/w/run/x", "model": "/tmp/w/tree/m", "max_steps": 2, "hosted": True},
+        "versions": {"torch": "2.13.0+cpu"}, "steps": 2, "sha256": "e" * 64,
+    }
+    assert bh.strip_volatile(record, {"/tmp/w": "WORK", "/tmp/w/tree": "TREE"}) == {
+        "train_result": {"train_loss": 14.49}, "throughput": {"tokens": 993}, "eval": [{"n": 4}],
+        "data_manifest_sha256": "SHA256",
+        "inputs": {"checkpoint ratune_manifest.json": "SHA256", "eval.jsonl": "c" * 64},
+        "sources": {"cells/x/metrics.json": "SHA256"},
+        "config": {"output_dir": "WORK/run/x", "model": "TREE/m", "max_steps": 2, "hosted": True},
+        "versions": {"torch": "2.13.0+cpu"}, "steps": 2, "sha256": "e" * 64,
+    }
+    # printed text: the Trainer's summary line (a Python dict) loses its timings; paths are replaced
+    text = "{'train_runtime': '1.8', 'train_loss': '14.49'}\nwrote /tmp/w/run\n{not a dict}"
+    assert bh.strip_text(text, {"/tmp/w": "WORK"}) == '{"train_loss": "14.49"}\nwrote WORK/run\n{not a dict}'
+
+
+def test_behaviour_hashes_missing_command_by_hand():
+    """A command the CLI does not have (argparse: exit 2, invalid choice) is "missing"; any other
+    failure is "failed"; both name the command and the last line of its error."""
+    bh = _load("behaviour_hashes")
+    exc = bh.ProbeFailed("ratune catalog import", 2, "ratune: error: argument stage: invalid choice: 'catalog' "
+                                                     "(see ratune --help)\n")
+    assert exc.missing and str(exc) == ("missing: ratune catalog import: exit 2: ratune: error: argument stage: "
+                                        "invalid choice: 'catalog' (see ratune --help)")
+    exc = bh.ProbeFailed("ratune train", 1, "Traceback ...\nKeyError: 'x'\n")
+    assert not exc.missing and str(exc) == "failed: ratune train: exit 1: KeyError: 'x'"
+
+
+def test_behaviour_hashes_shadow_package(tmp_path):
+    """The shadow package maps ratune and each sub-package as the tree's pyproject.toml says and
+    wins over the editable install on PYTHONPATH (also run in the tree root); a sub-package mapped apart from its parent
+    (ratune.eval.scoring elsewhere) gets its own link without touching the tree."""
+    bh = _load("behaviour_hashes")
+    shadow = bh.build_shadow(bh.ROOT, tmp_path / "shadow")
+    side = bh.Side("t", bh.ROOT, shadow, "")
+    out = side.python(["-c", "import ratune.cli, ratune.data, ratune.sweep; print(ratune.data.__file__); "
+                             "print(ratune.sweep.__file__)"], bh.ROOT, "import").decode().split()
+    assert out == [str(shadow / "ratune" / "data" / "__init__.py"), str(shadow / "ratune" / "sweep" / "__init__.py")]
+
+    tree = tmp_path / "tree"
+    for folder in ("ratune", "eval", "scoring"):
+        (tree / folder).mkdir(parents=True)
+        (tree / folder / "__init__.py").write_text(f"WHERE = {folder!r}\n")
+    (tree / "eval" / "scoring").mkdir()
+    (tree / "eval" / "scoring" / "__init__.py").write_text("WHERE = 'eval/scoring'\n")
+    (tree / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = { "ratune" = "ratune", "ratune.eval" = '
+                                         '"eval", "ratune.eval.scoring" = "scoring" }\n')
+    shadow = bh.build_shadow(tree, tmp_path / "shadow2")
+    side = bh.Side("t", tree, shadow, "")
+    out = side.python(["-c", "import ratune, ratune.eval, ratune.eval.scoring as s; "
+                             "print(ratune.WHERE, ratune.eval.WHERE, s.WHERE)"], tmp_path, "import").decode().split()
+    assert out == ["ratune", "eval", "scoring"]
+    assert (tree / "eval" / "scoring" / "__init__.py").read_text() == "WHERE = 'eval/scoring'\n"
+    assert not (shadow / "ratune" / "eval").is_symlink() and (shadow / "ratune" / "eval" / "scoring").is_symlink()
+
 
 @pytest.mark.slow
 def test_behaviour_hashes_record_then_check(apibench_tiny, tiny_model_dir, tmp_path, capsys):
-    """bench/behaviour_hashes.py end to end with a tiny model: every probe is recorded (5 data
-    modes x 2 splits, the 8 released TorchHub response files, 4 eval settings, one dry run per
-    sweep file), a second run on this machine is identical, and a record with one hash changed
-    exits 1 naming that probe."""
+    """bench/behaviour_hashes.py --out with a tiny model records every probe family (5 data modes x
+    2 splits, the 8 released TorchHub response files, 4 eval settings, one dry run per sweep file,
+    the catalog, training, export, sweep report, compare and --help probes) and no failure; --check
+    of some families on this machine is identical, and a record with one hash changed exits 1
+    naming that probe."""
     import json
 
     bh = _load("behaviour_hashes")
     record = tmp_path / "before.json"
-    common = ["--apibench", str(apibench_tiny), "--model", str(tiny_model_dir), "--n-questions", "2"]
+    common = ["--apibench", str(apibench_tiny), "--model", str(tiny_model_dir), "--n-questions", "2",
+              "--work", str(tmp_path / "work")]
     assert bh.main([*common, "--out", str(record)]) == 0
     hashes = json.loads(record.read_text())
     sweeps = sorted(p.name for p in (bh.ROOT / "configs" / "sweeps").glob("*.yaml"))
     responses = sorted(p.name for p in (apibench_tiny / "responses").glob("response_torchhub_*.jsonl"))
     assert len(responses) == 8
-    assert set(hashes) == ({f"data/{m}/{s}" for m in bh.MODES for s in ("train", "eval")}
-                           | {f"scores/{f}" for f in responses} | {f"eval/{s}" for s in bh.EVAL_SETTINGS}
-                           | {f"sweep_dry_run/{f}" for f in sweeps})
+    old = ({f"data/{m}/{s}" for m in bh.MODES for s in ("train", "eval")} | {"data/manifest.json"}
+           | {f"scores/{f}" for f in responses} | {f"eval/{s}" for s in bh.EVAL_SETTINGS}
+           | {f"eval/{s}/metrics.json" for s in bh.EVAL_SETTINGS} | {f"sweep_dry_run/{f}" for f in sweeps})
+    assert old <= set(hashes) and not any(k.endswith("/FAILED") for k in hashes)
+    for probe in ("catalog/folder/apis.jsonl", "catalog/folder/pairs/train.jsonl", "catalog/data/oracle/train",
+                  "catalog/eval/0_shot/responses.jsonl", "catalog/eval/0_shot/metrics.json",
+                  "train/model/model.safetensors", "train/adapter/adapter_model.safetensors", "train/manifest.json",
+                  "export/model.safetensors", "export/README.md", "export/config.json",
+                  "sweep/report/torchhub/table2.md", "sweep/report/torchhub/table2.json",
+                  "report_eval/table2.csv", "compare/released_gorilla.txt", "compare/released_strict.json",
+                  "help/ratune", "help/ratune data build", "help/ratune catalog import"):
+        assert probe in hashes, probe
     assert all(len(v) == 64 and int(v, 16) >= 0 for v in hashes.values())
     capsys.readouterr()
-    assert bh.main([*common, "--check", str(record)]) == 0
-    assert f"{len(hashes)} of {len(hashes)} probes identical" in capsys.readouterr().out
-    hashes["eval/oracle"] = "0" * 64
+    only = ["--only", "help,compare,scores"]
+    n = sum(k.split("/")[0] in ("help", "compare", "scores") for k in hashes)
+    assert bh.main([*common, *only, "--check", str(record)]) == 0
+    assert f"{n} of {n} probes identical" in capsys.readouterr().out
+    hashes["compare/released_gorilla.txt"] = "0" * 64
     record.write_text(json.dumps(hashes))
-    assert bh.main([*common, "--check", str(record)]) == 1
+    assert bh.main([*common, *only, "--check", str(record)]) == 1
     out = capsys.readouterr().out
-    assert f"CHANGED eval/oracle: {'0' * 64} -> " in out and f"{len(hashes) - 1} of {len(hashes)} probes identical" in out
+    assert "CHANGED compare/released_gorilla.txt:" in out and f"{'0' * 16}\n" in out
+    assert f"{n - 1} of {n} probes identical" in out
+
+
+@pytest.mark.slow
+def test_behaviour_hashes_against_head_is_identical(apibench_tiny, tmp_path, capsys):
+    """--against HEAD --head HEAD --quick: two worktrees of one commit, each run through its own
+    shadow package on the same inputs, give identical hashes for every probe of every family (the
+    determinism check of every probe)."""
+    bh = _load("behaviour_hashes")
+    assert bh.main(["--against", "HEAD", "--head", "HEAD", "--quick", "--apibench", str(apibench_tiny),
+                    "--n-questions", "2", "--work", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    families = [line.split()[0] for line in out.splitlines() if line.endswith(" identical") and " of " in line
+                and not line.endswith("probes identical")]
+    assert families == sorted([f for f, _ in bh.FAMILIES] + ["report_eval"])  # the sweep family reports twice
+    assert "CHANGED" not in out and "MISSING" not in out and "FAILED" not in out
+    total = out.split(" probes identical")[0].splitlines()[-1].split()
+    assert total[0] == total[2] and int(total[0]) > 100
