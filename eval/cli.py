@@ -14,13 +14,13 @@ from ratune.hubs import hub_name, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
 from ratune.eval.hub_scoring import scoring_for
-from ratune.eval.report import make_cell, own_report_folder, read_metrics, table2_markdown, write_table2
+from ratune.eval.report import make_cell, own_report_folder, table2_markdown, write_table2
+from ratune.eval.results import finished_cells
 from ratune.eval.robustness import experiment_rows, experiments_markdown
 from ratune.eval.run import evaluate_checkpoint
 from ratune.eval.scoring.cli import METRIC_CHOICES, add_score_arguments
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.io import write_json, write_text
-from ratune.manifest import is_complete
 from ratune.options import values_from_args
 from ratune.registry import EXPERIMENT_SETTINGS
 
@@ -68,18 +68,17 @@ def cli_report(args) -> int:
         train_retriever, folder = spec.split("=", 1)
         if not Path(folder).is_dir():
             raise RatuneError(f"--eval {spec!r}: {folder}: no such eval folder")
-        for cell in sorted(Path(folder).iterdir()):
-            if cell.is_dir() and is_complete(cell):
-                metrics = read_metrics(cell / "metrics.json")
-                if isinstance(metrics.get("hub"), str):
-                    hubs.setdefault(metrics["hub"], cell)
-                if cell.name in EXPERIMENT_SETTINGS:
-                    experiments.append({"cell": train_retriever, "axes": {}, "setting": cell.name,
-                                        "train_retriever": train_retriever, "metrics": metrics})
-                else:
-                    cells.append(make_cell(train_retriever, cell.name, metrics))
-                    if cell.name == "oracle" and metrics.get("abstention"):
-                        false_abstention[train_retriever] = metrics["abstention"]
+        for cell in finished_cells(folder):
+            metrics = cell.metrics
+            if isinstance(metrics.get("hub"), str):
+                hubs.setdefault(metrics["hub"], cell.folder)
+            if cell.setting in EXPERIMENT_SETTINGS:
+                experiments.append({"cell": train_retriever, "axes": {}, "setting": cell.setting,
+                                    "train_retriever": train_retriever, "metrics": metrics})
+            else:
+                cells.append(make_cell(train_retriever, cell.setting, metrics))
+                if cell.setting == "oracle" and metrics.get("abstention"):
+                    false_abstention[train_retriever] = metrics["abstention"]
     if not cells:
         raise RatuneError("no complete eval cells (SETTING/ folders with .complete) in the --eval folders: "
                           + ", ".join(spec.split("=", 1)[1] for spec in args.eval))

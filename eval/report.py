@@ -185,7 +185,7 @@ def aggregate_replicates(runs: Sequence[dict], seeds: Sequence) -> dict:
     """
     if not runs or len(runs) != len(seeds):
         raise ValueError(f"need one seed per run; got {len(runs)} runs and {len(seeds)} seeds")
-    pairs = sorted(zip(seeds, [_complete(r) for r in runs]), key=lambda p: _seed_order(p[0]))
+    pairs = sorted(zip(seeds, [with_intervals(r) for r in runs]), key=lambda p: _seed_order(p[0]))
     seeds = [s for s, _ in pairs]
     runs = [r for _, r in pairs]
     where = {(r["train_retriever"], r["test_retriever"]) for r in runs}
@@ -208,7 +208,7 @@ def format_replicates(value: float, sd: float | None, n_seeds: int) -> str:
     return text + f" ({n_seeds} seed{'' if n_seeds == 1 else 's'})"
 
 
-def _complete(cell: dict) -> dict:
+def with_intervals(cell: dict) -> dict:
     """A cell with interval fields filled in where missing (hand-made or older cells)."""
     n = int(cell["n"])
     out = dict(cell)
@@ -218,12 +218,12 @@ def _complete(cell: dict) -> dict:
             out[f"{rate}_ci"] = list(wilson_interval(k, n))
     strict = out.get("strict")
     if strict:
-        out["strict"] = _complete({**strict, "n": n})
+        out["strict"] = with_intervals({**strict, "n": n})
         out["strict"].pop("n")
     return out
 
 
-def _axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
+def table_axes(cells: Sequence[dict]) -> tuple[list[str], list[str]]:
     """Rows and columns in registry order (ratune/registry.py), then any other name (mixtures) sorted."""
     rows = [r for r in TRAIN_MODES if any(c["train_retriever"] == r for c in cells)]
     rows += sorted({c["train_retriever"] for c in cells} - set(rows))
@@ -250,7 +250,7 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     """Markdown lines of the gorilla and strict tables (rows: train retrieval, columns: test
     retrieval). ``accuracy_text(cell, metric_block)`` renders the accuracy; the hallucination %
     follows it, and a cell that did not run is "-"."""
-    rows, cols = _axes(cells)
+    rows, cols = table_axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     out = []
     for name in cell_metrics(cells):
@@ -314,7 +314,7 @@ def _arguments_table(cells: Sequence[dict]) -> list[str]:
     of all n answers: :mod:`ratune.eval.catalog_scorer`); [] when no cell has one."""
     if not any(has_result(c) and c.get("arguments") for c in cells):
         return []
-    rows, cols = _axes(cells)
+    rows, cols = table_axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     out = ["## arguments (right API with every required argument / with the gold call's values)", "",
            "| train \\ test | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -335,7 +335,7 @@ def table2_markdown(table: dict) -> str:
     in whole percent, then hallucination %; a cell that did not run, or ran on no question
     (n = 0), is "-".
     """
-    cells = [_complete(c) for c in table["cells"]]
+    cells = [with_intervals(c) for c in table["cells"]]
     if any("n_seeds" in c for c in cells):
         return _replicates_markdown(table, cells)
     n = sorted({c["n"] for c in cells if has_result(c)})
@@ -401,7 +401,7 @@ def table2_csv(table: dict) -> str:
                     + (["n_seeds", "seeds", *_CSV_SPREAD_COLUMNS, *(f"strict_{c}" for c in _CSV_SPREAD_COLUMNS)]
                        if replicate else []))
     for c in table["cells"]:
-        c = _complete(c)
+        c = with_intervals(c)
         empty = not has_result(c)  # n = 0: no rates (blank), never 0.0
         row = [table["hub"], table["model"], c["train_retriever"], c["test_retriever"], c["n"],
                *_csv_values({} if empty else c), *_csv_values({} if empty else c.get("strict") or {})]
@@ -430,7 +430,7 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
     import numpy as np
 
     cells = table["cells"]
-    rows, cols = _axes(cells)
+    rows, cols = table_axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
     panels = [(f"{name} accuracy %", name) for name in cell_metrics(cells)]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.0 + 1.3 * len(cols) * len(panels), 1.5 + 0.7 * len(rows)),
@@ -472,7 +472,7 @@ def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = {"hub": hub, "model": model, "metric": cell_metrics(cells)[0], "interval": INTERVAL,
-             "cells": [_complete(c) for c in cells], "versions": package_versions()}
+             "cells": [with_intervals(c) for c in cells], "versions": package_versions()}
     if replicates is not None:
         table["replicates"] = replicates
     write_json(out / "table2.json", table)

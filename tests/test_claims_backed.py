@@ -128,7 +128,7 @@ def test_sweep_sources_hold_the_sha256_of_every_metrics_json_read(tmp_path, monk
     (those with .complete; an unfinished cell's metrics.json is neither read nor listed), each
     with the sha256 of its bytes."""
     import ratune.eval.report as report
-    import ratune.sweep.report as sweep_report
+    import ratune.eval.results as results  # the one reader of finished eval folders
 
     metrics = lambda correct: rate_metrics(n=60, correct=correct, halluc=6)  # noqa: E731
     single = tmp_path / "single" / "sweep"
@@ -146,10 +146,10 @@ def test_sweep_sources_hold_the_sha256_of_every_metrics_json_read(tmp_path, monk
             return real(path)
 
         monkeypatch.setattr(report, "read_metrics", spy)
-        monkeypatch.setattr(sweep_report, "read_metrics", spy)
+        monkeypatch.setattr(results, "read_metrics", spy)
         sw.report_sweep(sweep_dir)
         monkeypatch.setattr(report, "read_metrics", real)
-        monkeypatch.setattr(sweep_report, "read_metrics", real)
+        monkeypatch.setattr(results, "read_metrics", real)
         sources = json.loads((sweep_dir / "report" / "sweep.json").read_text())["sources"]
         finished = {str(p.relative_to(sweep_dir)) for p in sweep_dir.glob("cells/*/eval/*/metrics.json")
                     if (p.parent / ".complete").exists()}

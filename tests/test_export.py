@@ -212,7 +212,7 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
     import ratune.models as model_module
 
     monkeypatch.setattr(model_module, "load_model", boom)  # nothing may be loaded either
-    monkeypatch.setattr("ratune.export.checkpoint.load_model", boom)  # (export calls it by this name)
+    monkeypatch.setattr("ratune.export.merge.load_model", boom)  # (export calls it by this name)
 
     parser = add_export_arguments(argparse.ArgumentParser())
     args = parser.parse_args([str(run / "run"), "--out", str(tmp_path / "x"), "--push-to-hub", "someone/m",
@@ -231,7 +231,8 @@ def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, ca
 def test_vocabulary_added_without_resize_is_refused(tiny_model_dir, tmp_path, smol_tokenizer):
     from transformers import AutoTokenizer
 
-    from ratune.export.checkpoint import check_vocabulary, export_checkpoint
+    from ratune.export.checkpoint import export_checkpoint
+    from ratune.export.checks import check_vocabulary
 
     folder = tmp_path / "grown"
     shutil.copytree(tiny_model_dir, folder)

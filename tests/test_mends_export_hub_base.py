@@ -78,7 +78,7 @@ def test_merge_lora_of_a_missing_local_base_folder_is_refused_before_loading(qlo
         raise AssertionError("nothing may be loaded")
 
     monkeypatch.setattr(model_module, "load_model", boom)
-    monkeypatch.setattr("ratune.export.checkpoint.load_model", boom)  # the name export_checkpoint calls
+    monkeypatch.setattr("ratune.export.merge.load_model", boom)  # the name export_checkpoint calls
     gone = tmp_path / "deleted_base"
     run = _with_base(qlora_run, tmp_path, "gone_run", str(gone))
     with pytest.raises(RatuneError, match=rf"^{gone}: the base model folder recorded in .*manifest.json is gone "

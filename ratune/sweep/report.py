@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ from ratune.hubs import recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
-                                metric_block, own_report_folder, read_metrics, table2_markdown, write_table2)
+                                metric_block, own_report_folder, table2_markdown, write_table2)
+from ratune.eval.results import finished_cells
 from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
-from ratune.manifest import SWEEP_FOLDER_STAGES, is_complete, output_stage
+from ratune.manifest import SWEEP_FOLDER_STAGES, output_stage
 from ratune.registry import EXPERIMENT_SETTINGS, TABLE_SETTINGS, TEST_SETTINGS
 from ratune.sweep.cells import _slug_value, cell_hub_name
 from ratune.sweep.commands import _fmt
@@ -74,198 +76,244 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
             are written).
     """
     sweep_dir = Path(sweep_dir)
-    experiments: list[dict] = []  # experiment settings (docs/experiments.md): beside Table 2, never in it
-    experiment_paths: list[Path] = []  # their metrics.json files (listed in sweep.json sources)
-    abstention_by_cell = {}  # false abstention: abstaining under oracle, where the document answers
-    out = Path(out_dir) if out_dir else sweep_dir / "report"
-    rows = []
-    finished = []  # dimensions and metrics.json of each finished eval cell (chosen-pair comparisons)
-    axis_keys: list[str] = []
     if not sweep_dir.is_dir():
         raise RatuneError(f"{sweep_dir}: no such sweep folder")
-    for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
-        record = _read_cell_record(cell_json)
-        for k in record.get("axes", {}):
-            if k not in axis_keys:
-                axis_keys.append(k)
-        config = record["config"]
-        eval_dir = cell_json.parent / "eval"
-        settings = [s for s in TABLE_SETTINGS if (eval_dir / s).is_dir()]
-        settings += sorted(p.name for p in eval_dir.glob("*") if p.is_dir() and p.name not in settings) \
-            if eval_dir.is_dir() else []
-        for setting in settings:
-            folder = eval_dir / setting
-            if not (is_complete(folder) and (folder / "metrics.json").exists()):
-                continue
-            if setting in EXPERIMENT_SETTINGS:
-                experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
-                                    "train_retriever": config["train_retriever"],
-                                    "metrics": read_metrics(folder / "metrics.json")})
-                experiment_paths.append(folder / "metrics.json")
-                continue
-            cell_metrics = read_metrics(folder / "metrics.json")
-            if setting == "oracle" and cell_metrics.get("abstention"):
-                abstention_by_cell[record["name"]] = cell_metrics["abstention"]
-            table_cell = make_cell(config["train_retriever"], setting, cell_metrics)
-            rows.append((record, table_cell))
-            finished.append({"dims": {**record.get("axes", {}), "hub": cell_hub_name(config["hub"], record["name"]),
-                                      "train_retriever": config["train_retriever"], "test_retriever": setting},
-                             "cell": record["name"], "metrics_path": folder / "metrics.json", "n": cell_metrics["n"]})
-    if not rows:
-        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+    found = _finished(sweep_dir)
+    out = Path(out_dir) if out_dir else sweep_dir / "report"
     # a folder ratune did not make is refused before anything is written; the default report/ of a
     # ratune sweep (or demo) folder is ratune's whatever an earlier, interrupted report left in it
     own_report_folder(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
-
-
-    def group_of(record: dict, drop_seed: bool) -> str:
-        others = {k: v for k, v in record.get("axes", {}).items()
-                  if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
-        return cell_hub_name(record["config"]["hub"], record["name"]) + "".join(f"__{k.replace('.', '-')}-{_slug_value(v)}"
-                                                      for k, v in sorted(others.items()))
-
-    def seed_of(record: dict) -> Any:
-        return record.get("axes", {}).get("seed", record["config"].get("seed"))
-
-    # replicates: finished cells that land on the same table cell once seed is ignored
-    buckets: dict[tuple, list] = {}
-    for record, c in rows:
-        buckets.setdefault((group_of(record, True), c["train_retriever"], c["test_retriever"]), []).append(
-            (record, c))
-    replicate = any(len(v) > 1 for v in buckets.values())
-
-    groups: dict[str, dict] = {}
-    if replicate:
-        for (group, _, _), runs in buckets.items():
-            g = groups.setdefault(group, {"hub": cell_hub_name(runs[0][0]["config"]["hub"], runs[0][0]["name"]),
-                                          "cells": [], "seeds": [],
-                                          "model": Path(str(runs[0][0]["config"]["model"])).name})
-            seeds = [seed_of(r) for r, _ in runs]
-            agg = aggregate_replicates([c for _, c in runs], seeds)
-            by_seed = {json.dumps(seed_of(r), default=str): r["name"] for r, _ in runs}
-            agg["run_cells"] = [by_seed.get(json.dumps(s, default=str)) for s in agg["seeds"]]
-            g["cells"].append(agg)
-            g["seeds"] += [s for s in agg["seeds"] if s not in g["seeds"]]
-    else:
-        for record, c in rows:
-            config = record["config"]
-            g = groups.setdefault(group_of(record, False),
-                                  {"hub": cell_hub_name(config["hub"], record["name"]),
-                                   "model": Path(str(config["model"])).name, "cells": []})
-            g["cells"].append(c)
-
-    def replicates_info(seeds: list) -> dict:
-        return {"seeds": _sorted_seeds(seeds), "aggregate": "mean over seeds", "spread": SPREAD,
-                "run_interval": INTERVAL, "generation": GENERATION, "runs": "replicates.csv"}
-
-    if replicate:
-        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
-                                     replicates=replicates_info(g["seeds"]))
-                  for name, g in sorted(groups.items())}
-    else:
-        tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name)
-                  for name, g in sorted(groups.items())}
-    rates = ("accuracy", "hallucination", "error")
-    rate_columns = [*(x for r in rates for x in (r, f"{r}_low", f"{r}_high")),
-                    *(f"strict_{x}" for r in rates for x in (r, f"{r}_low", f"{r}_high"))]
-    # axes that are also fixed columns (hub, model, train_retriever) appear once, as the fixed column
-    csv_axes = [k for k in axis_keys if k not in ("hub", "model", "train_retriever")]
-    header = ["cell", *csv_axes, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
-
-    def values(m: dict) -> list[str]:
-        vals = []
-        for r in rates:
-            ci = m.get(f"{r}_ci")
-            vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
-        return vals
-
-    def run_row(record: dict, c: dict, keys: list[str] = csv_axes) -> list:
-        config = record["config"]
-        return [record["name"], *(_flat(record["axes"].get(k, "")) for k in keys), config["hub"],
-                config["model"], c["train_retriever"], c["test_retriever"], c["n"],
-                *values(c), *values(c.get("strict") or {})]
-
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    for record, c in rows:
-        writer.writerow(run_row(record, c))
-    write_text(out / "sweep.csv", buf.getvalue())
-    summary: dict = {"axes": axis_keys, "tables": tables}
+    groups, replicate = _groups(found.rows)
+    tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
+                                 **({"replicates": _replicates_info(g["seeds"])} if replicate else {}))
+              for name, g in sorted(groups.items())}
+    summary: dict = {"axes": found.axis_keys, "tables": tables}
+    _write_sweep_csv(found, out, summary, replicate)
     curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
     summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
-                          for path in [*(f["metrics_path"] for f in finished), *experiment_paths, *curve_paths]}
-    if curve_paths:  # learning curves, labelled by the cell's axis values
-        from ratune.eval.curve import read_curve, write_curves_report
-
-        curves = {}
-        for path in curve_paths:
-            record = _read_cell_record(path.parent.parent / "cell.json")
-            label = " ".join(f"{k}={_flat(v)}" for k, v in record.get("axes", {}).items()) or record["name"]
-            curves[label] = read_curve(path.parent)
-        write_curves_report(curves, out)
-        summary["learning_curves"] = list(curves)
-    if replicate:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        other_keys = [k for k in csv_axes if k != "seed"]
-        writer.writerow(["group", "seed", *(k for k in header if k != "seed")])
-        for record, c in sorted(rows, key=lambda rc: (group_of(rc[0], True), rc[1]["train_retriever"],
-                                                      rc[1]["test_retriever"], _seed_key(seed_of(rc[0])))):
-            writer.writerow([group_of(record, True), _flat(seed_of(record)), *run_row(record, c, other_keys)])
-        write_text(out / "replicates.csv", buf.getvalue())
-        summary["seeds"] = _sorted_seeds([seed_of(r) for r, _ in rows])
-        summary["replicates"] = replicates_info(summary["seeds"])
+                          for path in [*(f["metrics_path"] for f in found.finished), *found.experiment_paths,
+                                       *curve_paths]}
+    _write_curves(curve_paths, out, summary)
     summary["worst_case"] = {}
     for name, table in tables.items():  # each trained model's lowest accuracy across test settings
         summary["worst_case"][name] = worst_case(table["cells"])
         write_text(out / name / "worst_case.md", worst_case_markdown(summary["worst_case"][name]))
     if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table
-        summary["best"], summary["no_best"] = best_cells(sweep_dir, rows, lambda record: group_of(record, False))
-    if experiments:
-        from ratune.eval.robustness import experiments_markdown, experiment_rows
-
-        exp_rows = experiment_rows(experiments, abstention_by_cell)
-        write_json(out / "experiments.json", {"experiments": exp_rows})
-        write_text(out / "experiments.md", experiments_markdown(exp_rows))
-        summary["experiments"] = len(exp_rows)
+        summary["best"], summary["no_best"] = best_cells(sweep_dir, found.rows, lambda r: _group_of(r, False))
+    _write_experiments(found, out, summary)
     saved = load_saved_sweep(sweep_dir)  # the run's sweep file: its compare pairs and apibench folder
-    if pairs is None:
-        pairs = saved.config.compare if saved else []
-    if pairs:
-        results = compare_pairs(finished, pairs)
-        write_json(out / "comparisons.json", {"comparisons": results})
-        write_text(out / "comparisons.md", comparisons_markdown(results))
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(comparisons_csv_rows(results))
-        write_text(out / "comparisons.csv", buf.getvalue())
-        summary["comparisons"] = {status: sum(r["status"] == status for r in results)
-                                  for status in ("ok", "missing", "refused")}
+    _write_comparisons(found.finished, saved.config.compare if pairs is None and saved else pairs or [], out, summary)
+    _write_released(sweep_dir, found.finished, saved, out, summary)
+    write_json(out / "sweep.json", summary)
+    return tables
+
+
+@dataclass
+class _Finished:
+    """The finished eval cells of a sweep folder, as :func:`_finished` reads them."""
+
+    rows: list = field(default_factory=list)  # (cell record, Table 2 cell)
+    finished: list = field(default_factory=list)  # dimensions and metrics.json of each (chosen pairs, released)
+    experiments: list = field(default_factory=list)  # experiment settings: beside Table 2, never in it
+    experiment_paths: list = field(default_factory=list)  # their metrics.json files (sweep.json sources)
+    abstention_by_cell: dict = field(default_factory=dict)  # abstaining under oracle, where the document answers
+    axis_keys: list = field(default_factory=list)
+
+
+def _finished(sweep_dir: Path) -> _Finished:
+    """Every finished eval cell of ``SWEEP_DIR/cells/*/eval`` (:func:`ratune.eval.results.finished_cells`),
+    Table 2's settings first in registry order.
+
+    Raises:
+        RatuneError: no finished cell.
+    """
+    found = _Finished()
+    order = {s: i for i, s in enumerate(TABLE_SETTINGS)}
+    for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
+        record = _read_cell_record(cell_json)
+        found.axis_keys += [k for k in record.get("axes", {}) if k not in found.axis_keys]
+        config = record["config"]
+        for cell in sorted(finished_cells(cell_json.parent / "eval"),
+                           key=lambda c: (order.get(c.setting, len(order)), c.setting)):
+            setting, metrics = cell.setting, cell.metrics
+            if setting in EXPERIMENT_SETTINGS:
+                found.experiments.append({"cell": record["name"], "axes": record.get("axes", {}), "setting": setting,
+                                          "train_retriever": config["train_retriever"], "metrics": metrics})
+                found.experiment_paths.append(cell.metrics_path)
+                continue
+            if setting == "oracle" and metrics.get("abstention"):
+                found.abstention_by_cell[record["name"]] = metrics["abstention"]
+            found.rows.append((record, make_cell(config["train_retriever"], setting, metrics)))
+            found.finished.append({"dims": {**record.get("axes", {}), "hub": cell_hub_name(config["hub"], record["name"]),
+                                            "train_retriever": config["train_retriever"], "test_retriever": setting},
+                                   "cell": record["name"], "metrics_path": cell.metrics_path, "n": metrics["n"]})
+    if not found.rows:
+        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
+    return found
+
+
+def _group_of(record: dict, drop_seed: bool) -> str:
+    """The table a cell belongs to: its hub, then ``__key-value`` of its other axes (``seed`` dropped
+    when replicates are aggregated)."""
+    others = {k: v for k, v in record.get("axes", {}).items()
+              if k not in ("hub", "train_retriever") and not (drop_seed and k == "seed")}
+    return cell_hub_name(record["config"]["hub"], record["name"]) + "".join(
+        f"__{k.replace('.', '-')}-{_slug_value(v)}" for k, v in sorted(others.items()))
+
+
+def _seed_of(record: dict) -> Any:
+    return record.get("axes", {}).get("seed", record["config"].get("seed"))
+
+
+def _groups(rows: list) -> tuple[dict[str, dict], bool]:
+    """``({table: {"hub", "model", "cells"[, "seeds"]}}, replicate)``: replicates are finished cells
+    that land on the same table cell once seed is ignored; then each table cell aggregates its seeds."""
+    buckets: dict[tuple, list] = {}
+    for record, c in rows:
+        buckets.setdefault((_group_of(record, True), c["train_retriever"], c["test_retriever"]), []).append((record, c))
+    replicate = any(len(v) > 1 for v in buckets.values())
+    groups: dict[str, dict] = {}
+    if not replicate:
+        for record, c in rows:
+            config = record["config"]
+            g = groups.setdefault(_group_of(record, False), {"hub": cell_hub_name(config["hub"], record["name"]),
+                                                            "model": Path(str(config["model"])).name, "cells": []})
+            g["cells"].append(c)
+        return groups, False
+    for (group, _, _), runs in buckets.items():
+        first = runs[0][0]
+        g = groups.setdefault(group, {"hub": cell_hub_name(first["config"]["hub"], first["name"]), "cells": [],
+                                      "seeds": [], "model": Path(str(first["config"]["model"])).name})
+        seeds = [_seed_of(r) for r, _ in runs]
+        agg = aggregate_replicates([c for _, c in runs], seeds)
+        by_seed = {json.dumps(_seed_of(r), default=str): r["name"] for r, _ in runs}
+        agg["run_cells"] = [by_seed.get(json.dumps(s, default=str)) for s in agg["seeds"]]
+        g["cells"].append(agg)
+        g["seeds"] += [s for s in agg["seeds"] if s not in g["seeds"]]
+    return groups, True
+
+
+def _replicates_info(seeds: list) -> dict:
+    return {"seeds": _sorted_seeds(seeds), "aggregate": "mean over seeds", "spread": SPREAD,
+            "run_interval": INTERVAL, "generation": GENERATION, "runs": "replicates.csv"}
+
+
+_RATES = ("accuracy", "hallucination", "error")
+
+
+def _rate_values(m: dict) -> list[str]:
+    vals = []
+    for r in _RATES:
+        ci = m.get(f"{r}_ci")
+        vals += [f"{m[r]:.6f}" if r in m else "", *([f"{ci[0]:.6f}", f"{ci[1]:.6f}"] if ci else ["", ""])]
+    return vals
+
+
+def _write_sweep_csv(found: _Finished, out: Path, summary: dict, replicate: bool) -> None:
+    """``sweep.csv``: one row per cell and test setting, the axis values as columns; with replicates
+    also ``replicates.csv`` (one row per cell, seed and test setting) and ``sweep.json``'s seeds."""
+    rate_columns = [*(x for r in _RATES for x in (r, f"{r}_low", f"{r}_high")),
+                    *(f"strict_{x}" for r in _RATES for x in (r, f"{r}_low", f"{r}_high"))]
+    # axes that are also fixed columns (hub, model, train_retriever) appear once, as the fixed column
+    csv_axes = [k for k in found.axis_keys if k not in ("hub", "model", "train_retriever")]
+    header = ["cell", *csv_axes, "hub", "model", "train_retriever", "test_retriever", "n", *rate_columns]
+
+    def run_row(record: dict, c: dict, keys: list[str] = csv_axes) -> list:
+        config = record["config"]
+        return [record["name"], *(_flat(record["axes"].get(k, "")) for k in keys), config["hub"],
+                config["model"], c["train_retriever"], c["test_retriever"], c["n"],
+                *_rate_values(c), *_rate_values(c.get("strict") or {})]
+
+    _write_csv(out / "sweep.csv", [header, *(run_row(record, c) for record, c in found.rows)])
+    if not replicate:
+        return
+    other_keys = [k for k in csv_axes if k != "seed"]
+    rows = sorted(found.rows, key=lambda rc: (_group_of(rc[0], True), rc[1]["train_retriever"],
+                                              rc[1]["test_retriever"], _seed_key(_seed_of(rc[0]))))
+    _write_csv(out / "replicates.csv", [["group", "seed", *(k for k in header if k != "seed")],
+                                        *([_group_of(record, True), _flat(_seed_of(record)),
+                                           *run_row(record, c, other_keys)] for record, c in rows)])
+    summary["seeds"] = _sorted_seeds([_seed_of(r) for r, _ in found.rows])
+    summary["replicates"] = _replicates_info(summary["seeds"])
+
+
+def _write_csv(path: Path, rows) -> None:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def _write_curves(curve_paths: list[Path], out: Path, summary: dict) -> None:
+    """The learning curves of the cells that drew one, labelled by the cell's axis values."""
+    if not curve_paths:
+        return
+    from ratune.eval.curve import read_curve, write_curves_report
+
+    curves = {}
+    for path in curve_paths:
+        record = _read_cell_record(path.parent.parent / "cell.json")
+        label = " ".join(f"{k}={_flat(v)}" for k, v in record.get("axes", {}).items()) or record["name"]
+        curves[label] = read_curve(path.parent)
+    write_curves_report(curves, out)
+    summary["learning_curves"] = list(curves)
+
+
+def _write_experiments(found: _Finished, out: Path, summary: dict) -> None:
+    """``experiments.{json,md}``: the experiment settings' cells (docs/experiments.md), beside Table 2."""
+    if not found.experiments:
+        return
+    from ratune.eval.robustness import experiment_rows, experiments_markdown
+
+    exp_rows = experiment_rows(found.experiments, found.abstention_by_cell)
+    write_json(out / "experiments.json", {"experiments": exp_rows})
+    write_text(out / "experiments.md", experiments_markdown(exp_rows))
+    summary["experiments"] = len(exp_rows)
+
+
+def _write_comparisons(finished: list, pairs: list, out: Path, summary: dict) -> None:
+    """``comparisons.{json,md,csv}``: the chosen pairs' paired tests (:func:`ratune.sweep.pairs.compare_pairs`)."""
+    if not pairs:
+        return
+    results = compare_pairs(finished, pairs)
+    write_json(out / "comparisons.json", {"comparisons": results})
+    write_text(out / "comparisons.md", comparisons_markdown(results))
+    _write_csv(out / "comparisons.csv", comparisons_csv_rows(results))
+    summary["comparisons"] = {status: sum(r["status"] == status for r in results)
+                              for status in ("ok", "missing", "refused")}
+
+
+def _write_released(sweep_dir: Path, finished: list, saved, out: Path, summary: dict) -> None:
+    """``released.{json,md}``: each cell on all of a hub's questions against the released Gorilla-7B
+    responses made with the same documents (hubs that have them). Where the default APIBench folder
+    is absent, ``sweep.json`` says why and the report goes on; a folder the sweep file names must exist.
+
+    Raises:
+        RatuneError: the sweep file's ``apibench`` folder does not exist.
+    """
     released_cells = [{"cell": " ".join(f"{k}={_flat(v)}" for k, v in f["dims"].items() if k != "test_retriever"),
                        "path": f["metrics_path"].parent, "setting": f["dims"]["test_retriever"],
                        "hub": f["dims"]["hub"], "n": f["n"]} for f in finished
                       if recorded_hub_kind(f["dims"]["hub"]).has_released_responses]
-    if any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
-        named_apibench = saved.config.apibench if saved else None  # None: the default folder
-        if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
-            try:
-                resolve_apibench_dir(named_apibench)
-            except RatuneError as err:
-                raise RatuneError(f"{saved.source}: apibench: {err}") from None
-        try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
-            apibench = resolve_apibench_dir(named_apibench)
+    if not any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
+        return
+    named_apibench = saved.config.apibench if saved else None  # None: the default folder
+    if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
+        try:
+            resolve_apibench_dir(named_apibench)
         except RatuneError as err:
-            results, skipped = [], []
-            summary["released"] = {"comparisons": 0, "not_compared": str(err)}
-            print(f"ratune report: {sweep_dir}: no comparisons with the released responses: {err}", file=sys.stderr)
-        else:
-            results, skipped = released_comparisons(released_cells, apibench)
-        if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
-            write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
-            write_text(out / "released.md", released_markdown(results))
-            summary["released"] = {"comparisons": len(results), "skipped": skipped}
-    write_json(out / "sweep.json", summary)
-    return tables
+            raise RatuneError(f"{saved.source}: apibench: {err}") from None
+    try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
+        apibench = resolve_apibench_dir(named_apibench)
+    except RatuneError as err:
+        results, skipped = [], []
+        summary["released"] = {"comparisons": 0, "not_compared": str(err)}
+        print(f"ratune report: {sweep_dir}: no comparisons with the released responses: {err}", file=sys.stderr)
+    else:
+        results, skipped = released_comparisons(released_cells, apibench)
+    if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
+        write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
+        write_text(out / "released.md", released_markdown(results))
+        summary["released"] = {"comparisons": len(results), "skipped": skipped}
 
 
 def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
