@@ -4,12 +4,70 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import re
 import sys
 from typing import Callable
 
 
 #: Set to 1 to see the traceback of an error the boundary reports in one line.
 TRACEBACK_ENV = "RATUNE_TRACEBACK"
+
+#: The operating system's refusals of a write that are the machine's state, not a bug, and what
+#: the line calls each.
+WRITE_FAULTS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                errno.EMFILE: "too many open files"}
+
+
+#: Free space below which a native writer's error without an errno counts as a full disk (bytes).
+FULL_DISK_BYTES = 1 << 20
+
+
+def write_fault(exc: BaseException | None) -> int | None:
+    """The errno of a :data:`WRITE_FAULTS` fault that ``exc``, or an exception it was raised from,
+    carries: an OSError's errno, or the ``(os error N)`` that the Rust libraries (tokenizers,
+    safetensors) put in their messages; else, for a RuntimeError raised while writing an output
+    (``torch.save``'s ``iostream error`` carries no errno), the state of that output's file system:
+    read-only, or less than :data:`FULL_DISK_BYTES` free. None for anything else."""
+    first, seen = exc, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            return exc.errno
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found and int(found.group(1)) in WRITE_FAULTS:
+            return int(found.group(1))
+        exc = exc.__cause__ or exc.__context__
+    output = getattr(first, "ratune_output", None)
+    return _disk_fault(output) if output and isinstance(first, RuntimeError) else None
+
+
+def _disk_fault(output: str) -> int | None:
+    """EROFS or ENOSPC when the file system of ``output`` (its nearest existing folder) is read-only
+    or (almost) full; None otherwise."""
+    import os
+    from pathlib import Path
+
+    folder = Path(output)
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    return errno.ENOSPC if st.f_bavail * st.f_frsize < FULL_DISK_BYTES else None
+
+
+def _fault_line(exc: BaseException, code: int) -> str:
+    """The one line of a write fault without a file name: the output being written (the innermost
+    lock's target, :func:`ratune.locks.output_lock` records it on the exception) and how to go on."""
+    where = getattr(exc, "ratune_output", None)
+    return (f"ratune: error: {WRITE_FAULTS[code]} (errno {errno.errorcode[code]}) while writing "
+            f"{where or 'an output'}: what was complete before is kept and nothing partial is marked complete; "
+            "free space (or fix the file system) and rerun the same command to continue")
 
 
 def _say(line: str) -> None:
@@ -38,7 +96,11 @@ def run_guarded(fn: Callable[[], int]) -> int:
     * a RatuneError (InputError included);
     * an OSError that carries a file name (missing, a folder where a file is expected, permission
       denied, disk full, ...): the operating system refused an operation on a named path, which no
-      traceback would explain better: ``ratune: error: PATH: reason``.
+      traceback would explain better: ``ratune: error: PATH: reason``;
+    * a write fault without a file name (:data:`WRITE_FAULTS`: a full disk or quota, a read-only
+      file system, permission, too many open files), from ratune or a library it calls (an OSError
+      raised by ``close()``, tokenizers' ``Exception(... (os error 28))``): ``ratune: error: no
+      space left on device (errno ENOSPC) while writing OUTPUT: ...`` naming the output being written.
 
     Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
     in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
@@ -67,8 +129,11 @@ def run_guarded(fn: Callable[[], int]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
-        if debug or not exc.filename:
+        if debug or not (exc.filename or write_fault(exc)):
             raise
+        if not exc.filename:
+            _say(_fault_line(exc, write_fault(exc)))
+            return 2
         where = exc.filename if not exc.filename2 else f"{exc.filename} -> {exc.filename2}"
         _say(f"ratune: error: {where}: {exc.strerror or exc}")
         return 2
@@ -81,6 +146,12 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         _say_if_possible("ratune: interrupted; rerun the same command to continue where it stopped")
         return 130
+    except Exception as exc:  # a library's own exception carrying a write fault (tokenizers, safetensors, torch)
+        code = write_fault(exc)
+        if debug or code is None:
+            raise
+        _say(_fault_line(exc, code))
+        return 2
 
 
 @contextlib.contextmanager

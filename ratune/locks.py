@@ -118,6 +118,14 @@ def _acquire(path: Path, target: Path, command: str) -> int:
         return fd
 
 
+def _record_output(exc: BaseException, target) -> None:
+    """Name on ``exc`` the output being written when it was raised (``ratune_output``; the innermost
+    lock's), for the error boundary's line of a write fault (:func:`ratune.boundary.run_guarded`)."""
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type that refuses attributes
+        if getattr(exc, "ratune_output", None) is None:
+            exc.ratune_output = str(Path(target))
+
+
 @contextlib.contextmanager
 def output_lock(target: str | os.PathLike, *, command: str | None = None, enabled: bool = True) -> Iterator[Path]:
     """Hold the lock of the output ``target`` for the body (see the module docstring).
@@ -135,12 +143,23 @@ def output_lock(target: str | os.PathLike, *, command: str | None = None, enable
     """
     path = lock_path(target)
     if not enabled:
-        yield path
+        try:
+            yield path
+        except BaseException as exc:
+            _record_output(exc, target)
+            raise
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path, Path(target), command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _acquire(path, Path(target), command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    except BaseException as exc:  # a full disk refuses the lock file's own write
+        _record_output(exc, target)
+        raise
     try:
         yield path
+    except BaseException as exc:
+        _record_output(exc, target)
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # while still holding it: a waiting opener then retries (see _acquire)
