@@ -35,7 +35,7 @@ from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, MaxLength, check_fields
 from ratune.sources.apibench import Example, ParseReport, api_identity, input_hashes
 from ratune.hubs import Hub, as_hub_source, resolve_hub
-from ratune.data.labels import tokenize_row
+from ratune.data.labels import AnswerMerge, tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
 from ratune.sources.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name, use_chat_template)
@@ -132,7 +132,10 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
         completion = format_answer(abstain_answer(ex.answer) if abstain else ex.answer)
         user_turn, shortened = render_user_turn(ex.instruction, docs, max_document_tokens=settings.max_document_tokens,
                                                 count_tokens=count)
-        row = tokenize_row(tokenizer, user_turn, completion)
+        try:
+            row = tokenize_row(tokenizer, user_turn, completion)
+        except AnswerMerge as exc:
+            raise AnswerMerge(f"{ex.hub} {ex.split} example line {ex.line}: {exc}") from None
         if len(row.input_ids) > settings.max_length:
             if not docs:
                 dropped.append(ex.line)

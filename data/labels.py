@@ -15,11 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ratune.errors import RatuneError
 from ratune.sources.prompt import encode_prompt, prompt_text, template_of
 
 
 class NoTrainableTokens(ValueError):
     """A row whose completion would carry no loss (empty answer or no room for it)."""
+
+
+class AnswerMerge(RatuneError):
+    """The tokenizer merges the answer's first token with the prompt's last one under the chat
+    template: no position-exact loss mask exists (the message names the template, the tokenizer
+    and the merged token)."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +61,23 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
     ``text`` tokenized together, behind the prompt text's own tokens.
 
     Raises:
-        ValueError: when the prompt's tokens are not a prefix of the joined text's (a merge across
+        AnswerMerge: when the prompt's tokens are not a prefix of the joined text's (a merge across
             the boundary; LLaMA's vocabulary has none across a space).
     """
     head_text = prompt_text(tokenizer, user_turn)
     head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
     full = tokenizer(head_text + text, add_special_tokens=False)["input_ids"]
     if full[:len(head)] != head:
-        raise ValueError("the answer's first token merges with the prompt's last one: no position-exact loss mask")
+        at = next(i for i, (a, b) in enumerate(zip(head, full)) if a != b) if any(
+            a != b for a, b in zip(head, full)) else min(len(head), len(full)) - 1
+        template = template_of(tokenizer)
+        name = template.name if template else "(the tokenizer's own)"
+        raise AnswerMerge(
+            f"chat template {name}, tokenizer "
+            f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}: the answer's first token merges "
+            f"with the prompt's last one into {tokenizer.convert_ids_to_tokens(full[at])!r}, so no loss mask is "
+            "exact by position; use a chat template whose answer starts a token of its own (e.g. chatml) or a "
+            "tokenizer without that merge")
     return list(full[len(head):])
 
 

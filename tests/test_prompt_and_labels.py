@@ -163,3 +163,30 @@ def test_training_refuses_rows_longer_than_max_length(built, smol_tokenizer):
     cfg = TrainConfig(model="m", data_dir=str(built), train_retriever="oracle", output_dir="o", max_length=300)
     with pytest.raises(RatuneError, match=r"tokens > max_length 300; rebuild the data"):
         load_training_rows(cfg, smol_tokenizer)
+
+
+def test_a_merge_across_the_prompt_answer_boundary_is_one_line_naming_template_tokenizer_and_token(
+        tmp_path, apibench_tiny, capsys):
+    """A LLaMA-1-shaped BPE tokenizer (byte fallback, BOS, no template) whose merges include ':▁',
+    as one learned from APIBench text would: under gorilla_v0 the prompt's last ':' and the answer's
+    leading space become one token, so no loss mask is exact by position. Refused in one line
+    naming the template, the tokenizer and the merged token (before: a ValueError traceback)."""
+    from ratune.cli import main
+    from ratune.data.labels import AnswerMerge
+    from ratune.sources.prompt import use_chat_template
+    from ratune.train.tiny import SPACE, build_llama_tokenizer
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "merging_tokenizer"
+    folder.mkdir()
+    build_llama_tokenizer(folder, pieces=[":" + SPACE], metaspace=True)
+    tokenizer = use_chat_template(AutoTokenizer.from_pretrained(str(folder)), "gorilla_v0")
+    with pytest.raises(AnswerMerge, match=rf"chat template gorilla_v0, tokenizer {folder}: the answer's first token "
+                                          r"merges with the prompt's last one into ':▁'"):
+        tokenize_row(tokenizer, "Classify this image.", "<<<domain>>>: Image Classification")
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",
+                 str(tmp_path / "data"), "--tokenizer", str(folder), "--chat-template", "gorilla_v0",
+                 "--modes", "none"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ratune")]
+    assert len(err) == 1 and err[0].startswith("ratune: error: torchhub ") and "into ':▁'" in err[0], err
+    assert not (tmp_path / "data").exists()

@@ -67,7 +67,7 @@ import yaml
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
 from ratune.config import ON_UNFINISHED, key_line, load_config
 from ratune.hubs import manifest_hub_record, resolve_hub
-from ratune.data.labels import NoTrainableTokens, tokenize_row
+from ratune.data.labels import AnswerMerge, NoTrainableTokens, tokenize_row
 from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
 from ratune.io import (open_file_modes, read_json, read_json_object, sha256_file, stale_temp_folders, swap_folder,
@@ -417,7 +417,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     for i, row in enumerate(split):
         try:
             tok = tokenize_row(tokenizer, row["user_turn"], row["completion"])
-        except NoTrainableTokens as exc:
+        except (NoTrainableTokens, AnswerMerge) as exc:
             raise RatuneError(f"{data_dir}/{config.train_retriever} row {i} (line {row['line']}): {exc}") from None
         if len(tok.input_ids) > config.max_length:
             raise RatuneError(
