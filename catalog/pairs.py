@@ -41,7 +41,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +52,7 @@ from ratune.catalog.schema import APIS_FILE, load_catalog
 from ratune.catalog.scoring import CatalogIndex, parse_call
 from ratune.config import Seed
 from ratune.sources.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_MESSAGE, NEAR_DUPLICATE_JACCARD,
-                                  find_leakage, normalise)
+                                  find_leakage, normalise, stratified_holdout)
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json_object, sha256_file, write_json, write_text
 from ratune.locks import replacing_folder
@@ -271,10 +270,6 @@ class PairLeak:
     similarity: float
 
 
-def _round_half_up(x: float) -> int:
-    return int(x + 0.5 + 1e-9)
-
-
 def split_pairs(pairs: Sequence[Pair], eval_fraction: float, seed: int, *, leakage: str = "error",
                 near_threshold: float | None = NEAR_DUPLICATE_JACCARD,
                 leaks: list | None = None) -> tuple[list[Pair], list[Pair]]:
@@ -304,18 +299,7 @@ def split_pairs(pairs: Sequence[Pair], eval_fraction: float, seed: int, *, leaka
         raise RatuneError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
     if leakage not in LEAKAGE_POLICIES:
         raise RatuneError(f"unknown leakage policy {leakage!r}: expected one of {', '.join(LEAKAGE_POLICIES)}")
-    by_api: dict[str, list[int]] = {}
-    for position, pair in enumerate(pairs):
-        by_api.setdefault(pair.api_name, []).append(position)
-    eval_positions: set[int] = set()
-    for api_name, positions in by_api.items():
-        k = len(positions)
-        if k < 2:
-            continue
-        order = list(positions)
-        random.Random(f"{seed}:{api_name}").shuffle(order)
-        n_eval = min(k - 1, max(1, _round_half_up(k * eval_fraction)))
-        eval_positions.update(order[:n_eval])
+    eval_positions = stratified_holdout([pair.api_name for pair in pairs], eval_fraction, seed)
     train_pos = [i for i in range(len(pairs)) if i not in eval_positions]
     eval_pos = sorted(eval_positions)
     found = find_leakage([_Row(pairs[i].instruction, i) for i in train_pos],

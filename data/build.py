@@ -24,15 +24,16 @@ percentiles, the over-length counts, the settings and the input files' sha256.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
-from ratune.config import BM25BackendName, Count, MaxLength, check_fields
+from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
 from ratune.sources.apibench import Example, ParseReport, api_identity, input_hashes
 from ratune.hubs import Hub, as_hub_source, resolve_hub
 from ratune.data.labels import AnswerMerge, tokenize_row
@@ -40,7 +41,7 @@ from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, 
 from ratune.sources.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name, use_chat_template)
 from ratune.data.utility import load_utility
-from ratune.sources.validate import validate_splits
+from ratune.sources.validate import HOLDOUT_KINDS, hold_out, near_duplicate_rate, validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, read_json_object, sha256_file, write_json
 from ratune.locks import replacing_folder
@@ -78,6 +79,11 @@ class BuildSettings:
             ``dense_ft`` mode and of a mixture's ``dense_ft`` top1 component.
         bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings, so the same rows; recorded in
             the manifest's retriever metadata).
+        validation_fraction: hold out this share of the training examples as a ``validation``
+            split (built like eval rows; never trained on); None: no validation split.
+        validation_by: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`): ``api_stratified``
+            (every validation API is also trained on) or ``api_grouped`` (none is).
+        validation_seed: the held-out split's seed.
     """
 
     max_length: MaxLength = 2048
@@ -86,6 +92,9 @@ class BuildSettings:
     force_gold: bool = False
     dense_model: str | None = None
     bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
+    validation_fraction: OpenFraction | None = None
+    validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
+    validation_seed: Seed = 0
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
@@ -105,6 +114,12 @@ BUILD_OPTIONS: tuple[Option, ...] = (
            help=f"finetuned retriever folder (`ratune retrieval train`) for the {_FINETUNED} mode / top1 retriever"),
     Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS),
            help="BM25 implementation (same rankings; bm25s is faster)"),
+    Option("validation_fraction", "--validation-fraction",
+           help="hold out this share of the training examples as a validation split, for choices made "
+                "without the test questions (default none)"),
+    Option("validation_by", "--validation-by",
+           help="api_stratified: every validation API is also trained on; api_grouped: none is (unseen APIs)"),
+    Option("validation_seed", "--validation-seed", help="the validation split's seed"),
     Option("force_gold", "--force-gold",
            help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
                 "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
@@ -300,7 +315,33 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
     return {"max_length": settings.max_length, "max_document_tokens": settings.max_document_tokens,
             "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
             "force_gold": settings.force_gold, "chat_template": template_name(tokenizer),
-            **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {})}
+            **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {}),
+            **({"validation_fraction": settings.validation_fraction, "validation_by": settings.validation_by,
+                "validation_seed": settings.validation_seed} if settings.validation_fraction else {})}
+
+
+def _hold_out_validation(splits: dict, settings: BuildSettings) -> dict | None:
+    """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked
+    (:func:`ratune.sources.validate.hold_out`); returns the manifest's ``validation_split`` record
+    (the rule, the held-out example lines, the APIs, and the near-duplicate rate of validation and
+    eval instructions against the remaining training ones), else None.
+
+    Raises:
+        RatuneError: a validation split asked for a hub without training examples, or one that holds out nothing.
+    """
+    if settings.validation_fraction is None:
+        return None
+    if "train" not in splits:
+        raise RatuneError("--validation-fraction: the hub has no training examples to hold a validation split out of")
+    train, held = hold_out(splits["train"], settings.validation_fraction, by=settings.validation_by,
+                           seed=settings.validation_seed)
+    splits["train"], splits["validation"] = train, [dataclasses.replace(e, split="validation") for e in held]
+    trained = {api_identity(e.api) for e in train}
+    apis = {api_identity(e.api) for e in held}
+    return {"fraction": settings.validation_fraction, "by": settings.validation_by, "seed": settings.validation_seed,
+            "n": len(held), "lines": [e.line for e in held], "apis": len(apis), "apis_also_trained": len(apis & trained),
+            "near_duplicates": {"validation": near_duplicate_rate(train, held),
+                                **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}}
 
 
 def build_request(source: Hub, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
@@ -382,8 +423,14 @@ def _build_into(out: Path, *, source: Hub, tokenizer, tokenizer_name: str, modes
         splits, database,
         train_path=source.examples_file("train"), eval_path=source.examples_file("eval"),
         leakage=leakage)
+    hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
+    held_out = _hold_out_validation(splits, settings)
     if progress:
         print(validation.summary())
+        if held_out:
+            print(f"validation split: {held_out['n']} of the training examples ({held_out['by']}, seed "
+                  f"{held_out['seed']}); near-duplicates of training: validation {held_out['near_duplicates']['validation']:.1%}"
+                  + (f", eval {held_out['near_duplicates']['eval']:.1%}" if "eval" in held_out["near_duplicates"] else ""))
 
     cache: dict = {}
     counts: dict = {}
@@ -441,11 +488,12 @@ def _build_into(out: Path, *, source: Hub, tokenizer, tokenizer_name: str, modes
         with atomic_write(out / "rejects.jsonl") as fh:
             for path, line, fieldname, reason in report.rejects:
                 fh.write(json.dumps({"file": path, "line": line, "field": fieldname, "reason": reason}) + "\n")
-    inputs = source.input_files(list(splits))
+    inputs = source.input_files(hub_splits)
     manifest = base_manifest(DATA_BUILD_STAGE)
     manifest.update({
         "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
         "rows_read": read_counts, "validation": validation.to_manifest(),
+        **({"validation_split": held_out} if held_out else {}),
         "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
         "settings": settings_record(settings, tokenizer),
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs), "request": request,

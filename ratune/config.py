@@ -56,6 +56,8 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 #: A share in (0, 1] (MFU).
 Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+#: A share strictly between 0 and 1 (a held-out fraction).
+OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 #: A TCP port.
 Port = Annotated[int, Field(ge=1, le=65535)]
 #: What a training run does with an unfinished earlier run in its output folder: ``resume`` from

@@ -29,6 +29,7 @@ Hub, 247 entries).
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -416,3 +417,77 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
     if api_database is not None:
         report.domain_conflicts = conflicting_domains(api_database)
     return out, report
+
+
+#: How a held-out split is drawn from the training examples (``ratune data build --validation-by``):
+#: ``api_stratified`` holds out a share of each API's examples, so every held-out API is also
+#: trained on (as APIBench's eval questions are); ``api_grouped`` holds out whole APIs, so no
+#: held-out API is trained on (an experiment on unseen tools).
+HOLDOUT_KINDS = ("api_stratified", "api_grouped")
+
+
+def round_half_up(x: float) -> int:
+    return int(x + 0.5 + 1e-9)
+
+
+def stratified_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]:
+    """Positions held out per key (an API): a key with k >= 2 positions holds out
+    ``round_half_up(k * fraction)`` of them, at least 1 and at most k - 1, chosen by a seeded
+    shuffle per key; a key with one position holds out none. The same keys and seed give the same
+    positions on every machine."""
+    by_key: dict[str, list[int]] = {}
+    for position, key in enumerate(keys):
+        by_key.setdefault(key, []).append(position)
+    held: set[int] = set()
+    for key, positions in by_key.items():
+        if len(positions) < 2:
+            continue
+        order = list(positions)
+        random.Random(f"{seed}:{key}").shuffle(order)
+        held.update(order[:min(len(positions) - 1, max(1, round_half_up(len(positions) * fraction)))])
+    return held
+
+
+def grouped_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]:
+    """Positions of whole keys (APIs) held out: the keys in a seeded order, taken until the held-out
+    positions reach ``round_half_up(len(keys) * fraction)``; at least one key stays in. The same keys
+    and seed give the same positions on every machine."""
+    by_key: dict[str, list[int]] = {}
+    for position, key in enumerate(keys):
+        by_key.setdefault(key, []).append(position)
+    order = sorted(by_key)
+    random.Random(f"{seed}:grouped").shuffle(order)
+    target, held = round_half_up(len(keys) * fraction), set()
+    for key in order[:-1]:
+        if len(held) >= target:
+            break
+        held.update(by_key[key])
+    return held
+
+
+def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
+             ) -> tuple[list[Example], list[Example]]:
+    """``(train, held_out)`` of ``examples`` (each in input order), keyed by their gold API
+    (:func:`~ratune.sources.apibench.api_identity`), by :data:`HOLDOUT_KINDS` ``by``.
+
+    Raises:
+        RatuneError: an unknown ``by``, a fraction outside (0, 1), or nothing held out (too few examples or APIs).
+    """
+    if by not in HOLDOUT_KINDS:
+        raise RatuneError(f"unknown validation split {by!r}: expected one of {', '.join(HOLDOUT_KINDS)}")
+    if not 0.0 < fraction < 1.0:
+        raise RatuneError(f"validation fraction must be in (0, 1), got {fraction!r}")
+    keys = [api_identity(ex.api) for ex in examples]
+    held = (stratified_holdout if by == "api_stratified" else grouped_holdout)(keys, fraction, seed)
+    if not held:
+        raise RatuneError(f"validation fraction {fraction} ({by}) holds out none of the {len(examples)} training "
+                          f"examples of {len(set(keys))} APIs: raise it, or hold out by another rule")
+    return ([ex for i, ex in enumerate(examples) if i not in held], [ex for i, ex in enumerate(examples) if i in held])
+
+
+def near_duplicate_rate(train_examples: Sequence[Example], held_out: Sequence[Example]) -> float:
+    """The share of ``held_out`` examples whose instruction is a near-duplicate (or exact/normalised
+    copy) of a training instruction (:func:`find_leakage`); 0.0 for none held out."""
+    if not held_out:
+        return 0.0
+    return len({p.eval_line for p in find_leakage(train_examples, held_out)}) / len(held_out)
