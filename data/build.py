@@ -36,7 +36,7 @@ from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
 from ratune.sources.apibench import Example, ParseReport, api_identity, input_hashes
 from ratune.hubs import Hub, as_hub_source, resolve_hub
-from ratune.data.labels import AnswerMerge, tokenize_row
+from ratune.data.labels import ANSWER_TOKENIZATIONS, AnswerMerge, tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
 from ratune.sources.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
                                 require_chat_template, shorten_document, template_name, use_chat_template)
@@ -84,6 +84,8 @@ class BuildSettings:
         validation_by: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`): ``api_stratified``
             (every validation API is also trained on) or ``api_grouped`` (none is).
         validation_seed: the held-out split's seed.
+        answer_tokenization: how the answer is tokenized behind its prompt
+            (:data:`ratune.data.labels.ANSWER_TOKENIZATIONS`).
     """
 
     max_length: MaxLength = 2048
@@ -95,6 +97,7 @@ class BuildSettings:
     validation_fraction: OpenFraction | None = None
     validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
     validation_seed: Seed = 0
+    answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
@@ -120,6 +123,9 @@ BUILD_OPTIONS: tuple[Option, ...] = (
     Option("validation_by", "--validation-by",
            help="api_stratified: every validation API is also trained on; api_grouped: none is (unseen APIs)"),
     Option("validation_seed", "--validation-seed", help="the validation split's seed"),
+    Option("answer_tokenization", "--answer-tokenization",
+           help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
+                "its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the boundary"),
     Option("force_gold", "--force-gold",
            help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
                 "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
@@ -148,14 +154,15 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
         user_turn, shortened = render_user_turn(ex.instruction, docs, max_document_tokens=settings.max_document_tokens,
                                                 count_tokens=count)
         try:
-            row = tokenize_row(tokenizer, user_turn, completion)
+            row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
         except AnswerMerge as exc:
             raise AnswerMerge(f"{ex.hub} {ex.split} example line {ex.line}: {exc}") from None
         if len(row.input_ids) > settings.max_length:
             if not docs:
                 dropped.append(ex.line)
                 continue
-            base = len(tokenize_row(tokenizer, build_user_turn(ex.instruction, ""), completion).input_ids)
+            base = len(tokenize_row(tokenizer, build_user_turn(ex.instruction, ""), completion,
+                                   answer_tokenization=settings.answer_tokenization).input_ids)
             room = (settings.max_length - base) // len(docs)
             if room < MIN_DOCUMENT_TOKENS:
                 dropped.append(ex.line)
@@ -164,7 +171,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
             while room >= MIN_DOCUMENT_TOKENS:
                 parts = [shorten_document(d, room, count)[0] for d in docs]
                 user_turn = build_user_turn(ex.instruction, join_documents(parts))
-                row = tokenize_row(tokenizer, user_turn, completion)
+                row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
                 if len(row.input_ids) <= settings.max_length:
                     break
                 room -= 8
@@ -316,6 +323,8 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
             "top_k": settings.top_k, "min_document_tokens": MIN_DOCUMENT_TOKENS,
             "force_gold": settings.force_gold, "chat_template": template_name(tokenizer),
             **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {}),
+            **({"answer_tokenization": settings.answer_tokenization}
+               if settings.answer_tokenization != ANSWER_TOKENIZATIONS[0] else {}),
             **({"validation_fraction": settings.validation_fraction, "validation_by": settings.validation_by,
                 "validation_seed": settings.validation_seed} if settings.validation_fraction else {})}
 

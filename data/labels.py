@@ -19,6 +19,19 @@ from ratune.errors import RatuneError
 from ratune.sources.prompt import encode_prompt, prompt_text, template_of
 
 
+#: How an answer is tokenized behind its prompt (``ratune data build --answer-tokenization``):
+#: ``in_context`` (the default; see the module docstring) or ``separate``: the answer tokenized on
+#: its own and its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the
+#: boundary (:class:`AnswerMerge`). Recorded in the data manifest's settings when not the default;
+#: training and ``data utility`` read it from there (:func:`built_answer_tokenization`).
+ANSWER_TOKENIZATIONS = ("in_context", "separate")
+
+
+def built_answer_tokenization(settings: dict) -> str:
+    """The answer tokenization a data build's manifest ``settings`` record (the default when none)."""
+    return settings.get("answer_tokenization", ANSWER_TOKENIZATIONS[0])
+
+
 class NoTrainableTokens(ValueError):
     """A row whose completion would carry no loss (empty answer or no room for it)."""
 
@@ -76,22 +89,28 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
             f"chat template {name}, tokenizer "
             f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}: the answer's first token merges "
             f"with the prompt's last one into {tokenizer.convert_ids_to_tokens(full[at])!r}, so no loss mask is "
-            "exact by position; use a chat template whose answer starts a token of its own (e.g. chatml) or a "
-            "tokenizer without that merge")
+            "exact by position; build with --answer-tokenization separate (prompt and answer tokenized apart, "
+            "ids concatenated, as TRL does), or use a chat template whose answer starts a token of its own "
+            "(e.g. chatml)")
     return list(full[len(head):])
 
 
-def tokenize_row(tokenizer, user_turn: str, completion: str) -> TokenizedRow:
-    """Tokenize a (user turn, answer) pair into ids and the completion-only loss mask.
+def tokenize_row(tokenizer, user_turn: str, completion: str, *,
+                 answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
+    """Tokenize a (user turn, answer) pair into ids and the completion-only loss mask
+    (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
 
     Raises:
         NoTrainableTokens: when ``completion`` is empty (the row would train only on EOS).
+        AnswerMerge: ``in_context`` with a tokenizer whose merges cross the prompt/answer boundary.
     """
     if not completion.strip():
         raise NoTrainableTokens("the answer is empty: nothing to learn")
     prompt = encode_prompt(tokenizer, user_turn)
     template = template_of(tokenizer)
-    if template is not None and template.answer_prefix:
+    if answer_tokenization == "separate":
+        answer = completion_ids(tokenizer, (template.answer_prefix if template is not None else "") + completion)
+    elif template is not None and template.answer_prefix:
         answer = answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion) + [_eos_id(tokenizer)]
     else:
         answer = completion_ids(tokenizer, completion)

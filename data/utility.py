@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from ratune.data.labels import tokenize_row
+from ratune.data.labels import ANSWER_TOKENIZATIONS, built_answer_tokenization, tokenize_row
 from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
@@ -35,7 +35,8 @@ from ratune.models import load_model, load_tokenizer, resolve_model_path, set_to
 COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_retriever mode
 
 
-def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 8) -> list[float]:
+def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 8,
+                  answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> list[float]:
     """Mean cross-entropy per answer token (nats) of each (user turn, answer) pair.
 
     Rows are tokenized exactly as for training (prompt by the chat template, answer + EOS, loss on
@@ -51,7 +52,7 @@ def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_s
     """
     import torch
 
-    rows = [tokenize_row(tokenizer, u, c) for u, c in pairs]
+    rows = [tokenize_row(tokenizer, u, c, answer_tokenization=answer_tokenization) for u, c in pairs]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
     losses = [math.nan] * len(rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -105,16 +106,19 @@ def measure_utility(data_dir, modes: Sequence[str], model, tokenizer, *, split: 
     for mode in ("none", *modes):
         if not (data_dir / mode).is_dir():
             raise RatuneError(f"{data_dir}: mode {mode!r} was not built; rebuild with --modes none {' '.join(modes)}")
+    tokenization = built_answer_tokenization(read_json_object(data_dir / "manifest.json").get("settings") or {}
+                                             if (data_dir / "manifest.json").is_file() else {})
     base = {r["line"]: r for r in load_from_disk(str(data_dir / "none"))[split]}
     lines = sorted(base)[:max_examples] if max_examples else sorted(base)
     without = dict(zip(lines, answer_losses(model, tokenizer, [(base[x]["user_turn"], base[x]["completion"])
-                                                               for x in lines], batch_size=batch_size)))
+                                                               for x in lines], batch_size=batch_size,
+                                                answer_tokenization=tokenization)))
     out = []
     for mode in tqdm(modes, desc="utility", disable=not progress):
         rows = {r["line"]: r for r in load_from_disk(str(data_dir / mode))[split] if r["line"] in without}
         keys = sorted(rows)
         with_doc = answer_losses(model, tokenizer, [(rows[x]["user_turn"], rows[x]["completion"]) for x in keys],
-                                 batch_size=batch_size)
+                                 batch_size=batch_size, answer_tokenization=tokenization)
         for line, loss in zip(keys, with_doc):
             out.append({"line": line, "mode": mode, "loss_without": without[line], "loss_with": loss,
                         "utility": without[line] - loss, "document_api_calls": rows[line]["document_api_calls"],

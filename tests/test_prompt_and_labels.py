@@ -190,3 +190,42 @@ def test_a_merge_across_the_prompt_answer_boundary_is_one_line_naming_template_t
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ratune")]
     assert len(err) == 1 and err[0].startswith("ratune: error: torchhub ") and "into ':▁'" in err[0], err
     assert not (tmp_path / "data").exists()
+
+
+def test_separate_answer_tokenization_is_the_way_out_and_training_follows_the_build(tmp_path, apibench_tiny):
+    """`--answer-tokenization separate` (prompt and answer tokenized apart, ids concatenated, as TRL
+    does) builds what in-context tokenization refused; the manifest records it, and training, which
+    re-tokenizes the rows, reads it there (it would hit the same merge otherwise)."""
+    import json
+
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from ratune.cli import main
+    from ratune.data.labels import tokenize_row
+    from ratune.sources.prompt import use_chat_template
+    from ratune.train.tiny import SPACE, build_llama_tokenizer
+
+    folder = tmp_path / "merging_model"
+    folder.mkdir()
+    build_llama_tokenizer(folder, pieces=[":" + SPACE], metaspace=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, bos_token_id=1, eos_token_id=2)
+                     ).save_pretrained(folder)
+    data = tmp_path / "data"
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out", str(data),
+                 "--tokenizer", str(folder), "--chat-template", "gorilla_v0", "--modes", "none",
+                 "--answer-tokenization", "separate", "--max-length", "1024"]) == 0
+    assert json.loads((data / "manifest.json").read_text())["settings"]["answer_tokenization"] == "separate"
+    tokenizer = use_chat_template(tokenizer, "gorilla_v0")
+    row = load_from_disk(str(data / "none"))["train"][0]
+    tok = tokenize_row(tokenizer, row["user_turn"], row["completion"], answer_tokenization="separate")
+    answer = [t for t, m in zip(tok.input_ids, tok.completion_mask) if m]
+    # the loss tokens are the answer (behind the template's separator) tokenized alone, then EOS
+    assert answer == tokenizer(" " + row["completion"], add_special_tokens=False)["input_ids"] + [2]
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({"model": str(folder), "data_dir": str(data), "train_retriever": "none",
+                                  "output_dir": str(tmp_path / "run"), "max_length": 1024, "max_steps": 1,
+                                  "global_batch_size": 1, "chat_template": "gorilla_v0", "torch_threads": 1}))
+    assert main(["train", "--config", str(config)]) == 0

@@ -67,7 +67,7 @@ import yaml
 from ratune.args import RatuneArgumentParser, input_file, latest_or_dir
 from ratune.config import ON_UNFINISHED, key_line, load_config
 from ratune.hubs import manifest_hub_record, resolve_hub
-from ratune.data.labels import AnswerMerge, NoTrainableTokens, tokenize_row
+from ratune.data.labels import AnswerMerge, NoTrainableTokens, built_answer_tokenization, tokenize_row
 from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
 from ratune.io import (open_file_modes, read_json, read_json_object, sha256_file, stale_temp_folders, swap_folder,
@@ -409,6 +409,9 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     data_dir = Path(config.data_dir)
     check_training_data(config)
     split = load_from_disk(str(data_dir / config.train_retriever))["train"]
+    built = data_dir / "manifest.json"  # the rows are tokenized as the data build measured them
+    answer_tokenization = built_answer_tokenization(read_json_object(built).get("settings") or {}
+                                                    if built.is_file() else {})
     if len(split) == 0:
         raise RatuneError(f"{data_dir}/{config.train_retriever}: the train split has no rows; nothing to train on")
     if config.max_examples is not None and config.max_examples < len(split):
@@ -416,7 +419,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     input_ids, labels, real, trainable = [], [], 0, 0
     for i, row in enumerate(split):
         try:
-            tok = tokenize_row(tokenizer, row["user_turn"], row["completion"])
+            tok = tokenize_row(tokenizer, row["user_turn"], row["completion"], answer_tokenization=answer_tokenization)
         except (NoTrainableTokens, AnswerMerge) as exc:
             raise RatuneError(f"{data_dir}/{config.train_retriever} row {i} (line {row['line']}): {exc}") from None
         if len(tok.input_ids) > config.max_length:
