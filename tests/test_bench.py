@@ -564,3 +564,33 @@ def test_behaviour_hashes_against_head_is_identical(apibench_tiny, tmp_path, cap
     assert "CHANGED" not in out and "MISSING" not in out and "FAILED" not in out
     total = out.split(" probes identical")[0].splitlines()[-1].split()
     assert total[0] == total[2] and int(total[0]) > 100
+
+
+# ------------------------------------------------------------------ resume_soak
+
+
+def test_resume_soak_compares_every_tensor(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    soak = _load("resume_soak")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    save_file({"w": torch.ones(2), "v": torch.zeros(1)}, str(a / "model.safetensors"))
+    save_file({"w": torch.ones(2), "v": torch.full((1,), 1e-7)}, str(b / "model.safetensors"))
+    assert soak.compare_weights(a, a) == [] and soak.compare_weights(a, b) == ["v"]  # bit for bit, not close
+
+
+@pytest.mark.slow
+def test_resume_soak_survives_kills_to_identical_weights(tmp_path):
+    """Two kills (one at a random moment, one inside a checkpoint's save), then the identical weights."""
+    import json
+
+    from conftest import real_apibench_or_skip
+
+    soak = _load("resume_soak")
+    out = tmp_path / "soak.json"
+    assert soak.main(["--apibench", str(real_apibench_or_skip()), "--kills", "2", "--steps", "4",
+                      "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["kills"], result["in_save"], result["restarts_failed"], result["identical"]) == (2, 1, 0, True)

@@ -44,6 +44,7 @@ def folders(tmp_path):
         for step in steps:  # the Trainer checkpoints saved so far: the curve's points
             (cell / "train" / "trainer" / f"checkpoint-{step}").mkdir(parents=True)
             (cell / "train" / "trainer" / f"checkpoint-{step}" / "config.json").write_text("{}")
+            (cell / "train" / "trainer" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")  # complete
     (none / "train" / ".complete").write_text("")  # none trained (3 steps); oracle is training (1 step saved)
     _cell(none / "eval" / "0_shot", {1: "a", 2: "b", 3: "c"}, 3, 2)                 # same as committed
     _cell(none / "curve" / "step1" / "0_shot", {1: "a", 2: "y", 3: "c"}, 2, 1)      # one text differs
