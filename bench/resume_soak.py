@@ -78,16 +78,29 @@ def _newest_complete_step(run: Path) -> int:
     return max(steps, default=0)
 
 
-def soak(work: Path, base: dict, kills: int, seed: int) -> dict:
-    """Kill and resume the run ``kills`` times, then let it finish; returns the counts."""
+def soak(work: Path, base: dict, kills: int, seed: int, reference: Path, duration: float) -> dict:
+    """Kill and resume the run until ``kills`` kills have landed; each time the run finishes (a
+    round), compare its model with ``reference`` and start a new round. A random kill lands at a
+    uniform moment of an uninterrupted run's ``duration`` (seconds, start-up included). Returns the counts."""
     rng = random.Random(seed)
     run = work / "soaked"
     config = _config(work, base, run)
     hook = work / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(KILL_IN_SAVE)
-    done = {"kills": 0, "in_save": 0, "restarts_failed": 0, "finished_early": 0, "errors": []}
-    while done["kills"] < kills:
+    done = {"kills": 0, "in_save": 0, "restarts_failed": 0, "rounds": 0, "rounds_identical": 0,
+            "tensors_differing": [], "errors": []}
+
+    def end_round():
+        differ = compare_weights(reference, run / "model")
+        done["rounds"] += 1
+        done["rounds_identical"] += not differ
+        done["tensors_differing"] += differ
+        shutil.rmtree(run)
+
+    while done["kills"] < kills and done["restarts_failed"] < 3:
+        if (run / ".complete").exists():
+            end_round()
         in_save = done["kills"] % 2 == 1
         env = dict(os.environ)
         if in_save:
@@ -96,28 +109,34 @@ def soak(work: Path, base: dict, kills: int, seed: int) -> dict:
         proc = subprocess.Popen([sys.executable, "-m", "ratune.train", "--config", str(config), "--on-unfinished",
                                  "resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if not in_save:
-            time.sleep(rng.uniform(1.0, 12.0))
+            time.sleep(rng.uniform(0.05, 1.0) * duration)
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         if proc.returncode == -signal.SIGKILL:
             done["kills"] += 1
             done["in_save"] += in_save
-        elif proc.returncode == 0:  # it finished before the kill: start the run over to go on soaking
-            done["finished_early"] += 1
-            shutil.rmtree(run)
-        else:
+        elif proc.returncode != 0:
             done["restarts_failed"] += 1
             done["errors"].append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
-            if done["restarts_failed"] >= 3:
-                break
-        print(f"[soak] kills {done['kills']}/{kills} (inside a save: {done['in_save']}), failed restarts "
-              f"{done['restarts_failed']}, newest complete checkpoint {_newest_complete_step(run)}", flush=True)
-    proc = _run(["-m", "ratune.train", "--config", str(config), "--on-unfinished", "resume"])
-    if proc.returncode:
-        done["errors"].append(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "final run failed")
-        done["restarts_failed"] += 1
+        print(f"[soak] kills {done['kills']}/{kills} (inside a save: {done['in_save']}), rounds {done['rounds']}, "
+              f"failed restarts {done['restarts_failed']}, newest complete checkpoint {_newest_complete_step(run)}",
+              flush=True)
+    if not (run / ".complete").exists():
+        proc = _run(["-m", "ratune.train", "--config", str(config), "--on-unfinished", "resume"])
+        if proc.returncode:
+            done["restarts_failed"] += 1
+            done["errors"].append(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "final run failed")
+    if (run / ".complete").exists():
+        end_round()
     return done
+
+
+def _machine() -> dict:
+    """Package versions and the host's CPU facts (ratune.manifest), for the result file."""
+    from ratune.manifest import host_facts, package_versions
+
+    return {"versions": package_versions(), "host": host_facts()}
 
 
 def compare_weights(a: Path, b: Path) -> list[str]:
@@ -144,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         reference = _run(["-m", "ratune.train", "--config", str(_config(work, base, work / "straight"))])
         if reference.returncode:
             raise SystemExit(f"resume_soak: the uninterrupted run failed:\n{reference.stderr[-2000:]}")
-        done = soak(work, base, args.kills, args.seed)
-        soaked = work / "soaked" / "model"
-        differ = compare_weights(work / "straight" / "model", soaked) if soaked.is_dir() else ["(no final model)"]
+        duration = time.perf_counter() - start
+        done = soak(work, base, args.kills, args.seed, work / "straight" / "model", duration)
         result = {**done, "kills_asked": args.kills, "steps": args.steps, "seed": args.seed,
-                  "tensors_differing": differ, "identical": not differ and not done["restarts_failed"],
-                  "seconds": round(time.perf_counter() - start, 1)}
+                  "identical": done["rounds"] > 0 and done["rounds_identical"] == done["rounds"]
+                  and not done["restarts_failed"], "seconds": round(time.perf_counter() - start, 1),
+                  **_machine()}
     print(f"kills survived: {result['kills'] - result['restarts_failed']} of {result['kills']} "
-          f"({result['in_save']} inside a save); failed restarts {result['restarts_failed']}; final weights "
-          + ("identical to the uninterrupted run's" if not differ else f"DIFFER in {len(differ)} tensors"))
+          f"({result['in_save']} inside a save); failed restarts {result['restarts_failed']}; final weights of "
+          f"{result['rounds_identical']} of {result['rounds']} finished runs identical to the uninterrupted run's")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0 if result["identical"] else 1

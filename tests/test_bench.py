@@ -594,3 +594,4 @@ def test_resume_soak_survives_kills_to_identical_weights(tmp_path):
                       "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert (result["kills"], result["in_save"], result["restarts_failed"], result["identical"]) == (2, 1, 0, True)
+    assert result["rounds"] >= 1 and result["rounds_identical"] == result["rounds"]
