@@ -171,16 +171,6 @@ def read_catalog_manifest(catalog_dir: str | os.PathLike) -> dict:
     return manifest
 
 
-def is_catalog_folder(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder whose ``manifest.json`` says ``"kind": "catalog"`` (a quick
-    test that reads the manifest and swallows its errors; :func:`read_catalog_manifest` names them)."""
-    try:
-        read_catalog_manifest(path)
-    except (RatuneError, OSError):
-        return False
-    return True
-
-
 def add_import_arguments(parser) -> None:
     """The arguments of ``ratune catalog import`` (docs/catalogs.md)."""
     parser.add_argument("--from", dest="source_kind", required=True, choices=SOURCES,

@@ -143,11 +143,6 @@ MIXTURE_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def is_mixture_mode(mode: str) -> bool:
-    """Whether a train-time mode names a mixture (``mix-NAME``)."""
-    return mode.startswith(MIXTURE_PREFIX)
-
-
 def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], top1_docs: Sequence[Sequence[dict]],
                    database: Sequence[dict]) -> tuple[list[list[dict]], list[str]]:
     """Draw each example's component and documents.
