@@ -81,8 +81,7 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
     head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
     full = tokenizer(head_text + text, add_special_tokens=False)["input_ids"]
     if full[:len(head)] != head:
-        at = next(i for i, (a, b) in enumerate(zip(head, full)) if a != b) if any(
-            a != b for a, b in zip(head, full)) else min(len(head), len(full)) - 1
+        at = next((i for i, (a, b) in enumerate(zip(head, full)) if a != b), min(len(head), len(full)) - 1)
         template = template_of(tokenizer)
         name = template.name if template else "(the tokenizer's own)"
         raise AnswerMerge(

@@ -128,7 +128,8 @@ class Hub(ABC):
         Raises:
             RatuneError: naming the file and how to make it.
         """
-        self.load_examples(split)
+        if not self.examples_file(split).exists():
+            self.load_examples(split)  # the kind's own error names the file and how to make it
 
     @property
     def default_settings(self) -> tuple[str, ...]:

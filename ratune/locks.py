@@ -142,28 +142,21 @@ def output_lock(target: str | os.PathLike, *, command: str | None = None, enable
         RatuneError: the lock file cannot be created (e.g. the parent folder is read-only).
     """
     path = lock_path(target)
-    if not enabled:
-        try:
-            yield path
-        except BaseException as exc:
-            _record_output(exc, target)
-            raise
-        return
     try:
+        if not enabled:
+            yield path
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _acquire(path, Path(target), command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
-    except BaseException as exc:  # a full disk refuses the lock file's own write
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # while still holding it: a waiting opener then retries (see _acquire)
+            os.close(fd)
+    except BaseException as exc:  # the body's, or the lock file's own write on a full disk
         _record_output(exc, target)
         raise
-    try:
-        yield path
-    except BaseException as exc:
-        _record_output(exc, target)
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # while still holding it: a waiting opener then retries (see _acquire)
-        os.close(fd)
 
 
 def locked_output(arg: str, *, command: str, enabled: Callable[[], bool] | None = None, resolve: bool = False,

@@ -610,7 +610,8 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     if resume_from == "latest":
         ckpts = complete_checkpoint_folders(out, say=_is_main_process())  # a partial one is passed over
         if not ckpts:
-            partial = f" ({len(checkpoint_folders(out))} partial)" if checkpoint_folders(out) else ""
+            n_partial = len(checkpoint_folders(out))
+            partial = f" ({n_partial} partial)" if n_partial else ""
             raise RatuneError(f"{out / TRAINER_DIR}: --resume-from latest, but there is no checkpoint to resume"
                               f"{partial}; start over with --on-unfinished restart")
         return str(ckpts[-1])
