@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import os
@@ -109,7 +108,6 @@ for path in walk(build_parser(), []):
     out[" ".join(["ratune", *path])] = {"status": status, "stdout": text.getvalue(), "stderr": err.getvalue()}
 print(json.dumps(out))
 """
-RENAMES = "import json; from ratune.registry import RENAMED; print(json.dumps(RENAMED))"
 
 
 def _sha(data: bytes) -> str:
@@ -522,29 +520,8 @@ def prepare_inputs(head: Side, root: Path, apibench: str, n_questions: int, mode
 # ---- comparing
 
 
-@functools.lru_cache(maxsize=None)
-def _renames() -> dict[str, str]:
-    """ratune/registry.py RENAMED of this checkout (old mode name -> today's), read in a
-    subprocess; {} where it cannot be read."""
-    with tempfile.TemporaryDirectory(prefix="ratune-shadow-") as tmp:
-        side = Side("this checkout", ROOT, build_shadow(ROOT, Path(tmp)), "")
-        try:
-            return json.loads(side.python(["-c", RENAMES], Path(tmp), "RENAMED"))
-        except (ProbeFailed, json.JSONDecodeError):
-            return {}
-
-
-def renamed(record_: dict[str, str], renames: dict[str, str] | None = None) -> dict[str, str]:
-    """A record with its keys in today's names: one made before a rename (ratune/registry.py
-    RENAMED) names the mode's old folder."""
-    renames = _renames() if renames is None else renames
-    return {"/".join(renames.get(part, part) for part in k.split("/")): v for k, v in record_.items()}
-
-
-def compare(before: dict[str, str], after: dict[str, str], renames: dict[str, str] | None = None) -> list[str]:
-    """The probes whose hashes differ (or that only one record has), sorted; ``before`` is read
-    with today's names (:func:`renamed`)."""
-    before = renamed(before, renames)
+def compare(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The probes whose hashes differ (or that only one record has), sorted."""
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
@@ -552,13 +529,12 @@ def _family(probe: str) -> str:
     return probe.split("/")[0]
 
 
-def comparison(before: dict[str, str], after: dict[str, str], names: tuple[str, str] = ("before", "after"),
-               renames: dict[str, str] | None = None) -> tuple[list[str], bool]:
+def comparison(before: dict[str, str], after: dict[str, str], names: tuple[str, str] = ("before", "after")
+               ) -> tuple[list[str], bool]:
     """The lines that report ``before`` against ``after``: per family, how many probes are
     identical, then each probe that changed, is missing on one side, or failed; and whether
     everything is identical and nothing failed."""
-    before = renamed(before, renames)
-    changed = compare(before, after, renames={})
+    changed = compare(before, after)
     failed = sorted(k for k in before.keys() | after.keys() if k.endswith("/FAILED"))
     lines = []
     for family in sorted({_family(k) for k in before.keys() | after.keys()}):
@@ -668,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         before, names = json.loads(Path(args.check).read_text()), (f"record {args.check}", "now")
         if args.only:
-            before = {k: v for k, v in renamed(before).items() if _family(k) in args.only}
+            before = {k: v for k, v in before.items() if _family(k) in args.only}
     lines, same = comparison(before, hashes, names)
     print("\n".join(lines) + f"\n({elapsed})")
     return 0 if same else 1

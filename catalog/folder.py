@@ -23,8 +23,8 @@ from ratune.catalog.schema import (APIS_FILE, API_NAME, CATALOG_KIND, IMPORT_STA
                                    Imported, document_line, is_identifier)
 from ratune.errors import RatuneError
 from ratune.io import read_json_object, sha256_file, write_json, write_text
-from ratune.locks import locked_output
-from ratune.manifest import base_manifest, claim_folder, require_owned
+from ratune.manifest import base_manifest
+from ratune.output import StageOutput
 
 #: ``--from`` values, each a source module's reader.
 SOURCES = (jsonl.KIND, openapi.KIND, pyapi.KIND)
@@ -86,14 +86,15 @@ def _read(source_kind: str, source: str, name: str | None, methods: bool) -> tup
     return imported, name or source.replace(".", "_")
 
 
-@locked_output("out_dir", command=IMPORT_STAGE, owned_by=IMPORT_STAGE, resolve=True)
+def _output(out_dir: str | os.PathLike) -> StageOutput:
+    return StageOutput(out_dir, IMPORT_STAGE, resolve=True, command=IMPORT_STAGE)
+
+
 def _write_catalog(out_dir: Path, documents: list[dict], manifest: dict) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    claim_folder(out, IMPORT_STAGE)
-    write_text(out / APIS_FILE, "".join(document_line(doc) + "\n" for doc in documents))
-    manifest["files"] = {APIS_FILE: sha256_file(out / APIS_FILE)}
-    write_json(out / MANIFEST_FILE, manifest)  # last: a folder with a manifest is a finished import
+    with _output(out_dir).writing() as out:
+        write_text(out / APIS_FILE, "".join(document_line(doc) + "\n" for doc in documents))
+        manifest["files"] = {APIS_FILE: sha256_file(out / APIS_FILE)}
+        write_json(out / MANIFEST_FILE, manifest)  # last: a folder with a manifest is a finished import
 
 
 def import_catalog(source_kind: str, source: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None,
@@ -126,7 +127,7 @@ def import_catalog(source_kind: str, source: str | os.PathLike, out_dir: str | o
         check_catalog_name(name)
     if methods and source_kind != pyapi.KIND:
         raise RatuneError(f"methods (--methods) lists a Python module's class methods; not for --from {source_kind}")
-    require_owned(out_dir, IMPORT_STAGE, action="write into")
+    _output(out_dir).check()
     imported, name = _read(source_kind, str(source), name, methods)
     documents, duplicates = split_duplicates(imported.entries)
     rejects = [r.to_json() for r in imported.rejects]

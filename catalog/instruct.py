@@ -68,7 +68,7 @@ from ratune.sources.prompt import encode_prompt, serialize_document
 from ratune.sources.validate import normalise
 from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json, write_text
-from ratune.locks import output_lock
+from ratune.output import StageOutput
 from ratune.manifest import base_manifest
 
 #: Instructions asked for per API (the paper's 10).
@@ -351,7 +351,8 @@ def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLi
     documents = load_catalog(catalog_dir)
     seeds = load_pairs(seeds_path, documents)
     by_name = {doc[API_NAME]: doc for doc in documents}
-    with output_lock(out, command=INSTRUCT_STAGE):
+    # a file with its sidecar: check_output is its ownership check; the output gives the lock
+    with StageOutput(out, INSTRUCT_STAGE, known=True, claim=False, command=INSTRUCT_STAGE).writing():
         prompts = [render_prompt(doc, [(s.instruction, by_name[s.api_name])
                                        for s in choose_seeds(seeds, doc[API_NAME], seed)], per_api)
                    for doc in documents]

@@ -55,8 +55,8 @@ from ratune.sources.validate import (LEAKAGE_POLICIES, LEAK_KINDS, MAX_PAIRS_IN_
                                   find_leakage, normalise, stratified_holdout)
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, read_json_object, sha256_file, write_json, write_text
-from ratune.locks import replacing_folder
-from ratune.manifest import base_manifest, require_owned
+from ratune.manifest import base_manifest
+from ratune.output import StageOutput
 from ratune.registry import SPLITS
 
 
@@ -357,7 +357,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
 
     Writes ``pairs/train.jsonl`` and ``pairs/eval.jsonl`` (:data:`SPLIT_FILES`, one
     :func:`pair_record` per line, in the input's order) and ``pairs/manifest.json``; the folder is
-    built beside itself and swapped in when complete (:func:`ratune.locks.replacing_folder`),
+    built beside itself and swapped in when complete (:class:`ratune.output.StageOutput`),
     so a failed run leaves an earlier split as it was. The catalog's own ``manifest.json`` and
     ``apis.jsonl`` are never written.
 
@@ -389,7 +389,8 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
     """
     catalog = read_catalog_manifest(catalog_dir)
     out = pairs_dir(catalog_dir)
-    require_owned(out, PAIRS_STAGE, action="write into")  # before reading anything
+    output = StageOutput(out, PAIRS_STAGE, replace=True)
+    output.check(action="write into")  # before reading anything
     documents = load_catalog(catalog_dir)
     dropped: list = []
     pairs = load_pairs(pairs_path, documents, duplicates=duplicates, dropped=dropped)
@@ -421,7 +422,7 @@ def write_pairs(catalog_dir: str | os.PathLike, pairs_path: str | os.PathLike, *
                                "similarity": round(p.similarity, 6)} for p in leaks]},
         "generation": generation_record(pairs_path),
     }
-    with replacing_folder(out, PAIRS_STAGE) as tmp:
+    with output.writing() as tmp:
         files = {}
         for split, chosen in (("train", train), ("eval", eval_)):
             name = SPLIT_FILES[split]

@@ -44,8 +44,8 @@ from ratune.data.utility import load_utility
 from ratune.sources.validate import HOLDOUT_KINDS, hold_out, near_duplicate_rate, validate_splits
 from ratune.errors import RatuneError
 from ratune.io import atomic_write, read_json_object, sha256_file, write_json
-from ratune.locks import replacing_folder
-from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, mark_complete, package_versions, require_owned
+from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, package_versions
+from ratune.output import StageOutput
 from ratune.models import TOKENIZER_FOLDER_FILES, load_tokenizer, resolve_model_path
 from ratune.options import Option, values_from_args
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
@@ -253,7 +253,7 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
             catalog folder with its pairs split (``ratune catalog pairs``), or a
             :class:`~ratune.hubs.Hub` (:func:`ratune.hubs.resolve_hub`).
         out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
-            Built in a temporary sibling (:func:`ratune.locks.replacing_folder`) and swapped in
+            Built in a temporary sibling (:class:`ratune.output.StageOutput`) and swapped in
             when complete, so a failed or interrupted rebuild leaves the previous build as it was.
         tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
             template training will use (:func:`ratune.sources.prompt.use_chat_template`); its registry
@@ -280,7 +280,7 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
         InputError: on a bad input row (file:line field), unless lenient.
         RatuneError: a tokenizer without a chat template, unknown mode, two mixtures with one
             name, an existing output folder without ``overwrite``, or one that is not a ratune
-            data build (:func:`ratune.manifest.require_owned`; never deleted, with or without
+            data build (:class:`ratune.output.StageOutput`; never deleted, with or without
             ``overwrite``).
         LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
     """
@@ -297,7 +297,8 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     if needs_model:
         require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
     final = Path(out_dir)
-    require_owned(final, DATA_BUILD_STAGE, action="overwrite")  # a user's folder: refused, --overwrite or not
+    output = StageOutput(final, DATA_BUILD_STAGE, replace=True, action="overwrite")
+    output.check()  # a user's folder: refused, --overwrite or not
     request = build_request(source, tokenizer=tokenizer, tokenizer_name=tokenizer_name, settings=settings,
                             lenient=lenient, leakage=leakage, mixtures=mixtures, utility_meta=utility_meta)
     if reuse_if_same:
@@ -310,8 +311,8 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     if final.is_dir() and any(final.iterdir()) and not overwrite:
         raise RatuneError(f"{final}: output folder exists and is not empty (pass --overwrite to rebuild it)")
     # built in a temporary sibling, swapped in at the end: a failed rebuild keeps the previous build
-    with replacing_folder(final, DATA_BUILD_STAGE) as out:
-        return _build_into(out, source=source, tokenizer=tokenizer,
+    with output.writing():
+        return _build_into(output, source=source, tokenizer=tokenizer,
                            tokenizer_name=tokenizer_name, modes=modes, settings=settings, lenient=lenient,
                            progress=progress, leakage=leakage, mixtures=mixtures, utility_keep=utility_keep,
                            utility_meta=utility_meta, request=request)
@@ -408,14 +409,15 @@ def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None
     return manifest
 
 
-def _build_into(out: Path, *, source: Hub, tokenizer, tokenizer_name: str, modes: Sequence[str],
+def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
-    """The build of :func:`build_dataset` (its arguments were checked), written into ``out``."""
+    """The build of :func:`build_dataset` (its arguments were checked), written into ``output``'s folder."""
     from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
 
 
+    out = output.folder
     mixture_modes = [m.mode for m in mixtures]
     report = ParseReport()
     splits = {}
@@ -512,7 +514,7 @@ def _build_into(out: Path, *, source: Hub, tokenizer, tokenizer_name: str, modes
     if record is not None:  # a hub with nothing beyond its name and files (APIBench) adds no key
         manifest[source.kind] = record
     write_json(out / "manifest.json", manifest)
-    mark_complete(out)
+    output.complete()
     return manifest
 
 

@@ -28,7 +28,8 @@ from ratune.data.labels import ANSWER_TOKENIZATIONS, built_answer_tokenization, 
 from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import InputError, RatuneError
 from ratune.io import atomic_write, iter_jsonl, read_json_object, write_json
-from ratune.manifest import base_manifest, is_complete, mark_complete, own_output_folder, require_owned
+from ratune.manifest import base_manifest, is_complete
+from ratune.output import StageOutput
 from ratune.models import load_model, load_tokenizer, resolve_model_path, set_torch_threads
 
 #: Which data-build mode measures the utility of each mixture component's document.
@@ -152,7 +153,7 @@ UTILITY_STAGE = "data utility"
 
 def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
     """Write utility.jsonl, utility.json (``meta`` + per-mode summary) and utility.png into ``out_dir``
-    (new, empty or an earlier ``data utility`` output: :func:`ratune.manifest.own_output_folder`);
+    (new, empty or an earlier ``data utility`` output: :class:`ratune.output.StageOutput`);
     returns the summary.
 
     Raises:
@@ -161,9 +162,14 @@ def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
+    output = StageOutput(out_dir, UTILITY_STAGE)
+    with output.writing() as out:
+        return _write_utility(output, out, records, meta)
+
+
+def _write_utility(output: StageOutput, out: Path, records: Sequence[dict], meta: dict) -> dict:
     import matplotlib.pyplot as plt
 
-    out = own_output_folder(out_dir, UTILITY_STAGE)
     with atomic_write(out / "utility.jsonl") as fh:
         for r in records:
             fh.write(json.dumps(r, sort_keys=True) + "\n")
@@ -181,7 +187,7 @@ def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
     with atomic_write(out / "utility.png", "wb") as fh:  # a unique temporary name, not a fixed one
         fig.savefig(fh, format="png", dpi=100, metadata={"Software": None})
     plt.close(fig)
-    mark_complete(out)
+    output.complete()
     return summary
 
 
@@ -202,7 +208,7 @@ def load_utility(path, *, min_utility: float) -> dict[tuple[int, str], bool]:
 
 def cli_utility(args) -> int:
     """``ratune data utility``: measure each built row's document utility with a model and write it (``args`` from its parser, ratune/cli.py). Returns 0."""
-    require_owned(args.out, UTILITY_STAGE, action="write into")  # refused before a model is loaded
+    StageOutput(args.out, UTILITY_STAGE).check()  # refused before a model is loaded
     set_torch_threads(args.threads)
     model_path = resolve_model_path(args.model)
     built = Path(args.data) / "manifest.json"  # the rows' chat template (data build --chat-template)

@@ -14,7 +14,7 @@ from ratune.hubs import hub_name, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
 from ratune.eval.hub_scoring import scoring_for
-from ratune.eval.report import make_cell, own_report_folder, table2_markdown, write_table2
+from ratune.eval.report import make_cell, report_output, table2_markdown, write_table2
 from ratune.eval.results import finished_cells
 from ratune.eval.robustness import experiment_rows, experiments_markdown
 from ratune.eval.run import evaluate_checkpoint
@@ -93,13 +93,14 @@ def cli_report(args) -> int:
     hub, first = next(iter(hubs.items())) if hubs else (given, None)
     if given is not None and given != hub:
         raise RatuneError(f"--hub {args.hub}: the cells were evaluated on {hub} ({first / 'metrics.json'})")
-    own_report_folder(args.out)  # a folder ratune did not make is refused before anything is written
-    table = write_table2(cells, hub=hub, model=args.model, out_dir=args.out)
+    with report_output(args.out).writing():  # a folder ratune did not make is refused before anything is written
+        table = write_table2(cells, hub=hub, model=args.model, out_dir=args.out)
+        if experiments:
+            rows = experiment_rows(experiments, false_abstention)
+            write_json(Path(args.out) / "experiments.json", {"experiments": rows})
+            write_text(Path(args.out) / "experiments.md", experiments_markdown(rows))
     print(table2_markdown(table))
     if experiments:
-        rows = experiment_rows(experiments, false_abstention)
-        write_json(Path(args.out) / "experiments.json", {"experiments": rows})
-        write_text(Path(args.out) / "experiments.md", experiments_markdown(rows))
         print("Experiments (beside Table 2, not in it):\n")
         print(experiments_markdown(rows))
     return 0

@@ -31,10 +31,11 @@ from ratune.errors import RatuneError
 from ratune.eval.run import evaluate_checkpoint
 from ratune.eval.settings import EvalSettings
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import claim_folder, package_versions, require_owned
+from ratune.manifest import package_versions
+from ratune.output import StageOutput
 from ratune.train.layout import checkpoint_epoch, trainer_checkpoints
 
-#: The stage name in OUT's owner marker (:func:`ratune.manifest.claim_folder`).
+#: The stage name in OUT's owner marker (:class:`ratune.output.StageOutput`).
 STAGE = "eval curve"
 #: The metrics of a curve row, in the order the table lists them (docs/scoring.md).
 METRICS = ("strict", "gorilla")
@@ -95,20 +96,18 @@ def evaluate_curve(run: str | os.PathLike, *, hub, apibench_dir, out_dir: str | 
         raise RatuneError(f"{run}: no Trainer checkpoints (trainer/checkpoint-STEP) to draw a learning curve from; "
                           "train with save_strategy: epoch or save_steps: N, and without save_total_limit "
                           "(it deletes older checkpoints)")
-    out = Path(out_dir)
-    require_owned(out, STAGE)
-    out.mkdir(parents=True, exist_ok=True)
-    claim_folder(out, STAGE)
     rows = []
-    for number, checkpoint in enumerate(checkpoints, start=1):
-        if progress:
-            print(f"[curve] checkpoint {number}/{len(checkpoints)}: step {checkpoint.step}", flush=True)
-        results = evaluate_checkpoint(checkpoint.folder, hub=source, apibench_dir=apibench_dir,
-                                      out_dir=step_folder(out, checkpoint.step), settings=settings, progress=progress,
-                                      model_name=f"{model_name}-step{checkpoint.step}" if model_name else None)
-        epoch = checkpoint_epoch(checkpoint)
-        rows += [curve_row(checkpoint.step, epoch, s, results[s]) for s in settings.settings]
-    write_curve(out, rows, run=str(run), hub=source.name)
+    with StageOutput(out_dir, STAGE, action="replace").writing() as out:
+        for number, checkpoint in enumerate(checkpoints, start=1):
+            if progress:
+                print(f"[curve] checkpoint {number}/{len(checkpoints)}: step {checkpoint.step}", flush=True)
+            results = evaluate_checkpoint(checkpoint.folder, hub=source, apibench_dir=apibench_dir,
+                                          out_dir=step_folder(out, checkpoint.step), settings=settings,
+                                          progress=progress,
+                                          model_name=f"{model_name}-step{checkpoint.step}" if model_name else None)
+            epoch = checkpoint_epoch(checkpoint)
+            rows += [curve_row(checkpoint.step, epoch, s, results[s]) for s in settings.settings]
+        write_curve(out, rows, run=str(run), hub=source.name)
     return rows
 
 

@@ -39,24 +39,18 @@ from typing import Sequence
 from ratune.errors import InputError
 from ratune.eval.stats import wilson_interval
 from ratune.io import atomic_write, read_json_object, write_json, write_text
-from ratune.manifest import REPORT_STAGE, own_output_folder, package_versions
+from ratune.manifest import REPORT_STAGE, package_versions
+from ratune.output import StageOutput
 from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
 
 
-def own_report_folder(out_dir: str | Path, *, inside_ratune_folder: bool = False) -> Path:
-    """Refuse a report folder ratune did not make, before anything is written into it; else create
-    and mark it (:func:`ratune.manifest.own_output_folder`). A sweep report from before the marker
-    is recognised by its ``sweep.json`` (ratune/manifest.py LEGACY_OWNER_FILES); an ``--eval``
-    report from before the marker is refused (its ``table2.*`` names are too plain to tell from a
-    user's files). ``inside_ratune_folder``: ``out_dir`` is the default ``report/`` of a ratune sweep
-    or demo folder, so it is ratune's whatever it holds (a report stopped before writing
-    ``sweep.json``).
-
-    Raises:
-        RatuneError: ``out_dir`` is a file, or a non-empty folder that is no ratune report.
-    """
-    return own_output_folder(out_dir, REPORT_STAGE, known=inside_ratune_folder)
+def report_output(out_dir: str | Path, *, inside_ratune_folder: bool = False) -> StageOutput:
+    """The report folder ``out_dir`` as an output (:class:`ratune.output.StageOutput`): its
+    ``check()`` refuses a folder ratune did not make before anything is written.
+    ``inside_ratune_folder``: ``out_dir`` is the default ``report/`` of a ratune sweep or demo
+    folder, so it is ratune's whatever an interrupted report left in it."""
+    return StageOutput(out_dir, REPORT_STAGE, known=inside_ratune_folder)
 
 
 #: The reported fractions, with the count field each is computed from.

@@ -63,9 +63,8 @@ from ratune.eval.settings import EvalSettings, resolve_placement
 from ratune.eval.stats import rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
-from ratune.locks import locked_output
-from ratune.manifest import (EVAL_RUN_STAGE, OWNER_MARKER, base_manifest, claim_folder, host_facts, is_complete,
-                             mark_complete, package_versions)
+from ratune.manifest import EVAL_RUN_STAGE, base_manifest, host_facts, is_complete, package_versions
+from ratune.output import StageOutput
 from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
 from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever)
@@ -76,18 +75,6 @@ from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_tem
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
 # --settings the eval runs DEFAULT_SETTINGS (the paper's columns but released_bm25, plus dense).
-#: What cells made before devices and dtypes were recorded ran with (every one of them loaded the
-#: model in float32 and never moved it off the CPU; vLLM ran on CUDA in its float32 default).
-_LEGACY_PLACEMENT = {"hf": {"device": "cpu", "dtype": "float32"}, "vllm": {"device": "cuda", "dtype": "float32"}}
-
-
-def _with_placement(identity: dict) -> dict:
-    """``identity`` with the device and dtype a cell made before they were recorded ran with."""
-    generation = identity.get("generation")
-    if not isinstance(generation, dict) or "device" in generation:
-        return identity
-    legacy = _LEGACY_PLACEMENT.get(generation.get("backend", "hf"), {})
-    return {**identity, "generation": {**generation, **legacy}}
 
 
 def _device_name(device: str) -> str:
@@ -119,7 +106,7 @@ def _check_cell_identity(cell: Path, identity: dict) -> None:
     """
     path = cell / "identity.json"
     if path.exists():
-        previous, identity = _flat(_with_placement(read_json(path))), _flat(_with_placement(identity))
+        previous, identity = _flat(read_json(path)), _flat(identity)
         changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
         if changed:
             diffs = "; ".join(f"{k}: {previous.get(k, '(unset)')!r} then, {identity.get(k, '(unset)')!r} now"
@@ -226,12 +213,10 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
     return [e for e, _ in made], cached(setting_retriever(setting)), {"constraints": {e.line: c for e, c in made}}
 
 
-@locked_output("out_dir", command=EVAL_RUN_STAGE, owned_by=EVAL_RUN_STAGE)
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
-    """Generate and score one checkpoint under each test setting, holding ``out_dir``'s lock
-    (:func:`ratune.locks.locked_output`) throughout; ``out_dir`` is checked with
-    :func:`ratune.manifest.require_owned` before the lock (a quick refusal) and again once it is held.
+    """Generate and score one checkpoint under each test setting into ``out_dir``, an output
+    (:class:`ratune.output.StageOutput`) whose lock is held throughout.
 
     Every check that needs no model runs before a cell is written (:func:`resolve_eval_request`,
     the checkpoint's chat template and every prompt's length); the model is loaded once,
@@ -253,9 +238,18 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         RatuneError: unknown setting, a setting the hub does not have (``gpt_index`` and
             ``released_bm25`` replay the paper's documents, APIBench only; ``constraints_*`` are
             TorchHub's), bad checkpoint, an ``out_dir`` that exists, is not empty and is not a
-            ratune eval output (:func:`ratune.manifest.require_owned`).
+            ratune eval output (:meth:`ratune.output.StageOutput.check`).
         LockHeld: another process is writing ``out_dir``.
     """
+    output = StageOutput(out_dir, EVAL_RUN_STAGE, command=EVAL_RUN_STAGE, claim=False)
+    with output.writing():
+        return _evaluate_into(output, checkpoint, hub=hub, apibench_dir=apibench_dir, settings=settings,
+                              model_name=model_name, progress=progress)
+
+
+def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, apibench_dir, settings: EvalSettings,
+                   model_name: str | None, progress: bool) -> dict:
+    """The body of :func:`evaluate_checkpoint`, under ``output``'s lock."""
     request = resolve_eval_request(checkpoint, hub, apibench_dir, settings)
     hub_source, source, device, dtype = request.hub, request.checkpoint, request.device, request.dtype
     hub, folder = hub_source.name, source.folder
@@ -268,7 +262,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
     if settings.n_questions is not None:
         all_examples = all_examples[:settings.n_questions]
     name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
-    out = Path(out_dir)
+    out = output.out
     scoring = scoring_for(hub_source, all_examples)
     scorer = scoring.scorer
 
@@ -288,8 +282,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
         generation["chat_template"] = chat_template
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
-    if not (out / OWNER_MARKER).exists():  # new, empty, or made before the marker (checked by the caller)
-        claim_folder(out, EVAL_RUN_STAGE)
+    output.claim()
     model = None
     results = {}
     for setting in settings.settings:
@@ -347,7 +340,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
             metrics["constraints"] = {**constraint_metrics(scorer, responses, extra["constraints"]),
                                       "unconstrained_left_out": len(all_examples) - len(examples)}
         write_json(cell / "metrics.json", metrics)
-        mark_complete(cell)
+        output.complete(cell)
         results[setting] = metrics
     _write_eval_manifest(out, checkpoint=folder, hub=hub, inputs=inputs, generation=generation, results=results)
     return results

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -39,9 +38,9 @@ from ratune.export.card import DEFAULT_LICENSE, card_body, model_card, recipe_of
 from ratune.export.checks import check_out_folder
 from ratune.export.merge import load_export_model
 from ratune.export.push import hub_token, push_folder
-from ratune.io import open_file_modes, read_json, sha256_file, stale_temp_folders, temp_folder, write_json
-from ratune.locks import locked_output
+from ratune.io import read_json, sha256_file, write_json
 from ratune.manifest import EXPORT_STAGE, is_complete, package_versions
+from ratune.output import StageOutput
 from ratune.train.layout import model_folder
 
 #: Hub id of the base model behind each ratune model alias (ratune/models.py).
@@ -142,7 +141,7 @@ def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
 # export
 
 
-def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private, **_) -> None:
+def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private) -> None:
     """What :func:`export_checkpoint` checks before it takes ``out_dir``'s lock, so that a refusal
     writes nothing (no lock file either): the push's repo id and hub token (:func:`_hub_token`)
     and the export folder.
@@ -154,15 +153,15 @@ def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private, **_) -
     check_out_folder(Path(checkpoint), Path(out_dir).resolve())
 
 
-@locked_output("out_dir", command=EXPORT_STAGE, resolve=True, check=_check_export_arguments)
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, merge_lora: bool = False,
                       push_to_hub: str | None = None, private: bool = False,
                       eval_dirs: Sequence[str | os.PathLike] | None = None,
                       table2: str | os.PathLike | None = None, base_model: str | None = None,
                       license: str = DEFAULT_LICENSE) -> Path:
     """Export a checkpoint as a Hugging Face model folder (see the module docstring), holding
-    ``out_dir``'s lock (resolved) from before any model loads to the end; the arguments, the hub
-    token and ``out_dir`` are checked before the lock (:func:`_check_export_arguments`).
+    ``out_dir``'s lock (resolved) from before any model loads until the folder is in place, then
+    push it; the arguments, the hub token and ``out_dir`` are checked before the lock
+    (:func:`_check_export_arguments`).
 
     Args:
         checkpoint: a ``ratune train`` run folder (its manifest gives the recipe, the data hashes and
@@ -187,8 +186,24 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             as above; a Table 2 file without this run's row; a failed upload (the export is kept).
         LockHeld: another process is writing ``out_dir``.
     """
-    checkpoint, out = Path(checkpoint), Path(out_dir).resolve()
-    token = hub_token(push_to_hub, private)  # checked before the lock (_check_export_arguments); read here
+    _check_export_arguments(checkpoint, out_dir, push_to_hub=push_to_hub, private=private)
+    checkpoint = Path(checkpoint)
+    output = StageOutput(out_dir, EXPORT_STAGE, replace=True, marker=False, command=EXPORT_STAGE)
+    with output.writing() as tmp:  # the record file ratune_export.json is the export's marker
+        loaded, card, record = _prepare_export(checkpoint, output.out, merge_lora=merge_lora, push_to_hub=push_to_hub,
+                                               eval_dirs=eval_dirs, table2=table2, base_model=base_model,
+                                               license=license)
+        check_out_folder(checkpoint, output.out)  # again: it may have changed while the model loaded
+        _write_folder(tmp, loaded, card, record)
+    if push_to_hub:
+        push_folder(output.out, push_to_hub, token=hub_token(push_to_hub, private), private=private)
+    return output.out
+
+
+def _prepare_export(checkpoint: Path, out: Path, *, merge_lora: bool, push_to_hub: str | None,
+                    eval_dirs: Sequence[str | os.PathLike] | None, table2: str | os.PathLike | None,
+                    base_model: str | None, license: str) -> tuple:
+    """The loaded model, the card and the record of :func:`export_checkpoint` (its checks done)."""
     folder, manifest = _source(checkpoint)
     cfg = (manifest or {}).get("config", {})
     base_id = _resolve_base_model_id(manifest, base_model)
@@ -220,11 +235,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         "eos_token_id": loaded.generation.eos_token_id, "pad_token_id": loaded.generation.pad_token_id,
         "table2_cells": cells, "table2_hub": table_hub, "git_commit": (manifest or {}).get("git_commit"),
     }
-    check_out_folder(checkpoint, out)  # again: it may have changed while the model loaded
-    _write_folder(out, loaded, card, record)
-    if push_to_hub:
-        push_folder(out, push_to_hub, token=token, private=private)
-    return out
+    return loaded, card, record
 
 
 def _export_versions() -> dict:
@@ -239,30 +250,18 @@ def _export_versions() -> dict:
     return versions
 
 
-def _write_folder(out: Path, loaded, card, record: dict) -> None:
-    """Write the export into a new ratune-owned temporary sibling of ``out`` and rename it into place
-    (under ``out``'s lock: a killed export's siblings are removed first); on any error the sibling goes."""
+def _write_folder(tmp: Path, loaded, card, record: dict) -> None:
+    """Write the export into ``tmp``, the folder :class:`ratune.output.StageOutput` swaps in."""
     import torch
 
-    for stale in stale_temp_folders(out):  # a killed export's (under the lock: no live writer's)
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = temp_folder(out)  # unique and ratune's: a user's OUT.tmp is never touched
-    try:
-        with torch.no_grad():
-            loaded.model.save_pretrained(str(tmp), safe_serialization=True)
-        loaded.tokenizer.save_pretrained(str(tmp))
-        loaded.generation.save_pretrained(str(tmp))
-        card.save(str(tmp / "README.md"))
-        write_json(tmp / EXPORT_MANIFEST, record)
-        for stray in tmp.glob("*.bin"):  # safetensors only
-            stray.unlink()
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with torch.no_grad():
+        loaded.model.save_pretrained(str(tmp), safe_serialization=True)
+    loaded.tokenizer.save_pretrained(str(tmp))
+    loaded.generation.save_pretrained(str(tmp))
+    card.save(str(tmp / "README.md"))
+    write_json(tmp / EXPORT_MANIFEST, record)
+    for stray in tmp.glob("*.bin"):  # safetensors only
+        stray.unlink()
 
 
 # ---------------------------------------------------------------------------------------------

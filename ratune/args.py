@@ -86,9 +86,8 @@ def setting(schema: type, field: str) -> Callable[[str], Any]:
 def registered(kind: str, names: Sequence[str], *extra: str) -> dict:
     """argparse keywords (``type``, ``metavar``) of a flag that takes one of a registry's names
     (ratune/registry.py) or one of ``extra`` (such as ``all``): help shows the names like
-    ``choices`` would, and a renamed spelling is refused with its new name
-    (:func:`ratune.registry.unknown_name`)."""
-    from ratune.registry import RENAMED, unknown_name
+    ``choices`` would (:func:`ratune.registry.unknown_name`)."""
+    from ratune.registry import unknown_name
 
     known = (*extra, *names)
 
@@ -97,8 +96,7 @@ def registered(kind: str, names: Sequence[str], *extra: str) -> dict:
             raise argparse.ArgumentTypeError(unknown_name(kind, text, known))
         return text
 
-    renamed = tuple(old for old, new in RENAMED.items() if new in known)
-    typed = _typed(convert, kind, good=known[0], bad=("no_such_name", *renamed))
+    typed = _typed(convert, kind, good=known[0], bad=("no_such_name",))
     return {"type": typed, "metavar": "{" + ",".join(known) + "}"}
 
 

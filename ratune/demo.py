@@ -17,24 +17,15 @@ from pathlib import Path
 
 from ratune.config import load_yaml
 from ratune.sources.apibench import resolve_apibench_dir
-from ratune.errors import RatuneError
 from ratune.eval.report import table2_markdown
-from ratune.locks import output_lock
-from ratune.manifest import DEMO_STAGE, OWNER_MARKER, SWEEP_FOLDER_STAGES, claim_folder, require_owned
+from ratune.manifest import DEMO_STAGE, SWEEP_FOLDER_STAGES
 from ratune.models import resolve_model_path
+from ratune.output import StageOutput
 from ratune.sweep import check_changed, expand, is_finished, report_sweep, run_local, sweep_from_data
 from ratune.sweep import local as sweep_local
 from ratune.sweep.schema import check_files
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-
-#: Top-level keys of the demo config before it became a sweep file, and where each went.
-OLD_DEMO_KEYS = {"arms": "axes: {train_retriever: [...]}", "train": "base: (with model, hub, torch_threads)",
-                 "hub": "base.hub", "model": "base.model", "torch_threads": "base.torch_threads and eval.threads"}
-#: What an old-format demo config also needs once it is a sweep file.
-OLD_DEMO_ALSO = ("data.max_length -> base.max_length; add accelerate_config: configs/accelerate/cpu_1proc.yaml "
-                 "(the arms train with accelerate launch)")
-
 
 def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None,
              rerun_changed: bool = False) -> int:
@@ -47,25 +38,17 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     neither, the APIBench folder is $RATUNE_APIBENCH or ../shared/apibench
     (:func:`ratune.sources.apibench.resolve_apibench_dir`); it is checked before anything is written.
 
-    Holds the output folder's lock throughout (:func:`ratune.locks.output_lock`) and writes only
-    into a folder that is new, empty or a ratune demo or sweep output (:func:`ratune.manifest.require_owned`).
+    Holds the output folder's lock throughout and writes only into a folder that is new, empty or
+    a ratune demo or sweep output (:class:`ratune.output.StageOutput`).
     An unfinished training arm is deleted only when it is a ratune train output.
 
     Raises:
-        RatuneError: a bad config (one in the demo's format before it was a sweep file is named with
-            the new spelling of each key), a missing APIBench, an output folder ratune did not make
-            or a demo output in the old layout, a changed arm without ``rerun_changed``, and the
-            stages' errors.
+        RatuneError: a bad config, a missing APIBench, an output folder ratune did not make, a
+            changed arm without ``rerun_changed``, and the stages' errors.
         LockHeld: another process is writing the output folder (or one of its stages' folders).
     """
     path = Path(config_path) if config_path else DEFAULT_CONFIG
     data = load_yaml(path)
-    old = [k for k in OLD_DEMO_KEYS if k in data]
-    if old or "base" not in data:
-        raise RatuneError(f"{path}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
-                          + "; ".join([*(f"{k} -> {OLD_DEMO_KEYS[k]}" for k in old),
-                                       *([] if "base" in data else ["the training settings go under base:"]),
-                                       OLD_DEMO_ALSO]))
     sweep = sweep_from_data(data, path, out_dir)
     check_files(sweep)
     if apibench is not None:
@@ -73,14 +56,7 @@ def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apib
     resolve_apibench_dir(sweep.config.apibench)
     cells = expand(sweep)
     out = sweep.out_dir
-    if (out / "table2.json").is_file() or any(out.glob("train_*/manifest.json")):
-        raise RatuneError(f"{out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
-                          "table2.*); move it away or pass --out NEW_DIR")
-    require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)  # a demo folder is a sweep folder
-    with output_lock(out, command=DEMO_STAGE):
-        require_owned(out, DEMO_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)
-        if not (out / OWNER_MARKER).exists():
-            claim_folder(out, DEMO_STAGE)
+    with StageOutput(out, DEMO_STAGE, also=SWEEP_FOLDER_STAGES, command=DEMO_STAGE).writing():  # a sweep folder too
         return _run_demo(sweep, cells, rerun_changed=rerun_changed)
 
 

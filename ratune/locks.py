@@ -9,9 +9,7 @@ over, and the takeover is noted on stderr with the pid it names. A lock file nam
 refused (its pid cannot be checked from here): delete it by hand once that process is gone. The
 file is removed on release.
 
-A command that writes one output for the whole of a function's call is decorated with
-:func:`locked_output`, which takes the lock of the output one of its arguments names (train/sft.py
-``train``, eval/run.py ``evaluate_checkpoint``, export/checkpoint.py ``export_checkpoint``).
+Writers take it through :class:`ratune.output.StageOutput`, never directly.
 """
 
 from __future__ import annotations
@@ -19,23 +17,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
-import inspect
 import json
 import os
-import shutil
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 from ratune.errors import RatuneError
-from ratune.io import stale_temp_folders, swap_folder, temp_folder
-from ratune.manifest import claim_folder, require_owned
-
-#: A function :func:`locked_output` decorates.
-F = TypeVar("F", bound=Callable)
 
 
 class LockHeld(RatuneError):
@@ -157,102 +147,3 @@ def output_lock(target: str | os.PathLike, *, command: str | None = None, enable
     except BaseException as exc:  # the body's, or the lock file's own write on a full disk
         _record_output(exc, target)
         raise
-
-
-def locked_output(arg: str, *, command: str, enabled: Callable[[], bool] | None = None, resolve: bool = False,
-                  owned_by: str | None = None, check: Callable[..., None] | None = None) -> Callable[[F], F]:
-    """Decorate a function that writes one output so that every call holds that output's lock
-    (:func:`output_lock`) from start to end; the function is written once, with its own signature.
-
-    A call runs, in this order: ``check``, the ownership check, taking the lock, the ownership
-    check again, the function. The first two write nothing (not even the lock file or its parent
-    folder), so a refusal there leaves no trace.
-
-    Args:
-        arg: the parameter that names the output (``"out_dir"``), or a parameter and an attribute
-            of its value (``"config.output_dir"``); read from each call's arguments, defaults applied.
-        command: recorded in the lock file and shown to a refused process.
-        enabled: called at each call; False runs the function without the lock (a distributed run
-            locks on rank 0 only). None: always locked.
-        resolve: lock ``Path(output).resolve()`` (the path messages name) instead of the output as given.
-        owned_by: a stage name: the output must be new, empty or a ratune output of that stage
-            (:func:`ratune.manifest.require_owned`, action "write into"), checked before the lock
-            (a quick refusal) and again once it is held (another writer may have made it meanwhile).
-        check: called with the call's arguments as keywords (defaults applied) before anything else:
-            argument checks that must refuse before anything is written.
-    Returns:
-        The decorator. The decorated function keeps its name, docstring and signature
-        (:func:`functools.wraps`); a call that does not bind to the signature raises the
-        function's own TypeError, before any check or lock.
-    Raises:
-        TypeError: at decoration, when ``arg`` names no parameter of the function.
-        At a call: what ``check`` and :func:`ratune.manifest.require_owned` raise; LockHeld
-        (another live process holds the lock); RatuneError (the lock file cannot be created);
-        what the function raises.
-    """
-    name, *attributes = arg.split(".")
-
-    def decorate(function: F) -> F:
-        signature = inspect.signature(function)
-        if name not in signature.parameters:
-            raise TypeError(f"locked_output({arg!r}): {function.__qualname__} has no parameter {name!r}")
-
-        @functools.wraps(function)
-        def locked(*args, **kwargs):
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                return function(*args, **kwargs)  # raises the call's own TypeError
-            bound.apply_defaults()
-            if check is not None:
-                check(**bound.arguments)
-            target = bound.arguments[name]
-            for attribute in attributes:
-                target = getattr(target, attribute)
-            if resolve:
-                target = Path(target).resolve()
-            if owned_by is not None:
-                require_owned(target, owned_by, action="write into")
-            with output_lock(target, command=command, enabled=True if enabled is None else enabled()):
-                if owned_by is not None:
-                    require_owned(target, owned_by, action="write into")
-                return function(*args, **kwargs)
-
-        return locked  # type: ignore[return-value]
-
-    return decorate
-
-
-@contextlib.contextmanager
-def replacing_folder(out: str | Path, stage: str):
-    """Build the output ``out`` of ``stage`` in a new temporary sibling and swap it in on success.
-
-    ``out`` is resolved first (``..`` and symlinks followed: a symlinked output keeps its link and
-    gets a new target folder beside the old one). Holds ``out``'s lock
-    (:func:`output_lock`) throughout; checks ``out`` with
-    :func:`ratune.manifest.require_owned` before and again just before the swap; removes temporary siblings that
-    a killed earlier writer of ``out`` left (:func:`ratune.io.stale_temp_folders`). The body
-    writes into the yielded folder, which already carries :data:`ratune.manifest.OWNER_MARKER`. If the body raises
-    (or is interrupted), the temporary folder is removed and ``out`` keeps its previous content.
-    Callers decide beforehand whether an existing ``out`` may be replaced at all (their
-    ``--overwrite``).
-
-    Yields:
-        The temporary folder.
-    Raises:
-        RatuneError: from :func:`ratune.manifest.require_owned`; LockHeld when another process writes ``out``.
-    """
-    out = Path(out).resolve()
-    with output_lock(out):
-        require_owned(out, stage)
-        for stale in stale_temp_folders(out):  # under the lock: no live writer of out owns them
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = temp_folder(out)
-        try:
-            claim_folder(tmp, stage)
-            yield tmp
-            require_owned(out, stage)
-            swap_folder(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise

@@ -44,20 +44,9 @@ DEMO_STAGE = "demo"
 #: The outputs a sweep runs in: a demo runs its sweep file into its folder, so each writes into
 #: the other's.
 SWEEP_FOLDER_STAGES = (SWEEP_STAGE, DEMO_STAGE)
-#: Files by which outputs written before OWNER_MARKER existed are recognised (besides a
-#: ``manifest.json`` whose ``command`` names the stage, eval cells' ``identity.json`` and a sweep's
-#: saved ``sweep.yaml``, :func:`output_stage`); the first stage that matches wins. ``--eval``
-#: report, ``retrieval eval --out`` and ``data utility`` folders made before the marker are not
-#: recognised (their file names are too plain to tell a user's file from ratune's): they are
-#: refused, and a new folder is the way on.
-LEGACY_OWNER_FILES = {RETRIEVER_TRAIN_STAGE: ("ratune_retriever.json",), BM25_INDEX_STAGE: ("ratune_bm25_index.json",),
-                      EXPORT_STAGE: ("ratune_export.json",), DEMO_STAGE: ("table2.json",), REPORT_STAGE: ("sweep.json",)}
-#: A sweep run's copy of its validated sweep file, in its out_dir (ratune/sweep/local.py
-#: save_sweep_file writes it, ratune/sweep/schema.py load_saved_sweep reads it back), and the
-#: top-level key naming the file the run started from: the record a sweep folder from before
-#: OWNER_MARKER is recognised by. Typed here, the lowest layer that reads it.
-SAVED_SWEEP_FILE = "sweep.yaml"
-SAVED_SWEEP_SOURCE_KEY = "source"
+#: Outputs that carry their own record file instead of :data:`OWNER_MARKER` (an export is
+#: pushed to the hub as it is; ``ratune_export.json`` says what made it).
+RECORD_FILES = {EXPORT_STAGE: "ratune_export.json"}
 
 
 def package_versions() -> dict:
@@ -164,73 +153,26 @@ def claim_folder(folder: str | Path, stage: str) -> None:
     write_json(Path(folder, OWNER_MARKER), {"stage": stage})
 
 
-def own_output_folder(folder: str | Path, stage: str, *, also: tuple[str, ...] = (), known: bool = False) -> Path:
-    """Make ``folder`` ready for ``stage`` to write files into: refuse it unless it is new, empty or
-    already ratune's (:func:`require_owned`, action "write into"), create it, and mark it as a
-    ``stage`` output (:func:`claim_folder`) unless it carries a marker already. For the commands
-    that write fixed file names into a folder they may share with earlier runs of themselves
-    (``sweep``, ``report``, ``retrieval eval --out``, ``data utility``). ``known``: the caller
-    knows the folder is ratune's whatever it holds (the default ``report/`` inside a ratune sweep
-    folder, which an interrupted report may have left unmarked), so the check is skipped. Returns
-    the folder.
-
-    Raises:
-        RatuneError: as :func:`require_owned` (nothing is created then).
-    """
-    folder = Path(folder)
-    if not known:
-        require_owned(folder, stage, action="write into", also=also)
-    folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / OWNER_MARKER).exists():
-        claim_folder(folder, stage)
-    return folder
-
-
 def output_stage(folder: str | Path) -> str | None:
-    """The stage whose output ``folder`` is, or None when ratune did not make it.
-
-    Read from :data:`OWNER_MARKER`; for folders made before the marker existed, from a
-    ``manifest.json`` whose ``command`` is a string (data build, train), the stage's
-    :data:`LEGACY_OWNER_FILES` entry, or sub-folders holding an eval cell's ``identity.json``.
-    A marker or manifest that cannot be read counts as not ratune's.
-    """
+    """The stage whose output ``folder`` is (its :data:`OWNER_MARKER`, or a :data:`RECORD_FILES`
+    file), or None when ratune did not make it. A marker that cannot be read counts as not ratune's."""
     import json
 
     folder = Path(folder)
-
-    def field(name: str, key: str):
-        try:
-            obj = json.loads(Path(folder, name).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
-        value = obj.get(key) if isinstance(obj, dict) else None
-        return value if isinstance(value, str) else None
-
     if not folder.is_dir():
         return None
     if (folder / OWNER_MARKER).exists():
-        return field(OWNER_MARKER, "stage")
-    command = field("manifest.json", "command")
-    if command:
-        return command
-    for stage, names in LEGACY_OWNER_FILES.items():
-        if any((folder / name).is_file() for name in names):
-            return stage
-    try:  # the sweep file a sweep run saves always starts its record with the file it came from
-        saved = (folder / SAVED_SWEEP_FILE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        saved = ""
-    if any(line.startswith(f"{SAVED_SWEEP_SOURCE_KEY}: ") for line in saved.splitlines()):
-        return SWEEP_STAGE
-    if any(p.is_file() for p in folder.glob("*/identity.json")):
-        return EVAL_RUN_STAGE
-    return None
+        try:
+            stage = json.loads((folder / OWNER_MARKER).read_text(encoding="utf-8")).get("stage")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            return None
+        return stage if isinstance(stage, str) else None
+    return next((stage for stage, name in RECORD_FILES.items() if (folder / name).is_file()), None)
 
 
 def require_owned(folder: str | Path, stage: str, *, action: str = "replace", also: tuple[str, ...] = ()) -> None:
     """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune ``stage`` output
-    (or an output of one of the stages ``also`` names: a sweep writes into a demo folder, a report
-    into an old report that reads as a demo's, :data:`LEGACY_OWNER_FILES`).
+    (or an output of one of the stages ``also`` names: a sweep writes into a demo folder).
 
     A folder that does not exist, or is empty, passes.
 

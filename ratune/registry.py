@@ -17,9 +17,6 @@ Three BM25 names, told apart:
 * ``released_bm25``: the paper's own BM25 documents, replayed from the released
   ``questions_{hub}_bm25.jsonl`` (eval questions only), like ``gpt_index`` replays
   ``questions_{hub}_gpt_index.jsonl``.
-
-Spellings used before this registry (``bm25_paper``, ``paper_bm25``) are refused with the new
-name (:data:`RENAMED`).
 """
 
 from __future__ import annotations
@@ -189,18 +186,12 @@ RELEASED_BM25 = "released_bm25"
 #: The retrievers that are BM25 variants.
 BM25_RETRIEVERS: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.kind == "bm25")
 
-#: Old spelling -> new name, refused with the new name wherever a name is read.
-RENAMED: dict[str, str] = {"bm25_paper": "bm25_replica", "paper_bm25": "released_bm25"}
-
-
 def unknown_name(kind: str, value: str, known: tuple[str, ...] | list[str]) -> str:
-    """The message for a name that is not ``known``: names the new spelling of a renamed one.
+    """The message for a name that is not ``known``.
 
-    >>> unknown_name("train-time retrieval mode", "bm25_paper", ("none", "bm25_replica"))
-    "train-time retrieval mode 'bm25_paper' was renamed to 'bm25_replica' (ratune/registry.py)"
+    >>> unknown_name("train-time retrieval mode", "bm25", ("none", "bm25_replica"))
+    "unknown train-time retrieval mode 'bm25': expected one of none, bm25_replica"
     """
-    if value in RENAMED:
-        return f"{kind} {value!r} was renamed to {RENAMED[value]!r} (ratune/registry.py)"
     return f"unknown {kind} {value!r}: expected one of {', '.join(known)}"
 
 

@@ -17,9 +17,9 @@ from typing import Sequence
 from ratune.sources.prompt import serialize_document
 from ratune.errors import RatuneError
 from ratune.io import read_json, write_json
-from ratune.locks import replacing_folder
 from ratune.manifest import BM25_INDEX_STAGE, package_versions
-from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RENAMED, unknown_name
+from ratune.output import StageOutput
+from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, unknown_name
 from ratune.retrieval.base import Query, Retriever, dedup_corpus
 
 
@@ -263,7 +263,7 @@ class BM25Retriever(Retriever):
         """Write the index (backend ``bm25s`` only) to ``out_dir``: ``arrays.npz`` (numpy, no
         pickles) and :data:`BM25_INDEX_METADATA` (format, hub, variant, parameters, corpus sha256,
         bm25s version). An existing ``out_dir`` is replaced only when it is a saved index
-        (:func:`ratune.locks.replacing_folder`: written beside it, swapped in when complete).
+        (:class:`ratune.output.StageOutput`: written beside it, swapped in when complete).
 
         Raises:
             RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle);
@@ -277,7 +277,7 @@ class BM25Retriever(Retriever):
                               "use --bm25-backend bm25s")
         out = Path(out_dir)
         state = self._index.state()
-        with replacing_folder(out, BM25_INDEX_STAGE) as tmp:  # locked; built beside out, swapped in
+        with StageOutput(out, BM25_INDEX_STAGE, replace=True).writing() as tmp:
             np.savez(tmp / "arrays.npz", data=state["data"], indices=state["indices"], indptr=state["indptr"])
             write_json(tmp / BM25_INDEX_METADATA, {
                 "format": BM25_INDEX_FORMAT, **self.metadata(), "variant": self.name,
@@ -300,8 +300,6 @@ class BM25Retriever(Retriever):
         meta = saved_index_metadata(index_dir)
         if variant not in BM25_VARIANTS:
             raise RatuneError(unknown_name("BM25 variant", variant, tuple(BM25_VARIANTS)))
-        if meta.get("variant") in RENAMED:  # an index saved under a variant's old name: the same index
-            meta = {**meta, "variant": RENAMED[meta["variant"]]}
         texts = _bm25_texts(_bm25_corpus(corpus, variant), variant)
         expected = {"hub": hub, "variant": variant, **BM25_VARIANTS[variant], "k1": BM25_K1, "b": BM25_B,
                     "epsilon": BM25_EPSILON, "corpus_sha256": _texts_sha256(texts)}

@@ -10,7 +10,8 @@ from ratune.sources.apibench import HUBS, input_hashes
 from ratune.hubs import resolve_hub
 from ratune.errors import RatuneError
 from ratune.io import write_json, write_text
-from ratune.manifest import own_output_folder, package_versions, require_owned
+from ratune.manifest import package_versions
+from ratune.output import StageOutput
 from ratune.registry import BM25_RETRIEVERS, RELEASED_BM25, RETRIEVERS
 from ratune.retrieval.metrics import evaluate_retriever, retrieval_chart, retrieval_markdown, top1_agreement
 from ratune.retrieval.bm25 import BM25Retriever, saved_index_metadata
@@ -29,7 +30,7 @@ def cli_eval(args) -> int:
     Raises:
         RatuneError: a finetuned retriever without ``--dense-model`` or for several hubs; ``--bm25-index``
             for a retriever that is not BM25 or for several hubs; ``--out`` a non-empty folder ratune
-            did not make (:func:`ratune.manifest.own_output_folder`).
+            did not make (:class:`ratune.output.StageOutput`).
     """
     hubs = list(HUBS) if args.hub == "all" else [args.hub]
     sources = [resolve_hub(h, args.apibench) for h in hubs]
@@ -47,22 +48,23 @@ def cli_eval(args) -> int:
                           f"not {', '.join(names)}")
     if args.bm25_index and len(hubs) > 1:
         raise RatuneError("a saved BM25 index serves the one hub it was built for: give --hub")
-    if args.out:  # a folder ratune did not make is refused before anything is computed
-        require_owned(args.out, EVAL_STAGE, action="write into")
+    output = StageOutput(args.out, EVAL_STAGE) if args.out else None
+    if output:  # a folder ratune did not make is refused before anything is computed
+        output.check()
     index_variant = _index_variant(args.bm25_index)
     reports = {s.name: _hub_report(args, s, names, index_variant) for s in sources}
     hubs = list(reports)  # the hubs' names (a catalog's name, not its path)
-    if args.out:
-        out = own_output_folder(args.out, EVAL_STAGE)
-        versions = package_versions()
-        for hub, (results, agreement, markdown, inputs) in reports.items():
-            write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement, "inputs": inputs,
-                                                       "versions": versions})
-            write_text(out / f"retrieval_{hub}.md", markdown)
-        chart = out / ("retrieval.png" if len(hubs) > 1 else f"retrieval_{hubs[0]}.png")
-        retrieval_chart({hub: r[0] for hub, r in reports.items()}, chart)
-        if len(hubs) > 1:
-            write_text(out / "retrieval.md", "\n".join(r[2] for r in reports.values()))
+    if output:
+        with output.writing() as out:
+            versions = package_versions()
+            for hub, (results, agreement, markdown, inputs) in reports.items():
+                write_json(out / f"retrieval_{hub}.json", {"results": results, "agreement": agreement,
+                                                           "inputs": inputs, "versions": versions})
+                write_text(out / f"retrieval_{hub}.md", markdown)
+            chart = out / ("retrieval.png" if len(hubs) > 1 else f"retrieval_{hubs[0]}.png")
+            retrieval_chart({hub: r[0] for hub, r in reports.items()}, chart)
+            if len(hubs) > 1:
+                write_text(out / "retrieval.md", "\n".join(r[2] for r in reports.values()))
     if args.json:
         slim = {hub: [{k: v for k, v in r.items() if k != "misses"} for r in results]
                 for hub, (results, agreement, _, _) in reports.items()}

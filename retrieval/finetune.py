@@ -47,8 +47,8 @@ from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, res
 from ratune.sources.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
-from ratune.locks import replacing_folder
-from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions, require_owned
+from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions
+from ratune.output import StageOutput
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
 
 #: Version of the ratune_retriever.json layout.
@@ -143,7 +143,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
             the dense retriever refuses other hubs).
         out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
             written in a temporary sibling and swapped in when complete
-            (:func:`ratune.locks.replacing_folder`).
+            (:class:`ratune.output.StageOutput`).
         train_path: the training file the examples came from (its sha256 is recorded).
         eval_path: the eval file (named in leakage errors; its sha256 is recorded).
         settings: training settings.
@@ -173,7 +173,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
-    require_owned(out_dir, RETRIEVER_TRAIN_STAGE)  # a folder ratune did not make is never replaced
+    output = StageOutput(out_dir, RETRIEVER_TRAIN_STAGE, replace=True)
+    output.check()  # a folder ratune did not make is never replaced
     leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
 
     # heavy imports only once the inputs are known to be usable (refusals stay fast)
@@ -194,7 +195,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         model.max_seq_length = settings.max_seq_length
     loss = MultipleNegativesRankingLoss(model, scale=settings.scale)
 
-    with replacing_folder(out_dir, RETRIEVER_TRAIN_STAGE) as tmp:  # locked; swapped in when complete
+    with output.writing() as tmp:  # built beside out_dir, swapped in when complete
         args = SentenceTransformerTrainingArguments(
             output_dir=str(tmp / "trainer"), num_train_epochs=settings.epochs,
             per_device_train_batch_size=settings.batch_size, learning_rate=settings.learning_rate,

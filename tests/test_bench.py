@@ -409,31 +409,29 @@ def test_score_released_counts_the_released_torchhub_table(apibench, capsys):
 
 def test_behaviour_hashes_compare_by_hand():
     """A probe that changed, one only the new record has and one only the old has are named; a
-    record from before a rename (bm25_paper -> bm25_replica, ratune/registry.py RENAMED) compares
-    under today's name; a family that failed on one side is reported and fails the comparison."""
+    family that failed on one side is reported and fails the comparison."""
     bh = _load("behaviour_hashes")
-    before = {"data/bm25_paper/train": "aa", "eval/0_shot": "bb", "scores/gone.jsonl": "cc"}
+    before = {"data/bm25_replica/train": "aa", "eval/0_shot": "bb", "scores/gone.jsonl": "cc"}
     after = {"data/bm25_replica/train": "aa", "eval/0_shot": "b2", "sweep_dry_run/new.yaml": "dd"}
     assert bh.compare(before, after) == ["eval/0_shot", "scores/gone.jsonl", "sweep_dry_run/new.yaml"]
-    assert bh.compare(before, bh.renamed(before)) == []
 
     base = {"train/model.safetensors": "1" * 64, "train/manifest.json": "2" * 64, "help/ratune": "3" * 64}
     head = {**base, "train/manifest.json": "4" * 64}
-    lines, same = bh.comparison(base, head, ("base", "head"), renames={})
+    lines, same = bh.comparison(base, head, ("base", "head"))
     assert not same and "CHANGED train/manifest.json:\n    base 2222222222222222\n    head 4444444444444444" in lines
     assert "help              1 of 1    identical" in lines and "train             1 of 2    identical" in lines
     assert lines[-1] == "2 of 3 probes identical"
-    assert bh.comparison(base, dict(base), renames={}) == (["help              1 of 1    identical",
+    assert bh.comparison(base, dict(base)) == (["help              1 of 1    identical",
                                                            "train             2 of 2    identical",
                                                            "3 of 3 probes identical"], True)
     missing = "missing: ratune catalog import: exit 2: ratune: error: argument stage: invalid choice: 'catalog'"
     lines, same = bh.comparison({**base, "catalog/folder/apis.jsonl": "5" * 64}, {**base, "catalog/FAILED": missing},
-                                ("base", "head"), renames={})
+                                ("base", "head"))
     text = "\n".join(lines)
     assert not same and "catalog           0 of 2    identical" in text
     assert f"MISSING catalog/FAILED:\n    base missing\n    head {missing}" in text
     assert "MISSING catalog/folder/apis.jsonl:\n    base 5555555555555555\n    head missing" in text
-    lines, same = bh.comparison({"help/FAILED": "failed: x"}, {"help/FAILED": "failed: x"}, renames={})
+    lines, same = bh.comparison({"help/FAILED": "failed: x"}, {"help/FAILED": "failed: x"})
     assert not same and "FAILED help/FAILED on both sides: failed: x" in lines
 
 

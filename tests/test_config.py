@@ -160,58 +160,34 @@ def test_demo_takes_apibench_from_the_command_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and not (tmp_path / "demo").exists()
 
 
-def test_a_demo_config_in_the_format_before_the_sweep_file_is_refused_with_the_new_spelling(tmp_path, capsys):
+def test_a_demo_config_that_is_no_sweep_file_is_refused_naming_each_key(tmp_path, capsys):
     from ratune.cli import main
 
     old = tmp_path / "demo.yaml"
     old.write_text("hub: torchhub\narms: [none]\ntrain: {max_steps: 2}\n")
     assert main(["demo", "--config", str(old), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    also = ("data.max_length -> base.max_length; add accelerate_config: configs/accelerate/cpu_1proc.yaml (the arms "
-            "train with accelerate launch)")
-    assert err == (f"ratune: error: {old}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
-                   "arms -> axes: {train_retriever: [...]}; train -> base: (with model, hub, torch_threads); "
-                   f"hub -> base.hub; the training settings go under base:; {also}")
+    assert len(err.splitlines()) == 1 and err.startswith(f"ratune: error: {old}: base: Field required")
+    assert all(f"{old}: unknown key {key!r}; valid keys: name, out_dir" in err for key in ("hub", "arms", "train"))
     assert not (tmp_path / "out").exists()
-    defaults_only = tmp_path / "defaults.yaml"  # an old config that kept every default: no old key, no base
-    defaults_only.write_text("out_dir: runs/mine\n")
-    assert main(["demo", "--config", str(defaults_only)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"ratune: error: {defaults_only}: the demo config is a sweep file now (docs/sweeps.md, configs/demo.yaml): "
-        f"the training settings go under base:; {also}")
-
-
-def test_the_demo_refuses_an_output_in_the_layout_before_the_sweep(tmp_path, capsys, apibench_tiny):
-    from ratune.cli import main
-    from ratune.manifest import OWNER_MARKER, claim_folder
-
-    out = tmp_path / "demo"
-    (out / "train_none").mkdir(parents=True)
-    (out / "train_none" / "manifest.json").write_text("{}")
-    claim_folder(out, "demo")  # ratune's own old demo folder: still not written into
-    assert main(["demo", "--out", str(out), "--apibench", str(apibench_tiny)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"ratune: error: {out}: a demo output in the layout before the demo was a sweep (train_*/, eval_*/, "
-        "table2.*); move it away or pass --out NEW_DIR")
-    assert sorted(p.name for p in out.iterdir()) == [OWNER_MARKER, "train_none"]
 
 
 def test_the_demo_refuses_a_changed_arm_before_converting_the_model_and_writes_into_a_sweep_s_folder(
         tmp_path, capsys, monkeypatch, apibench_tiny):
-    """A folder made by `ratune sweep configs/demo.yaml` before the owner marker (its saved sweep.yaml,
-    which names its source) is a sweep folder, which the demo accepts; an arm whose stored config differs is refused, naming --rerun-changed, before anything runs."""
+    """A folder made by `ratune sweep configs/demo.yaml` (marked as a sweep's) is one the demo writes
+    into; an arm whose stored config differs is refused, naming --rerun-changed, before anything runs."""
     import json
 
     import ratune.demo as demo
     from ratune.cli import main
-    from ratune.manifest import require_owned
+    from ratune.manifest import claim_folder, require_owned
     from ratune.sweep import cell_record, expand, load_sweep
 
     out = tmp_path / "demo"
     sweep = load_sweep(ROOT / "configs" / "demo.yaml", out)
     cell = expand(sweep)[0]
     cell.dir.mkdir(parents=True)
-    (out / "sweep.yaml").write_text("base: {}\nsource: configs/demo.yaml\n")
+    claim_folder(out, "sweep")
     require_owned(out, "demo", action="write into", also=("sweep",))  # passes: a sweep folder
     record = cell_record(sweep, cell)
     record["config"] = {**record["config"], "max_steps": 99}

@@ -314,11 +314,7 @@ def test_eval_records_device_and_dtype_and_refuses_to_mix_them(tmp_path, tiny_mo
     with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different settings \(generation.device: "
                                           r"'cpu' then, 'cuda' now; generation.dtype: 'float32' then, 'bfloat16' now"):
         _eval(tiny_model_dir, apibench, tmp_path / "cpu")
-    # a cell made before placements were recorded ran on the CPU in float32, and continues as one
-    path = tmp_path / "cpu" / "0_shot" / "identity.json"
-    legacy = json.loads(path.read_text())
-    del legacy["generation"]["device"], legacy["generation"]["dtype"]
-    path.write_text(json.dumps(legacy))
+    # on the CPU again it is the same cell, read back
     assert _eval(tiny_model_dir, apibench, tmp_path / "cpu", device="cpu")["0_shot"]["n"] == 2
 
     # with a GPU present, the model is asked for on cuda in bfloat16 (loaded on the CPU here)

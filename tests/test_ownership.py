@@ -69,7 +69,7 @@ def _build_argv(apibench_dir, out, tokenizer_dir, *extra):
 # ----------------------------------------------------------------------------- who made a folder
 
 
-def test_output_stage_reads_the_marker_and_recognises_older_outputs(tmp_path):
+def test_output_stage_reads_the_marker_or_the_record_file_only(tmp_path):
     from ratune.manifest import claim_folder, output_stage, require_owned
 
     def folder(name: str, files: dict[str, str]) -> Path:
@@ -81,27 +81,20 @@ def test_output_stage_reads_the_marker_and_recognises_older_outputs(tmp_path):
 
     marked = folder("marked", {"x.txt": ""})
     claim_folder(marked, "train")
-    made_before = {  # folders written before the marker existed, by what each stage always wrote
-        "data build": folder("data", {"manifest.json": '{"command": "data build"}'}),
-        "train": folder("run", {"manifest.json": '{"command": "train"}', "trainer/x": ""}),
-        "eval run": folder("eval", {"0_shot/identity.json": "{}"}),
-        "retrieval train": folder("ret", {"ratune_retriever.json": "{}"}),
-        "retrieval index": folder("idx", {"ratune_bm25_index.json": "{}"}),
-        "demo": folder("demo", {"table2.json": "{}"}),
-        "sweep": folder("sweep", {"sweep.yaml": "axes: {}\nsource: configs/sweeps/x.yaml\n"}),
-        "report": folder("report", {"sweep.json": "{}"}),
-    }
     assert output_stage(marked) == "train"
-    assert {stage: output_stage(path) for stage, path in made_before.items()} == {s: s for s in made_before}
-    for user in (folder("u1", {"notes.txt": ""}), folder("u2", {"manifest.json": "[1, 2]"}),
-                 folder("u3", {"manifest.json": "{torn"}), folder("u4", {".ratune-output": "not json"}),
-                 folder("u5", {"sweep.yaml": "name: mine\n  source: nested, not the saved record\n"}),
-                 folder("u6", {"data/manifest.json": '{"command": "data build"}'})):
+    data = folder("data", {"manifest.json": '{"command": "data build"}'})
+    claim_folder(data, "data build")
+    assert output_stage(folder("export", {"ratune_export.json": "{}"})) == "export"  # pushed as it is: no marker
+    # a manifest, a cell's identity.json or a saved sweep file alone is not ratune's mark
+    for user in (folder("u1", {"notes.txt": ""}), folder("u2", {"manifest.json": '{"command": "data build"}'}),
+                 folder("u3", {"0_shot/identity.json": "{}"}), folder("u4", {".ratune-output": "not json"}),
+                 folder("u5", {"sweep.yaml": "axes: {}\nsource: configs/sweeps/x.yaml\n"}),
+                 folder("u6", {".ratune-output": "[1, 2]"}), folder("u7", {"ratune_bm25_index.json": "{}"})):
         assert output_stage(user) is None
         with pytest.raises(RatuneError, match=rf"{user}: not a ratune train output .*does not delete folders"):
             require_owned(user, "train", action="delete")
     with pytest.raises(RatuneError, match="not a ratune train output \\(it is a ratune data build output\\)"):
-        require_owned(made_before["data build"], "train")
+        require_owned(data, "train")
     require_owned(tmp_path / "missing", "train")
     (tmp_path / "empty").mkdir()
     require_owned(tmp_path / "empty", "train")
@@ -236,7 +229,7 @@ def _sweep_file(tmp_path: Path, **over) -> Path:
 def test_sweep_never_writes_into_a_user_folder(tmp_path, capsys):
     """Both launchers refuse a non-empty folder ratune did not make before writing (its sweep.yaml
     and slurm/submit.sh were overwritten before); a new folder is marked and can be written again;
-    a sweep folder from before the marker (its sweep.yaml) is still accepted."""
+    a folder holding only a saved-looking sweep.yaml is not ratune's."""
     from ratune.cli import main
 
     user = tmp_path / "mine"
@@ -256,11 +249,12 @@ def test_sweep_never_writes_into_a_user_folder(tmp_path, capsys):
     assert json.loads((new / ".ratune-output").read_text()) == {"stage": "sweep"}
     assert (new / "slurm" / "submit.sh").is_file()
 
-    old = tmp_path / "old"  # made before the marker: its saved sweep.yaml names its source; accepted
+    old = tmp_path / "old"  # no marker: a sweep.yaml that names a source does not make it ratune's
     old.mkdir()
     (old / "sweep.yaml").write_text("name: t\nsource: configs/sweeps/x.yaml\n")
-    assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(old)]) == 0
-    capsys.readouterr()
+    assert main(["sweep", str(path), "--launcher", "slurm", "--out", str(old)]) == 2
+    assert f"{old}: not a ratune sweep output (it has no .ratune-output marker)" in \
+        _one_error_line(capsys.readouterr().err)
 
     # a user's own, hand-written sweep.yaml in its folder is not a saved one: refused, kept as it was
     exp = tmp_path / "exp"
@@ -311,11 +305,11 @@ def test_report_never_writes_into_a_user_folder(tmp_path, capsys):
     for _ in range(2):
         assert main(["report", str(sweep_dir)]) == 0
     assert json.loads((sweep_dir / "report" / ".ratune-output").read_text()) == {"stage": "report"}
-    old_sweep_report = tmp_path / "old1"  # a sweep report made before the marker: accepted
+    old_sweep_report = tmp_path / "old1"  # no marker: a sweep.json does not make it ratune's
     old_sweep_report.mkdir()
     (old_sweep_report / "sweep.json").write_text("{}")
-    assert main(["report", str(sweep_dir), "--out", str(old_sweep_report)]) == 0
-    capsys.readouterr()
+    assert main(["report", str(sweep_dir), "--out", str(old_sweep_report)]) == 2
+    assert f"{old_sweep_report}: not a ratune report output" in _one_error_line(capsys.readouterr().err)
     # the default report/ of a ratune sweep folder is ratune's even when an interrupted report left
     # it without sweep.json or marker
     (sweep_dir / ".ratune-output").write_text('{"stage": "sweep"}')

@@ -1,5 +1,5 @@
-"""The name registry (ratune/registry.py): every stage derives its names from it, renamed
-spellings are refused with the new name everywhere a name is read, and the released_bm25 test
+"""The name registry (ratune/registry.py): every stage derives its names from it, an
+unknown name is refused with the known ones everywhere a name is read, and the released_bm25 test
 setting replays the paper's BM25 documents (issue 19 item 1, issue 18 item 2)."""
 
 from __future__ import annotations
@@ -41,13 +41,12 @@ def test_derived_name_lists():
     assert registry.setting_retriever("0_shot") == "none"
     with pytest.raises(KeyError):
         registry.setting_retriever("swap")
-    # every setting's retriever exists; every renamed spelling maps to a current name
+    # every setting's retriever exists
     assert all(s.retriever in registry.RETRIEVERS for s in registry.TEST_SETTING_SPECS)
     assert all(c in registry.RETRIEVERS for r in registry.RETRIEVER_SPECS for c in r.components)
     # a fused retriever needs the finetuned folder exactly when one of its components does
     assert all(r.needs_model == any(registry.RETRIEVERS[c].needs_model for c in r.components)
                for r in registry.RETRIEVER_SPECS if r.kind == "fusion")
-    assert set(registry.RENAMED.values()) <= set(registry.RETRIEVERS)
 
 
 def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys, tmp_path):
@@ -80,23 +79,23 @@ def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys, tmp
     assert schema["properties"]["settings"]["items"]["enum"] == list(registry.EVAL_SETTINGS)
 
 
-RENAMED_CASES = [
+UNKNOWN_NAME_CASES = [
     (["data", "build", "--hub", "torchhub", "--out", "OUT", "--modes", "bm25_paper"],
-     "argument --modes: train-time retrieval mode 'bm25_paper' was renamed to 'bm25_replica'"),
+     "argument --modes: unknown train-time retrieval mode 'bm25_paper': expected one of none, "),
     (["data", "build", "--hub", "torchhub", "--out", "OUT", "--top1-retriever", "bm25_paper"],
-     "argument --top1-retriever: top1 retriever 'bm25_paper' was renamed to 'bm25_replica'"),
+     "argument --top1-retriever: unknown top1 retriever 'bm25_paper': expected one of "),
     (["retrieval", "eval", "--hub", "torchhub", "--retriever", "paper_bm25"],
-     "argument --retriever: retriever 'paper_bm25' was renamed to 'released_bm25'"),
+     "argument --retriever: unknown retriever 'paper_bm25': expected one of "),
     (["retrieval", "index", "--hub", "torchhub", "--out", "OUT", "--retriever", "bm25_paper"],
-     "argument --retriever: BM25 variant 'bm25_paper' was renamed to 'bm25_replica'"),
+     "argument --retriever: unknown BM25 variant 'bm25_paper': expected one of "),
     (["eval", "run", "--checkpoint", ".", "--hub", "torchhub", "--out", "OUT", "--settings", "0_shot", "bm26"],
      "argument --settings: unknown test setting 'bm26': expected one of 0_shot, bm25, dense, gpt_index, "
      "released_bm25, oracle, dense_ft, hybrid, hybrid_ft, swap, irrelevant"),
 ]
 
 
-@pytest.mark.parametrize("argv,message", RENAMED_CASES)
-def test_cli_names_the_new_spelling(argv, message, tmp_path, capsys):
+@pytest.mark.parametrize("argv,message", UNKNOWN_NAME_CASES)
+def test_cli_refuses_an_unknown_name_with_the_list(argv, message, tmp_path, capsys):
     from ratune.cli import main
 
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
@@ -105,7 +104,7 @@ def test_cli_names_the_new_spelling(argv, message, tmp_path, capsys):
     assert err.startswith("ratune: error: ") and message in err and "Traceback" not in err
 
 
-def test_schemas_and_stages_name_the_new_spelling(apibench, smol_tokenizer, tmp_path):
+def test_schemas_and_stages_refuse_an_unknown_name(apibench, smol_tokenizer, tmp_path):
     from ratune.config import validate
     from ratune.data.build import build_dataset
     from ratune.data.mixture import Mixture
@@ -113,36 +112,39 @@ def test_schemas_and_stages_name_the_new_spelling(apibench, smol_tokenizer, tmp_
     from ratune.sweep import SweepEval
     from ratune.train.config import TrainConfig
 
-    with pytest.raises(RatuneError, match=r"sweep\.yaml: eval: settings\.1: Value error, test setting 'paper_bm25' was renamed "
-                                          r"to 'released_bm25' \(ratune/registry\.py\)"):
+    with pytest.raises(RatuneError, match=r"sweep\.yaml: eval: settings\.1: Value error, unknown test setting 'paper_bm25': "
+                                          r"expected one of 0_shot, "):
         validate(SweepEval, {"settings": ["0_shot", "paper_bm25"]}, "sweep.yaml: eval")
-    with pytest.raises(RatuneError, match=r"train\.yaml: train_retriever: .*'bm25_paper' was renamed to 'bm25_replica'"):
+    with pytest.raises(RatuneError, match=r"train\.yaml: train_retriever: .*expected one of none, .* or mix-NAME .*got 'bm25_paper'"):
         validate(TrainConfig, {"model": "m", "data_dir": "d", "train_retriever": "bm25_paper", "output_dir": "o"},
                  "train.yaml")
-    with pytest.raises(RatuneError, match="retriever 'paper_bm25' was renamed to 'released_bm25'"):
+    with pytest.raises(RatuneError, match="unknown retriever 'paper_bm25': expected one of "):
         make_retriever("paper_bm25", hub="torchhub", apibench_dir=apibench)
-    with pytest.raises(RatuneError, match="mixture m: top1 retriever 'bm25_paper' was renamed to 'bm25_replica'"):
+    with pytest.raises(RatuneError, match="mixture m: unknown top1 retriever 'bm25_paper': expected one of "):
         Mixture.parse("m:top1=1", top1_retriever="bm25_paper")
-    with pytest.raises(RatuneError, match="train-time retrieval mode 'bm25_paper' was renamed to 'bm25_replica'"):
+    with pytest.raises(RatuneError, match="unknown train-time retrieval mode 'bm25_paper': expected one of none, "):
         build_dataset(apibench_dir=apibench, hub="torchhub", out_dir=tmp_path / "d", tokenizer=smol_tokenizer,
                       tokenizer_name="smol", modes=["bm25_paper"])
     assert not (tmp_path / "d").exists()
 
 
-def test_an_index_saved_under_the_old_variant_name_still_loads(apibench, tmp_path):
-    """A saved bm25s index records its variant; one saved as bm25_paper is the bm25_replica index."""
+def test_a_saved_index_loads_under_its_variant_and_is_refused_under_another(apibench, tmp_path):
+    """A saved bm25s index records its variant: loaded as that variant it ranks like a fresh one;
+    one whose record names another variant is refused, naming both."""
     from ratune.sources.apibench import api_database_path, load_api_database
     from ratune.io import read_json, write_json
     from ratune.retrieval.retrievers import BM25_INDEX_METADATA, BM25Retriever, Query, make_retriever
 
     corpus = load_api_database(api_database_path(apibench, "torchhub"))
     saved = BM25Retriever(corpus, hub="torchhub", variant="bm25_replica", backend="bm25s").save(tmp_path / "index")
-    meta = read_json(saved / BM25_INDEX_METADATA)
-    write_json(saved / BM25_INDEX_METADATA, {**meta, "variant": "bm25_paper", "name": "bm25_paper"})
     loaded = make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench, bm25_index=saved)
     fresh = make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench)
     q = [Query("Load a pretrained image classifier from PyTorch Hub")]
     assert [d["api_call"] for d in loaded.retrieve(q, top_k=5)[0]] == [d["api_call"] for d in fresh.retrieve(q, top_k=5)[0]]
+    meta = read_json(saved / BM25_INDEX_METADATA)
+    write_json(saved / BM25_INDEX_METADATA, {**meta, "variant": "bm25_paper", "name": "bm25_paper"})
+    with pytest.raises(RatuneError, match="this index was built for variant 'bm25_paper', not 'bm25_replica'"):
+        make_retriever("bm25_replica", hub="torchhub", apibench_dir=apibench, bm25_index=saved)
 
 
 def _squash(text: str) -> str:

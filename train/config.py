@@ -18,7 +18,7 @@ from ratune.config import SCHEMA_CONFIG, Count, MaxLength, PositiveFloat, Seed, 
 from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
 from ratune.errors import InputError, RatuneError
 from ratune.io import read_json_object
-from ratune.registry import RENAMED, TRAIN_MODES, unknown_name
+from ratune.registry import TRAIN_MODES
 
 
 class LoraSettings(BaseModel):
@@ -143,8 +143,6 @@ class TrainConfig(BaseModel):
     def _train_mode(cls, value: str) -> str:
         import re
 
-        if value in RENAMED:
-            raise ValueError(unknown_name("train-time retrieval mode", value, TRAIN_MODES))
         if value not in TRAIN_MODES and not re.fullmatch(r"mix-[a-z0-9][a-z0-9_]*", value):
             raise ValueError(f"expected one of {', '.join(TRAIN_MODES)} or mix-NAME (a mixture built with "
                              f"`ratune data build --mixture NAME:...`), got {value!r}")

@@ -70,10 +70,9 @@ from ratune.hubs import manifest_hub_record, resolve_hub
 from ratune.data.labels import AnswerMerge, NoTrainableTokens, built_answer_tokenization, tokenize_row
 from ratune.sources.prompt import require_chat_template, use_chat_template
 from ratune.errors import RatuneError
-from ratune.io import (open_file_modes, read_json, read_json_object, sha256_file, stale_temp_folders, swap_folder,
-                       temp_folder, write_json, write_text)
-from ratune.locks import locked_output
-from ratune.manifest import TRAIN_STAGE, base_manifest, host_facts, is_complete, mark_complete, require_owned
+from ratune.io import open_file_modes, read_json, read_json_object, sha256_file, write_json, write_text
+from ratune.manifest import TRAIN_STAGE, base_manifest, host_facts, is_complete
+from ratune.output import StageOutput, built_beside, reserve_sibling
 from ratune.models import (check_attention, load_model, load_tokenizer, merge_adapter, require_model_files,
                            resolve_model_path, set_torch_threads)
 from ratune.train import checks
@@ -514,10 +513,11 @@ def _is_main_process() -> bool:
 
 
 def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
-    out = Path(config.output_dir)
+    output = _run_output(config)
+    out = output.out
     # only the main process checks: the others would see the folder it has just started writing
     if resume_from is None and _is_main_process() and out.exists() and any(out.iterdir()):
-        require_owned(out, TRAIN_STAGE, action="write into")  # a folder ratune did not make: say so, not "resume"
+        output.check(action="write into")  # a folder ratune did not make: say so, not "resume"
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     try:
@@ -526,9 +526,7 @@ def _prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
         if _is_main_process():
             raise
     if resume_from is None and _is_main_process():
-        from ratune.manifest import claim_folder
-
-        claim_folder(out, TRAIN_STAGE)  # from here on a ratune train output (ratune.manifest.output_stage)
+        output.claim()  # from here on a ratune train output (ratune.manifest.output_stage)
     return out
 
 
@@ -548,7 +546,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
     for, or under ``restart``, whose answer is None whatever they see.
 
     Raises:
-        RatuneError: a finished run; a folder ratune did not make (:func:`ratune.manifest.require_owned`).
+        RatuneError: a finished run; a folder ratune did not make (:meth:`ratune.output.StageOutput.check`).
     """
     try:
         resumable = policy == "resume" and bool(complete_checkpoint_folders(out, say=False))
@@ -558,7 +556,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
         return "latest" if resumable else None  # the others look for, or the answer is None anyway)
     if not out.exists() or not any(out.iterdir()):
         return None
-    require_owned(out, TRAIN_STAGE, action="resume or restart")  # never a folder ratune did not make
+    StageOutput(out, TRAIN_STAGE).check(action="resume or restart")  # never a folder ratune did not make
     if is_complete(out):
         raise RatuneError(f"{out}: a finished training run (.complete); --on-unfinished {policy} acts on unfinished "
                           "runs only: choose another output_dir")
@@ -621,11 +619,17 @@ def _resolve_resume(out: Path, resume_from: str | None) -> str | None:
     return resume_from
 
 
-@locked_output("config.output_dir", command=TRAIN_STAGE, enabled=_is_main_process)
+def _run_output(config: TrainConfig) -> StageOutput:
+    """The run folder as an output: locked by the main process only; its ownership is checked by
+    :func:`_prepare_output_dir` and :func:`prepare_unfinished`, which know a fresh run from a resume."""
+    return StageOutput(config.output_dir, TRAIN_STAGE, command=TRAIN_STAGE, known=True, claim=False,
+                       lock=_is_main_process())
+
+
 def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished: str | None = None,
           config_path: str | None = None) -> Path:
     """Train one model and save its run folder (see the module docstring), holding the run folder's
-    lock (:func:`ratune.locks.locked_output`, on rank 0 only) throughout.
+    lock (on rank 0 only) throughout.
 
     Args:
         config: the validated config.
@@ -643,6 +647,12 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
             helpers (batch arithmetic, output folder, resume path, data).
         LockHeld: another process is writing ``output_dir``.
     """
+    with _run_output(config).writing():
+        return _train(config, resume_from=resume_from, on_unfinished=on_unfinished, config_path=config_path)
+
+
+def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str | None, config_path: str | None) -> Path:
+    """The body of :func:`train`, under the run folder's lock."""
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
     check_attention(config.attn_implementation)  # a missing flash-attn fails before any data or model (QLoRA too)
@@ -833,7 +843,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
 
         plot_training_curves(trainer.state.log_history, out / "training_curves.png",
                              title=f"{out.name}: {config.train_retriever}, lr {config.learning_rate:g}")
-        mark_complete(out)
+        _run_output(config).complete(out)
     trainer.accelerator.wait_for_everyone()
     return final
 
@@ -872,34 +882,19 @@ def checkpoint_modes_callback():
 def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
     """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes), then swap it in.
 
-    ``tmp`` is a new ratune-owned sibling (:func:`ratune.io.temp_folder`); rank 0 draws its random
-    part, creates it and broadcasts the part, so every rank names the same folder. Rank 0 first
-    removes temporary siblings of ``final`` that a killed run left (it holds the run's lock).
-    Drops the Trainer's pickled ``training_args.bin`` (model folders hold safetensors and JSON only).
+    Rank 0 makes the temporary sibling (:func:`ratune.output.reserve_sibling`) and broadcasts its
+    token, so every rank names the same folder. Drops the Trainer's pickled ``training_args.bin``
+    (model folders hold safetensors and JSON only).
     """
-    import secrets
-
     import torch
     from accelerate.utils import broadcast
 
-    draw = 0
-    if main_process:
-        for stale in stale_temp_folders(final):
-            shutil.rmtree(stale, ignore_errors=True)
-        while True:
-            draw = secrets.randbits(32)
-            try:
-                temp_folder(final, token=f"{draw:08x}")
-                break
-            except FileExistsError:
-                continue
+    draw = int(reserve_sibling(final), 16) if main_process else 0
     draw = int(broadcast(torch.tensor([draw], dtype=torch.int64, device=trainer.accelerator.device)).item())
-    tmp = temp_folder(final, token=f"{draw:08x}", create=False)
-    write(tmp)
-    if main_process:
-        (tmp / "training_args.bin").unlink(missing_ok=True)
-        open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
-        swap_folder(tmp, final)
+    with built_beside(final, f"{draw:08x}", writer=main_process) as tmp:
+        write(tmp)
+        if main_process:
+            (tmp / "training_args.bin").unlink(missing_ok=True)
     trainer.accelerator.wait_for_everyone()
     return final
 

@@ -55,10 +55,10 @@ Modules (each imports only the ones above it; ``ratune.sweep`` re-exports their 
     state.py      cell.json and change detection: cell_record, changed_keys, is_finished,
                   is_curve_finished, check_changed
     local.py      the local launcher: run_command, run_local, save_sweep_file, dry_run; what both
-                  launchers do first: require_sweep_folder, prepare_sweep_folder
+                  launchers do first: sweep_output, prepare_sweep_folder
     slurm.py      the Slurm launcher: write_slurm
     report.py     report_sweep, best_cells, load_compare_pairs, cli_report_sweep
-    cli.py        add_sweep_arguments, cli_sweep (holds the sweep folder's lock, ratune/locks.py)
+    cli.py        add_sweep_arguments, cli_sweep (holds the sweep folder's lock, ratune/output.py)
 
 :func:`run_local` calls ``run_command`` and (through :func:`prepare_sweep_folder`, as do the Slurm
 scripts' writer) ``check_changed`` as names of ``ratune.sweep.local``:

@@ -7,8 +7,7 @@ import argparse
 
 from ratune.args import checked, input_file, output_dir
 from ratune.sweep.cells import expand, select_cells
-from ratune.locks import output_lock
-from ratune.sweep.local import dry_run, require_sweep_folder, run_local
+from ratune.sweep.local import dry_run, run_local, sweep_output
 from ratune.sweep.schema import SET_EXAMPLE, check_files, load_sweep, parse_only, parse_set
 from ratune.sweep.slurm import write_slurm
 
@@ -40,7 +39,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_sweep(args: argparse.Namespace) -> int:
     """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit
     status. A run (local, or writing the Slurm scripts) holds the sweep folder's lock
-    (:func:`ratune.locks.output_lock`), as ``ratune demo`` holds its folder's: two sweeps into one
+    (:func:`ratune.sweep.local.sweep_output`), as ``ratune demo`` holds its folder's: two sweeps into one
     folder would interleave its cells.
 
     Raises:
@@ -53,8 +52,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
     cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's
     if args.dry_run:
         return dry_run(sweep, cells, data_cells=every)
-    require_sweep_folder(sweep.out_dir)  # a folder ratune did not make is refused before the lock file is written
-    with output_lock(sweep.out_dir):  # one sweep per folder: a second one is refused, naming this one's pid
+    with sweep_output(sweep.out_dir).writing():  # one sweep per folder: a second one is refused, naming its pid
         if args.launcher == "slurm":
             write_slurm(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)
             return 0

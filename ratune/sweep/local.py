@@ -14,11 +14,11 @@ from typing import Callable
 
 from ratune.errors import RatuneError, Terminated
 from ratune.io import write_json, write_text
-from ratune.manifest import (SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete,
-                             own_output_folder, require_owned)
+from ratune.manifest import SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete
+from ratune.output import StageOutput
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
-from ratune.sweep.schema import Sweep
+from ratune.sweep.schema import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, Sweep
 from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
 
 
@@ -185,30 +185,27 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     return 1 if errors else 0
 
 
-def require_sweep_folder(folder: Path) -> None:
-    """Refuse a sweep folder ratune did not make (:func:`ratune.manifest.require_owned`, action
-    "write into"); a ``demo`` output is a sweep folder too (ratune/demo.py runs its sweep file
-    into one). Writes nothing.
-
-    Raises:
-        RatuneError: ``folder`` is a file, or a non-empty folder that is no sweep or demo output.
-    """
-    require_owned(folder, SWEEP_STAGE, action="write into", also=SWEEP_FOLDER_STAGES)
+def sweep_output(folder: Path) -> StageOutput:
+    """A sweep folder as an output (:class:`ratune.output.StageOutput`): a ``demo`` output is a
+    sweep folder too (ratune/demo.py runs its sweep file into one). Its ``check()`` refuses a
+    file, or a non-empty folder that is no sweep or demo output, and writes nothing."""
+    return StageOutput(folder, SWEEP_STAGE, also=SWEEP_FOLDER_STAGES, claim=False)
 
 
 def prepare_sweep_folder(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out) -> Path:
     """What both launchers do before their first command: refuse a folder ratune did not make
-    (:func:`require_sweep_folder`, before :func:`check_changed` may delete anything), refuse or
-    (``rerun_changed``) delete changed cells, create and mark the folder
-    (:func:`ratune.manifest.own_output_folder`) and save the sweep file (:func:`save_sweep_file`).
+    (:func:`sweep_output`, before :func:`check_changed` may delete anything), refuse or
+    (``rerun_changed``) delete changed cells, create and mark the folder and save the sweep file
+    (:func:`save_sweep_file`).
     Returns the folder.
 
     Raises:
-        RatuneError: as :func:`require_sweep_folder`; changed cells without ``rerun_changed``.
+        RatuneError: as :func:`sweep_output`; changed cells without ``rerun_changed``.
     """
-    require_sweep_folder(sweep.out_dir)
+    output = sweep_output(sweep.out_dir)
+    output.check()
     check_changed(sweep, cells, rerun_changed=rerun_changed, out=out)
-    own_output_folder(sweep.out_dir, SWEEP_STAGE, also=SWEEP_FOLDER_STAGES)
+    output.claim()
     save_sweep_file(sweep)
     return sweep.out_dir
 

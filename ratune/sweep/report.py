@@ -16,7 +16,7 @@ from ratune.hubs import recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
-                                metric_block, own_report_folder, table2_markdown, write_table2)
+                                metric_block, report_output, table2_markdown, write_table2)
 from ratune.eval.results import finished_cells
 from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
@@ -69,7 +69,7 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
         without ``seed`` when replicates are aggregated).
     Raises:
         RatuneError: no finished cell; ``out_dir`` a folder ratune did not make
-            (:func:`ratune.eval.report.own_report_folder`); a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
+            (:func:`ratune.eval.report.report_output`); a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
             (:func:`ratune.sweep.schema.load_saved_sweep`); a chosen pair naming an unknown dimension or matching
             several cells in one context; an ``apibench`` folder named by the sweep file that does
             not exist, when cells could be compared with the released responses (after the tables
@@ -82,7 +82,13 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     # a folder ratune did not make is refused before anything is written; the default report/ of a
     # ratune sweep (or demo) folder is ratune's whatever an earlier, interrupted report left in it
-    own_report_folder(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
+    output = report_output(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
+    with output.writing():
+        return _write_report(sweep_dir, found, out, pairs)
+
+
+def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[ComparePair] | None) -> dict[str, dict]:
+    """The report of :func:`report_sweep` (its checks done), written into ``out``; returns the tables."""
     groups, replicate = _groups(found.rows)
     tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
                                  **({"replicates": _replicates_info(g["seeds"])} if replicate else {}))

@@ -11,13 +11,18 @@ from pydantic import BaseModel, Field
 
 from ratune.config import SCHEMA_CONFIG, Count, OnUnfinished, Port, TestSettingName, load_yaml, parse_yaml, validate
 from ratune.errors import RatuneError
-from ratune.manifest import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.sources.validate import LEAKAGE_POLICIES
 from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
 from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair
+
+#: A sweep run's copy of its validated sweep file, in its out_dir (ratune/sweep/local.py
+#: save_sweep_file writes it, :func:`load_saved_sweep` reads it back), and the top-level key
+#: naming the file the run started from.
+SAVED_SWEEP_FILE = "sweep.yaml"
+SAVED_SWEEP_SOURCE_KEY = "source"
 
 
 #: A sweep file's ``data:`` section: the settings of the shared ``ratune data build`` (one build per

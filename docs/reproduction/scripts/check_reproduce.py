@@ -27,8 +27,8 @@ from ratune.errors import RatuneError
 from ratune.eval.curve import step_folder
 from ratune.eval.stats import mcnemar_exact
 from ratune.io import iter_jsonl, read_json
-from ratune.manifest import SAVED_SWEEP_FILE, is_complete
-from ratune.sweep.schema import Sweep, load_saved_sweep
+from ratune.manifest import is_complete
+from ratune.sweep.schema import SAVED_SWEEP_FILE, Sweep, load_saved_sweep
 from ratune.train.layout import trainer_checkpoints
 
 from arms import DOCS, SWEEP_ARMS
