@@ -17,47 +17,27 @@ several-fold from batching (bench/eval_throughput.py measures both; docs/perform
 ``"auto"``, is ``"each"`` on CPU and ``"padded"`` elsewhere, where a padded batch keeps an
 accelerator busy (not measured here: no GPU). Models whose cache is not a plain full-attention
 cache (sliding-window layers) always use ``"padded"``. When only scoring needs the answer,
-``stop_after_api_call`` stops a sequence as soon as its ``<<<api_provider>>>`` line is complete
-(the api_call line comes before it), which saves most of the generation time; a sequence that
-never writes that field runs to ``max_new_tokens``, so its text is kept as generated.
+``stop_after_api_call`` stops a sequence as soon as its answer is complete in its answer format
+(sources/formats.py: an ``apibench`` answer's ``<<<api_provider>>>`` line, which comes after the
+api_call line; a ``python_calls`` list's closing bracket), which saves most of the generation time;
+a sequence that never completes one runs to ``max_new_tokens``, so its text is kept as generated.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
-#: When only scoring needs the answer, a sequence is done once this field's line is complete: the
-#: answer format puts domain, api_call, api_provider first (sources/prompt.py), so by then the
-#: api_call and api_provider fields are complete.
-LAST_NEEDED_FIELD = "<<<api_provider>>>:"
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 
-
-def needed_fields_end(text: str) -> int | None:
-    """End offset of the api_provider line in generated text (None while it is incomplete).
-
-    The line is complete at its newline or when a later marker (``<<<``) starts on it.
-    """
-    start = text.find(LAST_NEEDED_FIELD)
-    if start < 0:
-        return None
-    rest = start + len(LAST_NEEDED_FIELD)
-    ends = [i for i in (text.find("\n", rest), text.find("<<<", rest)) if i >= 0]
-    return min(ends) if ends else None
-
-
-def finish_answer(text: str, *, stop_after_api_call: bool) -> str:
-    """The stored answer for decoded generated text: cut after the api_provider line when
-    ``stop_after_api_call`` (and the line is complete), then stripped.
+def finish_answer(text: str, *, stop_after_api_call: bool, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
+    """The stored answer for decoded generated text: cut where the answer is complete when
+    ``stop_after_api_call`` (:meth:`ratune.sources.formats.AnswerFormat.finish`), then stripped.
 
     Every backend (HF here, vLLM in :mod:`ratune.eval.vllm_backend`) passes its decoded text
-    through this one function. A backend that stops generating as soon as the line is complete
-    and one that runs on and is cut afterwards store the same answer: the cut is at the first
-    line end after the api_provider marker, which is the same offset in any continuation.
+    through this one function, so a backend that stops as soon as the answer is complete and one
+    that runs on and is cut afterwards store the same answer.
     """
-    end = needed_fields_end(text) if stop_after_api_call else None
-    if end is not None:
-        text = text[:end]
-    return text.strip()
+    return get_answer_format(answer_format).finish(text, stop=stop_after_api_call)
 
 
 def stop_token_ids(tokenizer) -> list[int]:
@@ -125,25 +105,28 @@ def generation_limits(prompt_lengths: Sequence[int], *, max_new_tokens: int, max
     return limits
 
 
-def decode_answer(tokenizer, new_token_ids, *, stop_after_api_call: bool) -> str:
+def decode_answer(tokenizer, new_token_ids, *, stop_after_api_call: bool,
+                  answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """Decode a sequence's generated ids (after the prompt; EOS and padding are special tokens
     and skipped) and apply :func:`finish_answer`."""
     text = tokenizer.decode(list(int(t) for t in new_token_ids), skip_special_tokens=True)
-    return finish_answer(text, stop_after_api_call=stop_after_api_call)
+    return finish_answer(text, stop_after_api_call=stop_after_api_call, answer_format=answer_format)
 
 
-class FieldsCompleteCriteria:
-    """A transformers stopping criterion: per sequence, True once :func:`needed_fields_end` finds
-    the api_provider line complete in the tokens generated after ``prompt_width``."""
+class AnswerCompleteCriteria:
+    """A transformers stopping criterion: per sequence, True once the answer format finds the
+    answer complete (:meth:`ratune.sources.formats.AnswerFormat.answer_end`) in the tokens
+    generated after ``prompt_width``."""
 
-    def __init__(self, tokenizer, prompt_width: int):
+    def __init__(self, tokenizer, prompt_width: int, answer_format: str = DEFAULT_ANSWER_FORMAT):
         self.tokenizer, self.prompt_width = tokenizer, prompt_width
+        self.answer_format = get_answer_format(answer_format)
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
         texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
-        return torch.tensor([needed_fields_end(t) is not None for t in texts], device=input_ids.device)
+        return torch.tensor([self.answer_format.answer_end(t) is not None for t in texts], device=input_ids.device)
 
 
 class RowLimitCriteria:
@@ -235,7 +218,8 @@ def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens
 
 def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int = 8,
                      max_new_tokens: int = 256, stop_after_api_call: bool = False, prefill: str = "auto",
-                     max_positions: int | None = None) -> Iterator[list[tuple[int, str]]]:
+                     max_positions: int | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT
+                     ) -> Iterator[list[tuple[int, str]]]:
     """Generate answers, yielding each finished batch as ``[(prompt index, text), ...]``.
 
     Args:
@@ -245,13 +229,15 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         batch_size: prompts per ``generate`` call.
         max_new_tokens: the generation limit per answer; a prompt near the model's positions gets
             fewer (:func:`generation_limits`).
-        stop_after_api_call: stop once the api_provider line is complete; cut the text there.
+        stop_after_api_call: stop once the answer is complete (the api_provider line of an
+            ``apibench`` answer, the closing bracket of ``python_calls``); cut the text there.
         prefill: ``"each"`` (every prompt alone, then the batch decodes together), ``"padded"``
             (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring.
             Batches of one prompt and models without a plain full-attention cache use
             ``generate`` directly either way.
         max_positions: the model's positions (prompt + answer); None: :func:`max_positions_of`
             ``model.config``.
+        answer_format: a name in :data:`ratune.sources.formats.ANSWER_FORMATS`.
     Yields:
         Lists of ``(index into prompts, generated text without special tokens)``. Decoding stops
         at :func:`stop_token_ids`.
@@ -284,7 +270,7 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         extra, criteria = {}, []
         batch_new = max(limits[i] for i in idx)  # rows with a lower limit stop at it (RowLimitCriteria)
         if stop_after_api_call:
-            criteria.append(FieldsCompleteCriteria(tokenizer, width))
+            criteria.append(AnswerCompleteCriteria(tokenizer, width, answer_format))
         if any(limits[i] < batch_new for i in idx):
             criteria.append(RowLimitCriteria([limits[i] for i in idx], width))
         if criteria:
@@ -299,7 +285,7 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         batch = []
         for row, i in enumerate(idx):
             batch.append((i, decode_answer(tokenizer, out[row, width:].tolist(),
-                                           stop_after_api_call=stop_after_api_call)))
+                                           stop_after_api_call=stop_after_api_call, answer_format=answer_format)))
         yield batch
 
 

@@ -138,18 +138,20 @@ def _read_done(path: Path) -> dict[int, dict]:
     return done
 
 
-def _batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
-             stop_after_api_call: bool, max_positions: int | None):
-    """Batches of ``(prompt index, answer)`` from the chosen backend (same arguments, same answers)."""
+def backend_batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
+                    stop_after_api_call: bool, max_positions: int | None, answer_format: str = "apibench"):
+    """Batches of ``(prompt index, answer)`` from the chosen backend (``hf`` or ``vllm``; same
+    arguments, same answers)."""
     if backend == "vllm":
         from ratune.eval.vllm_backend import vllm_generate_batches
 
         # vLLM schedules its own batches; chunks of 32 x batch_size bound what a killed run loses
         return vllm_generate_batches(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
                                      max_positions=max_positions, stop_after_api_call=stop_after_api_call,
-                                     chunk_size=32 * batch_size)
+                                     chunk_size=32 * batch_size, answer_format=answer_format)
     return generate_batches(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            stop_after_api_call=stop_after_api_call, max_positions=max_positions)
+                            stop_after_api_call=stop_after_api_call, max_positions=max_positions,
+                            answer_format=answer_format)
 
 
 def checkpoint_max_positions(source: Checkpoint, *, trust_remote_code: bool = False) -> int | None:
@@ -422,7 +424,7 @@ def _generate_cell(responses_path: Path, done: dict[int, dict], examples: list, 
     if todo:
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=desc, disable=not progress)
         with open(responses_path, "a", encoding="utf-8") as fh:
-            for batch in _batches(settings.backend, model, tokenizer, [prompts[i] for i in todo],
+            for batch in backend_batches(settings.backend, model, tokenizer, [prompts[i] for i in todo],
                                   batch_size=settings.batch_size, max_new_tokens=settings.max_new_tokens,
                                   stop_after_api_call=settings.stop_after_api_call, max_positions=positions):
                 for j, text in batch:

@@ -133,8 +133,8 @@ def sampling_params(tokenizer, *, max_new_tokens: int):
 
 
 def vllm_generate_batches(llm, tokenizer, prompts: Sequence[list[int]], *, max_positions: int | None,
-                          max_new_tokens: int = 256, stop_after_api_call: bool = False, chunk_size: int = 256
-                          ) -> Iterator[list[tuple[int, str]]]:
+                          max_new_tokens: int = 256, stop_after_api_call: bool = False, chunk_size: int = 256,
+                          answer_format: str = "apibench") -> Iterator[list[tuple[int, str]]]:
     """Generate with vLLM, yielding ``[(prompt index, answer), ...]`` per chunk of prompts, in the
     shape of :func:`ratune.eval.generate.generate_batches` (so eval/run.py appends and resumes
     the same way).
@@ -147,7 +147,7 @@ def vllm_generate_batches(llm, tokenizer, prompts: Sequence[list[int]], *, max_p
             with ``max_new_tokens`` they give each prompt its limit
             (:func:`ratune.eval.generate.generation_limits`, as the HF backend).
         max_new_tokens: the generation limit per answer.
-        stop_after_api_call: cut the answer after the api_provider line (as the HF backend).
+        stop_after_api_call: cut the answer where it is complete in ``answer_format`` (as the HF backend).
         chunk_size: prompts per ``llm.generate`` call (vLLM batches within a call; chunks only
             bound how much is lost when a run is killed).
     Yields:
@@ -168,7 +168,8 @@ def vllm_generate_batches(llm, tokenizer, prompts: Sequence[list[int]], *, max_p
                 params[limits[i]] = sampling_params(tokenizer, max_new_tokens=limits[i])
         outputs = llm.generate([{"prompt_token_ids": list(prompts[i])} for i in idx],
                                [params[limits[i]] for i in idx], use_tqdm=False)
-        yield [(i, decode_answer(tokenizer, out.outputs[0].token_ids, stop_after_api_call=stop_after_api_call))
+        yield [(i, decode_answer(tokenizer, out.outputs[0].token_ids, stop_after_api_call=stop_after_api_call,
+                                 answer_format=answer_format))
                for i, out in zip(idx, outputs)]
 
 

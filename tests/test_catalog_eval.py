@@ -66,7 +66,7 @@ def _fake_generation(monkeypatch, smol_tokenizer, answer_of):
             out.append((j, answer_of(text)))
         return [out]
 
-    monkeypatch.setattr("ratune.eval.run._batches", fake)
+    monkeypatch.setattr("ratune.eval.run.backend_batches", fake)
     return asked
 
 
@@ -182,7 +182,7 @@ def test_eval_run_cli_on_a_catalog_defaults_to_the_computed_settings(catalog, ti
     from ratune.registry import CATALOG_DEFAULT_SETTINGS, DEFAULT_SETTINGS
 
     assert CATALOG_DEFAULT_SETTINGS == tuple(s for s in DEFAULT_SETTINGS if s != "gpt_index")
-    monkeypatch.setattr("ratune.eval.run._batches", lambda backend, model, tokenizer, prompts, **kw: [
+    monkeypatch.setattr("ratune.eval.run.backend_batches", lambda backend, model, tokenizer, prompts, **kw: [
         [(j, _answer("petstore.list_pets()")) for j in range(len(prompts))]])
     out = tmp_path / "eval"
     rc = main(["eval", "run", "--checkpoint", str(tiny_model_dir), "--hub", str(catalog), "--out", str(out),

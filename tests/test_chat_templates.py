@@ -252,7 +252,7 @@ def _capture_prompts(monkeypatch):
         seen.extend(prompts)
         yield [(j, "") for j in range(len(prompts))]
 
-    monkeypatch.setattr(run, "_batches", batches)
+    monkeypatch.setattr(run, "backend_batches", batches)
     monkeypatch.setattr(run, "load_model", lambda *a, **k: object())  # the name evaluate_checkpoint calls
     return seen
 

@@ -36,7 +36,9 @@ def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
 
 
 def test_needed_fields_end():
-    from ratune.eval.generate import needed_fields_end
+    from ratune.sources.formats import get_answer_format
+
+    needed_fields_end = get_answer_format("apibench").answer_end
 
     text = "<<<domain>>>: D\n<<<api_call>>>: f(x)\n<<<api_provider>>>: PyTorch\n<<<explanation>>>: E"
     assert text[:needed_fields_end(text)] == "<<<domain>>>: D\n<<<api_call>>>: f(x)\n<<<api_provider>>>: PyTorch"
@@ -51,7 +53,7 @@ def test_fields_complete_criterion_per_sequence(smol_tokenizer):
     sequence once its api_provider line is complete."""
     import torch
 
-    from ratune.eval.generate import FieldsCompleteCriteria
+    from ratune.eval.generate import AnswerCompleteCriteria
 
     tok = smol_tokenizer
     prompt = tok("<<<api_provider>>>: in the prompt\n", add_special_tokens=False)["input_ids"]
@@ -60,7 +62,7 @@ def test_fields_complete_criterion_per_sequence(smol_tokenizer):
     width = max(len(done), len(open_line))
     rows = [prompt + done + [tok.pad_token_id] * (width - len(done)),
             prompt + open_line + [tok.pad_token_id] * (width - len(open_line))]
-    flags = FieldsCompleteCriteria(tok, len(prompt))(torch.tensor(rows), None)
+    flags = AnswerCompleteCriteria(tok, len(prompt))(torch.tensor(rows), None)
     assert flags.tolist() == [True, False]
 
 
