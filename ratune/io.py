@@ -149,6 +149,19 @@ def stale_temp_folders(out: str | os.PathLike) -> list[Path]:
     return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
 
 
+#: The temporary files :func:`atomic_write` makes: ``.NAME.XXXXXXXX.tmp`` beside ``NAME``.
+_TEMP_FILE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def stale_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """The temporary files of :func:`atomic_write` anywhere under ``folder``; call it only while
+    holding ``folder``'s lock, when none of them can belong to a live writer."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.tmp") if _TEMP_FILE.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+
+
 def open_file_modes(folder: str | os.PathLike) -> None:
     """Give every file under ``folder`` (a folder ratune just wrote) the mode ``open()`` would,
     ``0o666 & ~umask``: safetensors 0.8 writes its files 0600, so a model.safetensors that ratune

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from ratune.io import open_file_modes, stale_temp_folders, swap_folder, temp_folder
+from ratune.io import open_file_modes, stale_temp_files, stale_temp_folders, swap_folder, temp_folder
 from ratune.locks import output_lock
 from ratune.manifest import OWNER_MARKER, claim_folder, mark_complete, require_owned
 
@@ -76,6 +76,8 @@ class StageOutput:
         with output_lock(self.out, command=self.command, enabled=self.lock):
             self._recheck()
             if not self.replace:
+                for stale in stale_temp_files(self.out) if self.lock else []:  # a killed writer's (under the lock)
+                    stale.unlink(missing_ok=True)
                 self.folder = self.claim() if self.claim_on_enter else self.out
                 yield self.folder
                 return

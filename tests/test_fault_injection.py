@@ -1,0 +1,271 @@
+"""Faults injected into every writer that goes through ratune/output.py: a full disk (ENOSPC) at a
+chosen file write, and a SIGKILL at a chosen file write in a child process. After each, what was
+complete before is byte-identical, nothing partial is marked complete, nothing temporary is left
+behind, and the plain rerun ends with the bytes of an uninterrupted run.
+
+A write is a temporary file ratune's atomic writes make (``tempfile.mkstemp``, ratune/io.py
+``atomic_write``): the suite counts them in an uninterrupted run and injects at the first, the
+middle and the last. Native writers (pyarrow, safetensors, tokenizers, torch.save) are reached by a
+real small disk instead (tests/test_faults.py). :data:`WRITERS` x :data:`FAULTS` is the table in
+docs/reliability.md ("Faults injected into every writer"), which
+:func:`test_the_docs_table_is_this_suite` keeps equal to this file."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLBOX = ROOT / "examples" / "catalogs" / "hand-written" / "toolbox.jsonl"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A command that writes one output: ``argv(work)`` and its output folder ``out(work)``;
+    ``prepare(work, fixtures)`` makes its inputs and, for a rewrite, the previous output."""
+
+    name: str
+    kind: str  # "replace" (built beside, swapped in) or "in place" (finished parts marked .complete)
+    argv: Callable
+    out: Callable
+    prepare: Callable | None = None
+
+
+def _data_argv(work, fx):
+    return ["data", "build", "--apibench", str(fx["apibench_tiny"]), "--hub", "torchhub", "--out",
+            str(work / "data"), "--tokenizer", str(fx["smol_tokenizer_dir"]), "--modes", "none", "oracle",
+            "--overwrite"]
+
+
+def _catalog(work, fx):
+    from ratune.cli import main
+
+    assert main(["catalog", "import", "--from", "jsonl", str(TOOLBOX), "--out", str(work / "catalog")]) == 0
+
+
+def _pairs_file(work) -> Path:
+    from ratune.catalog.schema import load_catalog
+
+    docs = load_catalog(work / "catalog")
+    lines = [json.dumps({"instruction": f"please {verb} with {doc['api_name']}", "api_name": doc["api_name"],
+                         "api_call": doc["api_call"]})
+             for doc in docs for verb in ("work", "run", "help")]
+    path = work / "pairs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _report_sweep(work, fx):
+    from sweep_cells import finished_cell, rate_metrics
+
+    from ratune.manifest import claim_folder
+
+    sweep = work / "sweep"
+    for arm, correct in (("none", 4), ("oracle", 7)):
+        finished_cell(sweep, f"train_retriever-{arm}", {"train_retriever": arm},
+                      {s: {**rate_metrics(10, correct, 1), "hub": "torchhub"} for s in ("0_shot", "oracle")})
+    claim_folder(sweep, "sweep")
+
+
+def _eval_first(work, fx):
+    from ratune.cli import main
+
+    assert main(_eval_argv(work, fx, "0_shot")) == 0  # the cell that was complete before
+
+
+def _eval_argv(work, fx, settings="0_shot oracle"):
+    return ["eval", "run", "--checkpoint", str(fx["tiny_model_dir"]), "--hub", "torchhub", "--apibench",
+            str(fx["apibench_tiny"]), "--out", str(work / "eval"), "--settings", *settings.split(),
+            "--n-questions", "2", "--max-new-tokens", "4", "--batch-size", "2"]
+
+
+WRITERS = [
+    Writer("data build --overwrite", "replace", _data_argv, lambda w: w / "data"),
+    Writer("catalog import", "in place",
+           lambda w, fx: ["catalog", "import", "--from", "jsonl", str(TOOLBOX), "--out", str(w / "catalog")],
+           lambda w: w / "catalog"),
+    Writer("catalog pairs", "replace",
+           lambda w, fx: ["catalog", "pairs", "--catalog", str(w / "catalog"), "--pairs", str(_pairs_file(w)),
+                          "--eval-fraction", "0.34", "--seed", "0"],
+           lambda w: w / "catalog" / "pairs", prepare=_catalog),
+    Writer("retrieval index", "replace",
+           lambda w, fx: ["retrieval", "index", "--hub", "torchhub", "--apibench", str(fx["apibench_tiny"]),
+                          "--retriever", "bm25", "--out", str(w / "index")],
+           lambda w: w / "index"),
+    Writer("report", "in place", lambda w, fx: ["report", str(w / "sweep")], lambda w: w / "sweep" / "report",
+           prepare=_report_sweep),
+    Writer("eval run", "in place", _eval_argv, lambda w: w / "eval", prepare=_eval_first),
+    Writer("export", "replace",
+           lambda w, fx: ["export", str(fx["tiny_model_dir"]), "--out", str(w / "export")], lambda w: w / "export"),
+]
+#: The faults, each at the first, the middle and the last write of an uninterrupted run.
+FAULTS = ("ENOSPC", "SIGKILL")
+#: What the suite asserts after every fault (the docs table's outcome column).
+OUTCOME = ("previous output byte-identical; nothing partial marked complete; no temporary file or "
+           "folder and no lock left; the rerun's bytes equal an uninterrupted run's")
+
+
+def _snapshot(folder: Path, base: Path) -> dict[str, object]:
+    """Every file under ``folder`` by relative path, ``base`` (the work folder) written ``<BASE>``:
+    parsed JSON without volatile keys (times, versions; bench/behaviour_hashes.py strip_volatile),
+    else bytes (PNG files by name only: matplotlib's bytes are not asserted)."""
+    from test_bench import _load
+
+    import hashlib
+
+    strip = _load("behaviour_hashes").strip_volatile
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file()] if folder.is_dir() else []
+    # a JSON file's sha256 recorded in another file changes with its volatile fields: named instead
+    digests = {hashlib.sha256(p.read_bytes()).hexdigest(): f"sha256 of {p.relative_to(folder)}"
+               for p in files if p.suffix == ".json"}
+
+    def named(value):
+        if isinstance(value, dict):
+            return {k: named(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [named(v) for v in value]
+        return digests.get(value, value) if isinstance(value, str) else value
+
+    out = {}
+    for path in files:
+        rel = str(path.relative_to(folder))
+        data = path.read_bytes().replace(str(base).encode(), b"<BASE>")
+        if path.suffix == ".json":
+            out[rel] = strip(named(json.loads(data)))
+        else:
+            out[rel] = "png" if path.suffix == ".png" else data
+    return out
+
+
+def _differences(a, b, at: str = "") -> list[str]:
+    """Dotted paths where two snapshots differ (for assertion messages)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in _differences(a.get(k), b.get(k), f"{at}/{k}")]
+    return [] if a == b else [f"{at}: {str(a)[:200]!r} != {str(b)[:200]!r}"]
+
+
+def _leftovers(work: Path) -> list[str]:
+    """Temporary siblings, temporary files and lock files anywhere under ``work``."""
+    return sorted(str(p.relative_to(work)) for p in work.rglob("*")
+                  if p.name.startswith((".ratune-tmp.", ".ratune-old.")) or p.name.endswith((".ratune.lock", ".tmp")))
+
+
+def _completes(work: Path) -> set[str]:
+    return {str(p.relative_to(work)) for p in work.rglob(".complete")}
+
+
+class _Injected(Exception):
+    pass
+
+
+def _inject(at: int | None, action: str, counter: list):
+    """A stand-in for tempfile.mkstemp that counts calls and, at call ``at``, raises ENOSPC or kills
+    the process."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        counter[0] += 1
+        if counter[0] == at:
+            if action == "SIGKILL":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    return mkstemp
+
+
+@pytest.fixture(scope="module")
+def fixtures(request):
+    return {name: request.getfixturevalue(name) for name in ("apibench_tiny", "smol_tokenizer_dir", "tiny_model_dir")}
+
+
+def _run(argv, monkeypatch, at=None, action="ENOSPC") -> tuple[int, int]:
+    from ratune.cli import main
+
+    counter = [0]
+    with monkeypatch.context() as mp:
+        mp.setattr(tempfile, "mkstemp", _inject(at, action, counter))
+        return main(argv), counter[0]
+
+
+CHILD = """
+import os, signal, sys, tempfile
+sys.path.insert(0, {tests!r})
+at, real = {at}, tempfile.mkstemp
+count = [0]
+def mkstemp(*a, **k):
+    count[0] += 1
+    if count[0] == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **k)
+tempfile.mkstemp = mkstemp
+from ratune.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+@pytest.mark.parametrize("writer", WRITERS, ids=[w.name for w in WRITERS])
+def test_faults_at_chosen_writes_keep_the_previous_output_and_the_rerun_finishes(writer, fixtures, tmp_path,
+                                                                                 monkeypatch, capsys):
+    clean, work = tmp_path / "clean", tmp_path / "work"
+    for folder in (clean, work):
+        folder.mkdir()
+        if writer.prepare:
+            writer.prepare(folder, fixtures)
+    assert _run(writer.argv(clean, fixtures), monkeypatch)[0] == 0
+    expected = _snapshot(writer.out(clean), clean)
+    if writer.kind == "replace" and writer.name != "export":  # a previous output to keep
+        assert _run(writer.argv(work, fixtures), monkeypatch)[0] == 0
+    pristine = tmp_path / "pristine"
+    shutil.copytree(work, pristine, symlinks=True)
+
+    def restore():  # every fault starts from the same state (paths inside stay valid: same place)
+        shutil.rmtree(work)
+        shutil.copytree(pristine, work, symlinks=True)
+
+    rc, writes = _run(writer.argv(work, fixtures), monkeypatch)  # how many writes this state's run makes
+    assert rc == 0 and writes >= 1
+    for fault in FAULTS:
+        for at in sorted({1, (writes + 1) // 2, writes}):
+            restore()
+            before, complete_before = _snapshot(writer.out(work), work), _completes(work)
+            capsys.readouterr()
+            if fault == "ENOSPC":
+                rc, _ = _run(writer.argv(work, fixtures), monkeypatch, at=at)
+                lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("ratune")]
+                assert rc == 2 and len(lines) == 1, (fault, at, lines)
+                assert lines[0].startswith("ratune: error: no space left on device (errno ENOSPC) while writing ")
+            else:
+                child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(ROOT / "tests"), at=at,
+                                                                            argv=writer.argv(work, fixtures))],
+                                       capture_output=True, text=True, cwd=tmp_path)
+                assert child.returncode == -signal.SIGKILL, (at, child.stderr[-2000:])
+            if writer.kind == "replace":
+                assert _snapshot(writer.out(work), work) == before, (fault, at)
+            for done in _completes(work):  # whatever is marked complete is finished: the clean run's bytes
+                part = Path(done).parent
+                assert _snapshot(work / part, work) == _snapshot(clean / part, clean), (fault, at, done)
+            assert complete_before <= _completes(work), (fault, at)
+            if fault == "ENOSPC":
+                assert _leftovers(work) == [], (fault, at)
+            rc, _ = _run(writer.argv(work, fixtures), monkeypatch)  # the plain rerun
+            assert rc == 0, (fault, at)
+            assert _differences(_snapshot(writer.out(work), work), expected) == [], (fault, at)
+            assert _leftovers(work) == [], (fault, at)
+
+
+def test_the_docs_table_is_this_suite():
+    table = ["| writer | kind | faults (at the first, middle and last write) | outcome |", "|---|---|---|---|"]
+    table += [f"| `ratune {w.name}` | {w.kind} | {', '.join(FAULTS)} | {OUTCOME} |" for w in WRITERS]
+    assert "\n".join(table) in (ROOT / "docs" / "reliability.md").read_text()
