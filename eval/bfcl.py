@@ -65,10 +65,36 @@ class BfclScores:
     verdicts: list[BfclVerdict]
 
 
-def _check_category(category: str) -> str:
+def check_category(category: str) -> str:
+    """``category`` when it is one of :data:`CATEGORIES`.
+
+    Raises:
+        RatuneError: another name, listing the known ones.
+    """
     if category not in CATEGORIES:
         raise RatuneError(f"BFCL category {category!r} is not scored here: expected one of {', '.join(CATEGORIES)}")
     return category
+
+
+def _run_worker(mode: str, request, *, venv: str | os.PathLike | None, model: str) -> dict:
+    """eval/bfcl_worker.py's answer to ``request`` in ``mode`` (``score`` or ``prompts``), run once by
+    BFCL's Python.
+
+    Raises:
+        RatuneError: BFCL's venv is missing ("run make bfcl-setup"), or the worker failed (its one line).
+    """
+    python = bfcl_venv(venv) / "bin" / "python"
+    with tempfile.TemporaryDirectory(prefix="ratune-bfcl-") as tmp:
+        source, target = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        source.write_text(json.dumps(request, ensure_ascii=False), encoding="utf-8")
+        # bfcl_eval makes result/, score/ and lock folders under BFCL_PROJECT_ROOT when imported
+        env = dict(os.environ, BFCL_PROJECT_ROOT=tmp)
+        done = subprocess.run([str(python), "-I", str(_WORKER), mode, model, str(source), str(target)], cwd=tmp,
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            raise RatuneError(f"BFCL's checker failed ({python}): {last}")
+        return json.loads(target.read_text(encoding="utf-8"))
 
 
 def score_texts(items: Iterable[tuple[str, str, str]], *, venv: str | os.PathLike | None = None,
@@ -79,21 +105,23 @@ def score_texts(items: Iterable[tuple[str, str, str]], *, venv: str | os.PathLik
         RatuneError: BFCL's venv is missing ("run make bfcl-setup"), a category not in
             :data:`CATEGORIES`, or the worker failed (its one-line error: e.g. an id not in BFCL's data).
     """
-    items = [{"category": _check_category(c), "id": i, "text": t} for c, i, t in items]
-    python = bfcl_venv(venv) / "bin" / "python"
-    with tempfile.TemporaryDirectory(prefix="ratune-bfcl-") as tmp:
-        source, target = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        source.write_text(json.dumps(items, ensure_ascii=False), encoding="utf-8")
-        # bfcl_eval makes result/, score/ and lock folders under BFCL_PROJECT_ROOT when imported
-        env = dict(os.environ, BFCL_PROJECT_ROOT=tmp)
-        done = subprocess.run([str(python), "-I", str(_WORKER), model, str(source), str(target)], cwd=tmp, env=env,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            raise RatuneError(f"BFCL's checker failed ({python}): {last}")
-        out = json.loads(target.read_text(encoding="utf-8"))
+    items = [{"category": check_category(c), "id": i, "text": t} for c, i, t in items]
+    out = _run_worker("score", items, venv=venv, model=model)
     return BfclScores(bfcl_version=out["bfcl_version"], model=out["model"],
                       verdicts=[BfclVerdict(**r) for r in out["results"]])
+
+
+def bfcl_prompt_messages(categories: Iterable[str], *, venv: str | os.PathLike | None = None,
+                         model: str = BFCL_MODEL) -> dict[str, list[tuple[str, list[dict]]]]:
+    """``{category: [(entry id, messages), ...]}``: the messages BFCL's own code prepares for every
+    entry in prompting mode (one worker process); what
+    :func:`ratune.sources.bfcl.bfcl_messages` reproduces.
+
+    Raises:
+        RatuneError: see :func:`score_texts`.
+    """
+    out = _run_worker("prompts", [check_category(c) for c in categories], venv=venv, model=model)
+    return {c: [(i, m) for i, m in rows] for c, rows in out["messages"].items()}
 
 
 def category_metrics(scores: BfclScores) -> dict[str, dict]:
@@ -119,7 +147,7 @@ def check_converted_answers(categories: Iterable[str] = AST_CATEGORIES, *, venv:
     against its own key: per category ``n``, ``kept`` and ``dropped`` (``[[id, error_type], ...]``)."""
     data = bfcl_data_dir(venv)
     items = [(c, e.id, possible_answer_text(e.possible_answer, e.functions))
-             for c in categories for e in load_bfcl(data, _check_category(c))]
+             for c in categories for e in load_bfcl(data, check_category(c))]
     out = {c: {"n": 0, "kept": 0, "dropped": []} for c in categories}
     for v in score_texts(items, venv=venv).verdicts:
         out[v.category]["n"] += 1
@@ -144,7 +172,7 @@ def write_result_files(root: str | os.PathLike, items: Iterable[tuple[str, str, 
     folder = Path(root) / "result" / model.replace("/", "_")
     lines: dict[str, dict[str, str]] = defaultdict(dict)
     for category, entry_id, text in items:
-        if entry_id in lines[_check_category(category)]:
+        if entry_id in lines[check_category(category)]:
             raise RatuneError(f"BFCL result files: {category} entry {entry_id!r} given twice")
         lines[category][entry_id] = json.dumps({"id": entry_id, "result": text}, ensure_ascii=False)
     written = []

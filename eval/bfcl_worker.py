@@ -1,11 +1,17 @@
 """BFCL's own decoder and checker over a batch of answer texts; run by BFCL's Python only.
 
-``.bfcl-venv/bin/python -I bfcl_worker.py MODEL IN OUT`` (started by eval/bfcl.py; ratune's Python,
-which lacks bfcl_eval, never imports it). IN: ``[{"category", "id", "text"}]``. OUT: ``{"bfcl_version",
-"model", "results": [{"id", "category", "correct", "decoded", "calls", "error", "error_type"}]}`` in
-input order. Each entry goes through ``bfcl evaluate``'s own per-entry functions
-(bfcl_eval/eval_checker/eval_runner.py), with MODEL's handler, the model name as ``bfcl evaluate``
-passes it (``/`` as ``_``) and BFCL's own prompts and answer keys. Errors: one line on stderr, exit 2.
+``.bfcl-venv/bin/python -I bfcl_worker.py MODE MODEL IN OUT`` (started by eval/bfcl.py; ratune's Python,
+which lacks bfcl_eval, never imports it). OUT holds ``{"bfcl_version", "model", ...}`` and:
+
+- ``score``: IN ``[{"category", "id", "text"}]``; OUT ``"results": [{"id", "category", "correct", "decoded",
+  "calls", "error", "error_type"}]`` in input order. Each entry goes through ``bfcl evaluate``'s own
+  per-entry functions (bfcl_eval/eval_checker/eval_runner.py), with MODEL's handler, the model name as
+  ``bfcl evaluate`` passes it (``/`` as ``_``) and BFCL's own prompts and answer keys.
+- ``prompts``: IN ``[category, ...]``; OUT ``"messages": {category: [[id, messages], ...]}``, the messages
+  MODEL's handler sends in prompting mode for each entry, as ``bfcl generate`` loads and prepares it
+  (bfcl_eval/model_handler/base_handler.py ``inference_single_turn_prompting``, up to the query).
+
+Errors: one line on stderr, exit 2.
 """
 
 import copy
@@ -34,12 +40,16 @@ from bfcl_eval.utils import (
 )
 
 
+def _require_single_turn_python(category):
+    if any(f(category) for f in (is_java, is_js, is_multi_turn, is_agentic, is_format_sensitivity,
+                                 is_memory, is_web_search)):
+        raise ValueError(f"category {category!r} is not a Python single-turn category")
+
+
 def _category(category, cache):
     """``{id: (prompt entry, possible answer or None)}`` as ``bfcl evaluate`` loads them."""
     if category not in cache:
-        if any(f(category) for f in (is_java, is_js, is_multi_turn, is_agentic, is_format_sensitivity,
-                                     is_memory, is_web_search)):
-            raise ValueError(f"category {category!r} is not a Python single-turn category")
+        _require_single_turn_python(category)
         prompts = load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
         if is_relevance_or_irrelevance(category):
             answers = [None] * len(prompts)
@@ -74,13 +84,33 @@ def score(model, items):
     return results
 
 
+def prompt_messages(model, categories):
+    """``{category: [[id, messages], ...]}``: what MODEL's handler sends for each entry in prompting mode."""
+    handler, out = get_handler(model), {}
+    for category in categories:
+        _require_single_turn_python(category)
+        rows = []
+        for entry in load_dataset_entry(category):  # as bfcl generate loads it (language hints added)
+            entry = copy.deepcopy(entry)
+            data = handler._pre_query_processing_prompting(entry)
+            data = handler.add_first_turn_message_prompting(data, entry["question"][0])
+            rows.append([entry["id"], data["message"]])
+        out[category] = rows
+    return out
+
+
 def main(argv):
-    model, source, target = argv
+    mode, model, source, target = argv
     with open(source, encoding="utf-8") as fh:
-        items = json.load(fh)
-    results = score(model, items)
+        request = json.load(fh)
+    if mode == "score":
+        body = {"results": score(model, request)}
+    elif mode == "prompts":
+        body = {"messages": prompt_messages(model, request)}
+    else:
+        raise ValueError(f"unknown mode {mode!r}: expected score or prompts")
     with open(target, "w", encoding="utf-8") as fh:
-        json.dump({"bfcl_version": importlib.metadata.version("bfcl-eval"), "model": model, "results": results},
+        json.dump({"bfcl_version": importlib.metadata.version("bfcl-eval"), "model": model, **body},
                   fh, ensure_ascii=False, default=str)  # as BFCL writes score files: str() what JSON lacks
 
 

@@ -43,26 +43,24 @@ trained with (its run manifest; :func:`trained_chat_template`).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from ratune.sources.apibench import input_hashes
 from ratune.hubs import Hub, as_hub_source
 from ratune.sources.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
-from ratune.errors import InputError, RatuneError
+from ratune.errors import RatuneError
 from ratune.eval.abstain import abstention
 from ratune.eval.constraints import constrained_examples, constraint_metrics
 from ratune.eval.generate import generate_batches, generation_limits, max_positions_of
 from ratune.eval.hub_scoring import scoring_for
+from ratune.eval.resume import append_responses, check_cell_identity, read_done
 from ratune.eval.report import read_metrics
 from ratune.eval.settings import EvalSettings, resolve_placement
 from ratune.eval.stats import rate_intervals
 from ratune.eval.swap import follow_rates
-from ratune.io import atomic_write, iter_jsonl, read_json, read_json_object, sha256_file, write_json
+from ratune.io import read_json_object, sha256_file, write_json
 from ratune.manifest import EVAL_RUN_STAGE, base_manifest, host_facts, is_complete, package_versions
 from ratune.output import StageOutput
 from ratune.models import load_adapter_merged, load_model, load_tokenizer, require_model_files, set_torch_threads
@@ -84,58 +82,6 @@ def _device_name(device: str) -> str:
     import torch
 
     return torch.cuda.get_device_name()
-
-
-def _flat(record: dict, prefix: str = "") -> dict:
-    """A nested identity as ``{"generation.max_new_tokens": 80, ...}`` (dotted keys name the setting)."""
-    out = {}
-    for key, value in record.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _check_cell_identity(cell: Path, identity: dict) -> None:
-    """Record what a cell is computed from (``cell/identity.json``); refuse to continue or reuse a
-    cell made from another checkpoint, question set or generation settings.
-
-    Raises:
-        RatuneError: naming the cell and the keys that differ.
-    """
-    path = cell / "identity.json"
-    if path.exists():
-        previous, identity = _flat(read_json(path)), _flat(identity)
-        changed = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
-        if changed:
-            diffs = "; ".join(f"{k}: {previous.get(k, '(unset)')!r} then, {identity.get(k, '(unset)')!r} now"
-                              for k in changed)
-            raise RatuneError(f"{cell}: this eval cell was made with different settings ({diffs}); "
-                              "choose another --out folder (or delete the cell to redo it)")
-        return
-    cell.mkdir(parents=True, exist_ok=True)
-    write_json(path, identity)
-
-
-def _read_done(path: Path) -> dict[int, dict]:
-    """Complete lines of a partly written responses file (a torn last line is dropped)."""
-    done = {}
-    if not path.exists():
-        return done
-    with open(path, "rb") as fh:
-        data = fh.read()
-    keep = data[:data.rfind(b"\n") + 1]  # a line without its newline was cut mid-write
-    if len(keep) != len(data):
-        with open(path, "wb") as fh:
-            fh.write(keep)
-    for number, row in iter_jsonl(path):  # a corrupt line: InputError naming file and line
-        qid = row.get("question_id")
-        if isinstance(qid, bool) or not isinstance(qid, int):
-            raise InputError(str(path), number, "question_id", f"expected an integer, got {qid!r} (delete the cell's "
-                             "folder to evaluate it again)")
-        done[qid] = row
-    return done
 
 
 def backend_batches(backend: str, model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
@@ -222,8 +168,8 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out
 
     Every check that needs no model runs before a cell is written (:func:`resolve_eval_request`,
     the checkpoint's chat template and every prompt's length); the model is loaded once,
-    when the first cell has questions left to answer (:func:`_load_for_generation`). Each cell is
-    generated (:func:`_generate_cell`, resumable) and scored (:func:`_cell_metrics`).
+    when the first cell has questions left to answer (:func:`load_for_generation`). Each cell is
+    generated (:func:`ratune.eval.resume.append_responses`, resumable) and scored (:func:`_cell_metrics`).
 
     Args:
         hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.hubs.Hub`.
@@ -302,7 +248,7 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
             identity["adapter_base"] = source.base
         if source.step is not None:  # a Trainer checkpoint: the point of the learning curve
             identity["step"] = source.step
-        _check_cell_identity(cell, identity)
+        check_cell_identity(cell, identity)
         if is_complete(cell):
             results[setting] = read_metrics(cell / "metrics.json")
             continue
@@ -320,12 +266,19 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
         limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
                                    max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
         responses_path = cell / "responses.jsonl"
-        done = _read_done(responses_path)  # the lines an interrupted run already wrote
+        done = read_done(responses_path)  # the lines an interrupted run already wrote
         if model is None and any(e.line not in done for e in examples):
-            model = _load_for_generation(source, settings, dtype=dtype, device=device, positions=positions)
-        responses = _generate_cell(responses_path, done, examples, prompts, model=model, tokenizer=tokenizer,
-                                   settings=settings, positions=positions, desc=f"{name} {setting}",
-                                   meta={"model": name, "setting": setting}, progress=progress)
+            model = load_for_generation(source, backend=settings.backend, dtype=dtype, device=device,
+                                        positions=positions, trust_remote_code=settings.trust_remote_code)
+
+        def batches(todo):
+            return backend_batches(settings.backend, model, tokenizer, todo, batch_size=settings.batch_size,
+                                   max_new_tokens=settings.max_new_tokens,
+                                   stop_after_api_call=settings.stop_after_api_call, max_positions=positions)
+
+        responses = append_responses(responses_path, done, [e.line for e in examples], prompts, batches=batches,
+                                     meta={"model": name, "setting": setting}, desc=f"{name} {setting}",
+                                     progress=progress)
         metrics = _cell_metrics(scoring.score(responses), scoring=scoring, responses=responses,
                                 head={"hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata()},
                                 generation=generation, device=device, inputs=inputs, positions=positions,
@@ -377,71 +330,49 @@ def resolve_eval_request(checkpoint: str | os.PathLike, hub, apibench_dir, setti
     needs_model = [s for s in settings.settings if _needs_model(s)]
     if needs_model:
         require_finetuned_retriever(settings.dense_model, hub_source.name, f"the {needs_model[0]} test setting")
-    if settings.backend == "vllm":
+    source, device, dtype = resolve_generation(checkpoint, backend=settings.backend, device=settings.device,
+                                               dtype=settings.dtype)
+    return EvalRequest(hub=hub_source, checkpoint=source, device=device, dtype=dtype)
+
+
+def resolve_generation(checkpoint: str | os.PathLike, *, backend: str, device: str, dtype: str
+                       ) -> tuple[Checkpoint, str, str]:
+    """``(checkpoint, device, dtype)`` a checkpoint generates with (:func:`resolve_checkpoint`,
+    :func:`resolve_placement`), checked before any model loads.
+
+    Raises:
+        RatuneError: the vLLM backend where vLLM is not installed, or for a run that saved only its
+            LoRA adapter; a device or dtype that cannot be had here; a checkpoint without its weights
+            (safetensors) or tokenizer, or an adapter without its base.
+    """
+    if backend == "vllm":
         from ratune.eval.vllm_backend import require_vllm  # an optional extra
 
         require_vllm()
-    device, dtype = resolve_placement(settings.device, settings.dtype, backend=settings.backend)
+    device, dtype = resolve_placement(device, dtype, backend=backend)
     source = resolve_checkpoint(checkpoint)
-    if source.base is not None and settings.backend == "vllm":
+    if source.base is not None and backend == "vllm":
         raise RatuneError(f"{checkpoint}: this run saved only its LoRA adapter (adapter/, no merged model/); the vLLM "
                           "backend loads model folders: merge it first (ratune export RUN --out DIR --merge-lora) "
                           "and evaluate DIR, or use the HF backend")
     require_model_files(source.folder)  # weights (safetensors only) and tokenizer, before any cell is written
     if source.base is not None:
         require_model_files(source.base, tokenizer=False)  # the adapter's base (a hub id passes)
-    return EvalRequest(hub=hub_source, checkpoint=source, device=device, dtype=dtype)
+    return source, device, dtype
 
 
-def _load_for_generation(source: Checkpoint, settings: EvalSettings, *, dtype: str, device: str, positions):
-    """The model to generate with: a vLLM engine (``backend: vllm``), an adapter merged into its
+def load_for_generation(source: Checkpoint, *, backend: str, dtype: str, device: str, positions,
+                        trust_remote_code: bool = False):
+    """The model to generate with: a vLLM engine (``backend`` ``vllm``), an adapter merged into its
     unquantized base (:func:`ratune.models.load_adapter_merged`), or the model folder."""
-    if settings.backend == "vllm":
+    if backend == "vllm":
         from ratune.eval.vllm_backend import load_llm  # an optional extra
 
-        return load_llm(source.folder, dtype=dtype, max_positions=positions, trust_remote_code=settings.trust_remote_code)
+        return load_llm(source.folder, dtype=dtype, max_positions=positions, trust_remote_code=trust_remote_code)
     if source.base is not None:
         return load_adapter_merged(source.base, source.folder, dtype=dtype, device=device,
-                                   trust_remote_code=settings.trust_remote_code)
-    return load_model(source.folder, dtype=dtype, device=device, trust_remote_code=settings.trust_remote_code)
-
-
-def _generate_cell(responses_path: Path, done: dict[int, dict], examples: list, prompts: list, *, model, tokenizer,
-                   settings: EvalSettings, positions, desc: str, meta: dict, progress: bool) -> list[dict]:
-    """Answer the questions of one cell that its responses file does not hold yet, appending and
-    fsyncing each batch (a rerun continues after the last complete line), then rewrite the file in
-    question_id order.
-
-    Args:
-        done: the responses file's complete lines by question id (:func:`_read_done`); answered
-            questions are added to it.
-        prompts: the token ids of each example's prompt, in ``examples`` order.
-        meta: the ``model`` and ``setting`` every response line records.
-    Returns:
-        The responses (``{"question_id", "text", "model", "setting"}``), in ``examples`` order.
-    """
-    todo = [i for i, e in enumerate(examples) if e.line not in done]
-    if todo:
-        bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc=desc, disable=not progress)
-        with open(responses_path, "a", encoding="utf-8") as fh:
-            for batch in backend_batches(settings.backend, model, tokenizer, [prompts[i] for i in todo],
-                                  batch_size=settings.batch_size, max_new_tokens=settings.max_new_tokens,
-                                  stop_after_api_call=settings.stop_after_api_call, max_positions=positions):
-                for j, text in batch:
-                    ex = examples[todo[j]]
-                    row = {"question_id": ex.line, "text": text, **meta}
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    done[ex.line] = row
-                fh.flush()
-                os.fsync(fh.fileno())
-                bar.update(len(batch))
-        bar.close()
-        # generation wrote in batch order; lines of an interrupted earlier run take this run's model name
-        done = {line: {**row, **meta} for line, row in done.items()}
-        with atomic_write(responses_path) as fh:
-            for row in sorted(done.values(), key=lambda r: r["question_id"]):
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return [done[e.line] for e in examples]
+                                   trust_remote_code=trust_remote_code)
+    return load_model(source.folder, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
 
 
 def _cell_metrics(scored: dict, *, scoring, responses: list[dict], head: dict, generation: dict, device: str,

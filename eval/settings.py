@@ -113,6 +113,37 @@ EVAL_OPTIONS: tuple[Option, ...] = (
 )
 
 
+@dataclass
+class BfclSettings:
+    """How ``ratune eval bfcl`` generates (eval/bfcl_run.py): each field means what the
+    :class:`EvalSettings` field of its name means. ``max_new_tokens`` defaults to 256: the shortest
+    correct answer, in SmolLM2's tokens, passes 128 in 21 of BFCL's 2,351 Python AST entries (10 of
+    parallel_multiple's 200) and 256 in one (docs/function_calling.md); a model that answers in the
+    call format stops at the end of its list well before. ``full_answers``: no cut at the end of the
+    call list."""
+
+    batch_size: Count = 8
+    max_new_tokens: Count = 256
+    torch_threads: Threads | None = None
+    backend: Literal[BACKENDS] = "hf"
+    device: Literal[DEVICES] = "auto"
+    dtype: Literal[DTYPES] = "auto"
+    trust_remote_code: bool = False
+    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
+    full_answers: bool = False
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+#: The options of ``ratune eval bfcl``: ``ratune eval run``'s of the same names, flag and help, and its own.
+BFCL_OPTIONS: tuple[Option, ...] = (
+    *(o for o in EVAL_OPTIONS if o.field in BfclSettings.__dataclass_fields__),
+    Option("full_answers", "--full-answers", config=False,
+           help="generate past the end of the call list (to EOS or --max-new-tokens) and score the whole text, "
+                "as BFCL's own generation does; slower (default: stop where the list closes)"),
+)
+
 def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
     """The ``(device, dtype)`` an eval generates with.
 

@@ -9,6 +9,7 @@
     ratune train            supervised finetuning from a YAML config (also: accelerate launch -m ratune.train)
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
+    ratune eval bfcl        generate + score a checkpoint on BFCL, offline, by BFCL's own checker
     ratune sweep            expand a sweep file into cells and run them (local or slurm)
     ratune report           the Table 2 matrix from a sweep folder or eval folders
     ratune export           safetensors + tokenizer + generation config + model card; --push-to-hub
@@ -31,7 +32,7 @@ import sys
 from typing import Callable
 
 from ratune.boundary import run_guarded
-from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings
 from ratune.options import add_arguments
 
 
@@ -209,6 +210,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
     s.set_defaults(func=_handler("ratune.eval.cli:cli_score"))
+    from ratune.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
+
+    bf = ev.add_parser("bfcl", help="generate answers to BFCL's questions and score them by BFCL's own checker "
+                                    "(docs/function_calling.md)")
+    bf.add_argument("--checkpoint", type=model_ref, default=None,
+                    help=f"a ratune train run folder, a Trainer checkpoint, a model folder or {DEMO_MODEL_ALIAS}")
+    bf.add_argument("--responses", type=input_dir, default=None, metavar="DIR",
+                    help="score an earlier output's CATEGORY/responses.jsonl instead of generating (no model loads)")
+    bf.add_argument("--categories", nargs="+", default=None,
+                    **{**registered("BFCL category", BFCL_CATEGORIES), "metavar": "CATEGORY"},
+                    help=f"of {' '.join(BFCL_CATEGORIES)} (default: all; with --responses: those DIR holds)")
+    bf.add_argument("--out", required=True, type=output_dir)
+    bf.add_argument("--limit", type=bounded(Count), default=None, help="the first N entries of each category")
+    add_arguments(bf, BfclSettings, BFCL_OPTIONS)
+    bf.set_defaults(func=_handler("ratune.eval.bfcl_run:cli_bfcl"))
 
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")

@@ -31,7 +31,7 @@ OWNER_MARKER = ".ratune-output"
 #: a data build's, training's, eval's and export's manifest, and the command a lock file records.
 #: Stages whose names only their own package reads keep them there (catalog/schema.py
 #: IMPORT_STAGE, catalog/pairs.py PAIRS_STAGE and INSTRUCT_STAGE, data/utility.py UTILITY_STAGE,
-#: retrieval/cli.py EVAL_STAGE, eval/curve.py STAGE).
+#: retrieval/cli.py EVAL_STAGE, eval/curve.py STAGE, eval/bfcl_run.py BFCL_STAGE).
 DATA_BUILD_STAGE = "data build"
 TRAIN_STAGE = "train"
 EVAL_RUN_STAGE = "eval run"

@@ -5,20 +5,24 @@ docs/function_calling.md, "Scoring on BFCL"). Nothing here imports it: the data 
 under the venv's site-packages (:func:`bfcl_data_dir`) and its version is read from its
 installed metadata (:func:`bfcl_version`). Questions (``data/BFCL_v4_<category>.json``) and answer
 keys (``data/possible_answer/BFCL_v4_<category>.json``) hold one JSON object a line and are
-joined by entry id (:func:`load_bfcl`). :func:`possible_answer_text` renders an answer key as
-BFCL's prompting answer, ``[f(a=1, b='x'), g(c=[1, 2])]``.
+joined by entry id (:func:`load_bfcl`). :func:`bfcl_messages` gives the messages BFCL's prompting mode
+sends for an entry (its system prompt, with the functions as JSON), :func:`encode_bfcl_prompt` their
+token ids through a chat template. :func:`possible_answer_text` renders an answer key as BFCL's
+prompting answer, ``[f(a=1, b='x'), g(c=[1, 2])]``.
 """
 
 from __future__ import annotations
 
 import glob
 import importlib.metadata
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl
+from ratune.sources.prompt import with_bos
 
 #: Environment variable naming BFCL's virtual environment (default: the checkout's .bfcl-venv).
 BFCL_VENV_ENV = "RATUNE_BFCL_VENV"
@@ -162,6 +166,80 @@ def _check_ground_truth(path: Path, line: int, calls, names: set[str]) -> list:
                 raise InputError(str(path), line, f"ground_truth[{i}].{name}.{param}",
                                  "expected a list of accepted values")
     return calls
+
+
+# BFCL's prompting-mode system prompt, copied from bfcl-eval 2026.3.23 (BFCL_EVAL_VERSION):
+# bfcl_eval/constants/default_prompts.py, PROMPT_STYLE_TEMPLATES["classic"], _PLAINTEXT_SYSTEM_PROMPT_TEMPLATE,
+# OUTPUT_FORMAT_MAPPING["python"] and PARAM_TYPE_MAPPING["python"], filled as
+# bfcl_eval/model_handler/utils.py formulate_system_prompt fills them for DEFAULT_SYSTEM_PROMPT_FORMAT
+# (ret_fmt=python, tool_call_tag=False, func_doc_fmt=json, prompt_fmt=plaintext, style=classic).
+# tests/test_bfcl_eval.py checks the messages against BFCL's own for every entry.
+_PERSONA = "You are an expert in composing functions."
+_TASK = ("You are given a question and a set of possible functions. Based on the question, you will need to make "
+         "one or more function/tool calls to achieve the purpose. If none of the functions can be used, point it "
+         "out. If the given question lacks the parameters required by the function, also point it out.")
+_TOOL_CALL_NO_TAG = ("You should only return the function calls in your response.\n\nIf you decide to invoke any of "
+                     "the function(s), you MUST put it in the format of {output_format}. {param_types} You SHOULD NOT "
+                     "include any other text in the response.")
+_MULTITURN_BEHAVIOR = ("At each turn, you should try your best to complete the tasks requested by the user within the "
+                       "current turn. Continue to output functions to call until you have fulfilled the user's "
+                       "request to the best of your ability. Once you have no more functions to call, the system "
+                       "will consider the current turn complete and proceed to the next turn or task.")
+_AVAILABLE_TOOLS = "Here is a list of functions in {format} format that you can invoke.\n{functions}\n"
+_PLAINTEXT_TEMPLATE = "{persona}{task}\n\n{tool_call_format}\n\n{multiturn_behavior}\n\n{available_tools}"
+_PYTHON_OUTPUT_FORMAT = ("[func_name1(params_name1=params_value1, params_name2=params_value2...), "
+                         "func_name2(params)]")
+_PYTHON_PARAM_TYPES = ""
+#: What BFCL appends to every function description of a Python category
+#: (bfcl_eval/utils.py _get_language_specific_hint, applied when ``bfcl generate`` loads the data).
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+
+
+def bfcl_system_prompt(functions: list[dict]) -> str:
+    """BFCL's default prompting system prompt for ``functions`` (JSON schemas, hints already added):
+    the instructions, then the functions as ``json.dumps(functions, indent=4)``."""
+    return _PLAINTEXT_TEMPLATE.format(
+        persona=_PERSONA, task=_TASK,
+        tool_call_format=_TOOL_CALL_NO_TAG.format(output_format=_PYTHON_OUTPUT_FORMAT, param_types=_PYTHON_PARAM_TYPES),
+        multiturn_behavior=_MULTITURN_BEHAVIOR,
+        available_tools=_AVAILABLE_TOOLS.format(format="json", functions=json.dumps(functions, indent=4)))
+
+
+def bfcl_messages(entry: BfclEntry) -> list[dict]:
+    """The messages BFCL's prompting mode sends for a single-turn Python entry (``bfcl generate``,
+    bfcl_eval/model_handler/local_inference/base_oss_handler.py ``_pre_query_processing_prompting``):
+    the system prompt of :func:`bfcl_system_prompt` over the functions with :data:`PYTHON_HINT`
+    appended to each description, put before the entry's first message, or in front of the entry's
+    own system message (separated by a blank line), then the entry's messages as they are.
+
+    Raises:
+        RatuneError: an entry with more than one turn (a multi-turn category).
+    """
+    if len(entry.question) != 1:
+        raise RatuneError(f"BFCL entry {entry.id}: {len(entry.question)} turns; only single-turn entries are prompted here")
+    functions = [{**fn, "description": fn["description"] + PYTHON_HINT} for fn in entry.functions]
+    system = bfcl_system_prompt(functions)
+    messages = [dict(message) for message in entry.question[0]]
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = system + "\n\n" + messages[0]["content"]
+    else:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def encode_bfcl_prompt(tokenizer, entry: BfclEntry) -> list[int]:
+    """Token ids of :func:`bfcl_messages` through the tokenizer's chat template, with the generation
+    prompt, behind exactly one BOS where the tokenizer adds BOS (as
+    :func:`ratune.sources.prompt.encode_prompt` does for a user turn).
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template: BFCL's prompts are chats with a system message")
+    ids = tokenizer.apply_chat_template(bfcl_messages(entry), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return with_bos(tokenizer, ids)
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:

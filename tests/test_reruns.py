@@ -105,15 +105,15 @@ def test_data_build_is_deterministic(tmp_path, apibench, smol_tokenizer):
 
 def test_eval_cell_made_with_other_settings_is_refused(tmp_path):
     from ratune.errors import RatuneError
-    from ratune.eval.run import _check_cell_identity
+    from ratune.eval.resume import check_cell_identity
 
     cell = tmp_path / "0_shot"
     ident = {"checkpoint": "/a", "hub": "torchhub", "setting": "0_shot", "questions": [1, 2],
              "generation": {"max_new_tokens": 8}}
-    _check_cell_identity(cell, ident)
-    _check_cell_identity(cell, dict(ident))  # same identity: continue
+    check_cell_identity(cell, ident)
+    check_cell_identity(cell, dict(ident))  # same identity: continue
     # the refusal names each differing setting with both values (nested ones by dotted name)
     with pytest.raises(RatuneError, match=r"0_shot: this eval cell was made with different settings \(checkpoint: "
                                           r"'/a' then, '/b' now; generation.max_new_tokens: 8 then, 16 now\); "
                                           r"choose another --out"):
-        _check_cell_identity(cell, dict(ident, checkpoint="/b", generation={"max_new_tokens": 16}))
+        check_cell_identity(cell, dict(ident, checkpoint="/b", generation={"max_new_tokens": 16}))
