@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl
-from ratune.sources.prompt import with_bos
+from ratune.sources.formats import PythonCallsFormat
+from ratune.sources.prompt import encode_messages
 
 #: Environment variable naming BFCL's virtual environment (default: the checkout's .bfcl-venv).
 BFCL_VENV_ENV = "RATUNE_BFCL_VENV"
@@ -228,26 +229,20 @@ def bfcl_messages(entry: BfclEntry) -> list[dict]:
 
 
 def encode_bfcl_prompt(tokenizer, entry: BfclEntry) -> list[int]:
-    """Token ids of :func:`bfcl_messages` through the tokenizer's chat template, with the generation
-    prompt, behind exactly one BOS where the tokenizer adds BOS (as
-    :func:`ratune.sources.prompt.encode_prompt` does for a user turn).
+    """Token ids of :func:`bfcl_messages` (:func:`ratune.sources.prompt.encode_messages`).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template: BFCL's prompts are chats with a system message")
-    ids = tokenizer.apply_chat_template(bfcl_messages(entry), add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
-    return with_bos(tokenizer, ids)
+    return encode_messages(tokenizer, bfcl_messages(entry))
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:
     """BFCL's prompting answer for an answer key: ``[f(a=1, b='x'), g(c=[1, 2])]``, ``[]`` for no call.
 
-    Per parameter the first accepted value, as a Python literal (``repr`` of the JSON value:
-    ``True``, ``None``, nested lists and dicts). ``""`` among the accepted values means "may be left
-    out" (ast_checker's rule), so such a parameter is left out, unless the function's schema requires
+    Per parameter the first accepted value, as a Python literal
+    (:meth:`ratune.sources.formats.PythonCallsFormat.render_calls`). ``""`` among the accepted
+    values means "may be left out" (ast_checker's rule), so such a parameter is left out, unless the function's schema requires
     it: then its first value other than ``""`` is given (``''`` when ``""`` is all there is). A
     parameter with no accepted value at all (``[]``, in a few live entries) is left out: no answer
     passes the checker there. A
@@ -269,13 +264,10 @@ def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> 
             raise ValueError(f"the answer calls {name!r}, which is not among the entry's functions")
         schema = schemas[name].get("parameters", {})
         properties, required = schema.get("properties", {}), set(schema.get("required", []))
-        args = []
-        for param, accepted in params.items():
-            value = _first_value(accepted, param in required)
-            if value is not _LEFT_OUT:
-                args.append(f"{param}={_literal(value, properties.get(param, {}))}")
-        calls.append(f"{name}({', '.join(args)})")
-    return "[" + ", ".join(calls) + "]"
+        values = {param: _first_value(accepted, param in required) for param, accepted in params.items()}
+        calls.append({"name": name, "arguments": {param: _answer_value(value, properties.get(param, {}))
+                                                  for param, value in values.items() if value is not _LEFT_OUT}})
+    return PythonCallsFormat.render_calls(calls)
 
 
 _LEFT_OUT = object()
@@ -288,15 +280,15 @@ def _first_value(accepted: list, required: bool):
     return next((v for v in accepted if v != ""), "")
 
 
-def _literal(value, schema: dict) -> str:
-    """``value`` as a Python literal; a dict (or list of dicts) in answer-key form when ``schema``
-    says ``dict`` (or ``array`` of ``dict``)."""
+def _answer_value(value, schema: dict):
+    """``value``, or, when ``schema`` says ``dict`` (or ``array`` of ``dict``), the dict (or dicts) in
+    answer-key form converted (:func:`_answer_dict`)."""
     kind = schema.get("type")
     if kind == "dict" and isinstance(value, dict):
-        return repr(_answer_dict(value))
+        return _answer_dict(value)
     if kind == "array" and schema.get("items", {}).get("type") == "dict" and isinstance(value, list):
-        return repr([_answer_dict(v) if isinstance(v, dict) else v for v in value])
-    return repr(value)
+        return [_answer_dict(v) if isinstance(v, dict) else v for v in value]
+    return value
 
 
 def _answer_dict(form: dict) -> dict:

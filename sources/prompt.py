@@ -299,8 +299,17 @@ def encode_prompt(tokenizer, user_turn: str) -> list[int]:
     Raises:
         ValueError: when the tokenizer has no chat template.
     """
+    return encode_messages(tokenizer, chat_messages(user_turn))
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template with the generation prompt,
+    behind exactly one BOS (:func:`with_bos`); :func:`encode_prompt` for one user turn.
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template: ratune trains and evaluates single-turn chats")
-    ids = tokenizer.apply_chat_template(chat_messages(user_turn), add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     return with_bos(tokenizer, ids)

@@ -195,10 +195,6 @@ def _completes(work: Path) -> set[str]:
     return {str(p.relative_to(work)) for p in work.rglob(".complete")}
 
 
-class _Injected(Exception):
-    pass
-
-
 def _inject(at: int | None, action: str, counter: list):
     """A stand-in for tempfile.mkstemp that counts calls and, at call ``at``, raises ENOSPC or kills
     the process."""
