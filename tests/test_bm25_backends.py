@@ -87,8 +87,8 @@ print(hashlib.sha256(json.dumps([[d["api_call"] for d in row] for row in docs]).
 
 
 def test_bm25s_rankings_do_not_depend_on_the_hash_seed(apibench):
-    """The huggingface hub has a tie at rank 10 whose raw bm25s scores change with PYTHONHASHSEED
-    (issue 21 item 0); the ranking must not, and must equal rank_bm25's."""
+    """The huggingface hub has a tie at rank 10 whose raw bm25s scores change with PYTHONHASHSEED;
+    the ranking must not, and must equal rank_bm25's."""
     import hashlib
     import os
     import subprocess

@@ -1,5 +1,5 @@
-"""`ratune eval run`, the learning curve and `ratune report` on a catalog hub (issue 20 items 3
-and 4): the catalog's strict metric and argument score in every cell, no gorilla metric (it is
+"""`ratune eval run`, the learning curve and `ratune report` on a catalog hub: the
+catalog's strict metric and argument score in every cell, no gorilla metric (it is
 APIBench's, and the cells say so), the precomputed and constrained settings refused, on the real
 OpenAPI petstore (examples/catalogs/) with its hand-written pairs split at eval fraction 0.2, seed 0.
 

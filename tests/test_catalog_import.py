@@ -1,4 +1,4 @@
-"""``ratune catalog import`` (issue 20 item 1) on real files: the OpenAPI Initiative's petstore
+"""``ratune catalog import`` on real files: the OpenAPI Initiative's petstore
 (via openapi-spec-validator, Apache-2.0), openapi-core's richer petstore (BSD-3-Clause), their
 Swagger 2.0 petstore, a hand-written JSON-lines catalog (examples/catalogs/) and the standard
 library's ``json`` package; and malformed inputs made from them, each error naming the file and

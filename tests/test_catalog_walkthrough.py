@@ -1,4 +1,4 @@
-"""The catalog walk-through of docs/catalogs.md (issue 20 item 5), end to end on the real OpenAPI
+"""The catalog walk-through of docs/catalogs.md, end to end on the real OpenAPI
 petstore (examples/catalogs/openapi-spec-validator/petstore.yaml, a specification nobody here
 wrote) and its hand-written pairs, with the suite's tiny model in place of the demo model:
 import, pairs, data build, train (both arms), eval under every setting a catalog has, and the

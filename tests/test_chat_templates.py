@@ -1,4 +1,4 @@
-"""Chat templates for tokenizers without one (issue 17, items 1 and 2).
+"""Chat templates for tokenizers without one.
 
 A LLaMA-1-shaped tokenizer (huggyllama/llama-7b: BPE with byte fallback, ``<unk>`` 0, ``<s>`` 1,
 ``</s>`` 2, BOS added, no pad token, no chat template) is built by tests/conftest.py
@@ -65,8 +65,8 @@ def test_gorilla_v0_row_token_ids(llama1_dir):
 def test_chatml_row_token_ids(llama1_dir):
     tok = _load(llama1_dir, "chatml")
     assert prompt_text(tok, INSTRUCTION) == f"<|im_start|>user\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    # <s> <|im_start|>user \n {"Design me ... model."} <|im_end|> \n <|im_start|>assistant \n: BOS now
-    # leads the ChatML prompt too (before issue 17 it started at 269)
+    # <s> <|im_start|>user \n {"Design me ... model."} <|im_end|> \n <|im_start|>assistant \n: BOS
+    # leads the ChatML prompt too, before <|im_start|> (269)
     assert encode_prompt(tok, INSTRUCTION) == [1, 269, 13, 270, 271, 13, 272, 13]
     row = tokenize_row(tok, INSTRUCTION, ANSWER)
     assert row.input_ids == [1, 269, 13, 270, 271, 13, 272, 13, 263, 13, 264, 13, 265, 13, 266, 13, 267, 13, 268, 2]
@@ -83,7 +83,7 @@ def test_exactly_one_bos_when_a_template_writes_its_own(llama1_dir):
 
 def test_tokenizers_with_their_own_template_are_unchanged(smol_tokenizer):
     """SmolLM2 adds no BOS to plain text: its prompt ids are its template's, untouched, and its
-    answer ids are the answer's tokens + EOS, as before issue 17."""
+    answer ids are the answer's tokens + EOS."""
     tok = smol_tokenizer
     assert template_name(tok) is None
     direct = tok.apply_chat_template([{"role": "user", "content": INSTRUCTION}], add_generation_prompt=True,

@@ -1,4 +1,4 @@
-"""`ratune eval run` on a run's Trainer checkpoints (issue 18 item 3): the points of a learning
+"""`ratune eval run` on a run's Trainer checkpoints: the points of a learning
 curve. A checkpoint is evaluated with its run's prompt settings and records its step; the last
 checkpoint of a run answers exactly as the run's final model/ does."""
 

@@ -1,5 +1,5 @@
 """A user's mistake is one line naming the file, line, field or flag, exit status 2, never a
-traceback (issue 21 item 2); every number is checked before work starts (item 3).
+traceback; every number is checked before work starts; an empty artifact is refused.
 
 The walk test derives every sub-command and every argument from the argparse parser itself
 (:func:`ratune.cli.build_parser`), so a new command or flag is covered without editing this file:
@@ -232,7 +232,7 @@ def test_boundary_policy_user_errors_one_line_bugs_keep_their_traceback(tmp_path
         run_guarded(raise_(RatuneError("shown with its traceback")))
 
 
-# ---------------------------------------------------------------- known cases (issue 21 item 2)
+# ---------------------------------------------------------------- known mistakes, one line each
 
 
 def _train_config(tmp_path, **values) -> Path:
@@ -481,7 +481,7 @@ def test_retrieval_index_out_an_existing_file(tmp_path, capsys):
     assert target.read_text() == "a user's file\n"
 
 
-# ---------------------------------------------------------------- numbers (issue 21 item 3)
+# ---------------------------------------------------------------- numbers checked before work starts
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -569,7 +569,7 @@ def test_the_flag_and_the_schema_field_share_one_rule(capsys, tmp_path):
     assert reason in err
 
 
-# ---------------------------------------------------------------- empty artifacts (item 3)
+# ---------------------------------------------------------------- empty artifacts refused, not marked complete
 
 
 def test_a_build_whose_rows_are_all_dropped_is_refused_not_marked_complete(small_apibench, smol_tokenizer_dir,

@@ -1,4 +1,4 @@
-"""Config validation and batch arithmetic (issue 2 item 4)."""
+"""Config validation and batch arithmetic."""
 
 from __future__ import annotations
 
@@ -114,9 +114,9 @@ def test_a_relative_apibench_is_found_from_any_working_directory(tmp_path, monke
 
 
 def test_cpu_starter_configs_load_resolve_and_match_the_demo():
-    """configs/train/cpu_*.yaml: one file per CPU scenario a user copies (issue 21 item 6); each
-    loads, resolves its batch for its launcher, and its header commands parse; the LoRA one is
-    the demo's training arm, key for key."""
+    """configs/train/cpu_*.yaml: one file per CPU scenario a user copies; each loads,
+    resolves its batch for its launcher, and its header commands parse; the LoRA one is the demo's
+    training arm, key for key."""
     import shlex
 
     import yaml as pyyaml
@@ -148,7 +148,7 @@ def test_cpu_starter_configs_load_resolve_and_match_the_demo():
 
 
 def test_demo_takes_apibench_from_the_command_line(tmp_path, capsys):
-    """`ratune demo --apibench DIR` reaches the demo (README and issue 21 item 6): a folder that is
+    """`ratune demo --apibench DIR` reaches the demo, as the README says: a folder that is
     not APIBench is named in the one-line error, before any model or data work."""
     from ratune.cli import main
 

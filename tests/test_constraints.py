@@ -1,4 +1,4 @@
-"""Constraint-aware evaluation (eval/constraints.py, issue 9 item 4): top-1 accuracy read from the
+"""Constraint-aware evaluation (eval/constraints.py): top-1 accuracy read from the
 record formats APIBench uses, the constrained questions made from the real TorchHub data, and
 the rates on hand-made answers."""
 

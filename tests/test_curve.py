@@ -1,4 +1,4 @@
-"""Learning curves (eval/curve.py; issue 18 items 3 and 4): every Trainer checkpoint of a run
+"""Learning curves (eval/curve.py): every Trainer checkpoint of a run
 evaluated under the same settings, through `ratune eval run --all-checkpoints` and a sweep's
 `eval.curve_settings`."""
 

@@ -1,4 +1,4 @@
-"""Determinism (issue 7 item 4): retrieval indexes and reports give byte-identical outputs for the
+"""Determinism: retrieval indexes and reports give byte-identical outputs for the
 same inputs and config (data building is checked in tests/test_reruns.py).
 
 Reports are written in separate processes with different PYTHONHASHSEED values, so an ordering

@@ -1,4 +1,4 @@
-"""DeepSpeed on CPU with 2 processes, and the save-time reload check (issue 4 items 4 and 6).
+"""DeepSpeed on CPU with 2 processes, and the save-time reload check.
 
 The `distributed` tests launch `accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml
 -m ratune.train` (torchrun, 2 processes, gloo) on the tiny random Llama with the shipped ZeRO-2 and
@@ -254,7 +254,7 @@ def test_logit_tolerance_follows_the_dtype_and_the_logit_scale():
     assert checks.logit_tolerance(torch.bfloat16, ref) == pytest.approx(2 ** -3.5 * 30)  # 2.652
     assert checks.logit_tolerance(torch.float16, ref) == pytest.approx(2 ** -5 * 30)  # 0.9375
     assert checks.logit_tolerance(torch.float32, [torch.tensor([0.5])]) == pytest.approx(2 ** -11.5)  # floor 1
-    # the differences that stopped correct runs (issue 21 item 0, issue 17 item 3) are within it
+    # the differences that stopped correct saves (0.000103 on a merged fp32 LoRA model, 0.133 in bf16) are within it
     assert 0.000103 < checks.logit_tolerance(torch.float32, ref) and 0.133 < checks.logit_tolerance(torch.bfloat16, ref)
     assert checks.compute_dtype(torch.float32, None, torch.bfloat16) == torch.bfloat16
     assert math.isclose(checks.logit_tolerance(checks.compute_dtype(torch.float32, torch.float16), ref), 0.9375)
@@ -455,7 +455,7 @@ def _same_row_data(folder: Path, n: int = 8) -> Path:
 def test_zero2_two_processes_match_one_process_of_the_same_global_batch(tmp_path, tiny_model_dir):
     """2 processes x accumulation 2 under ZeRO-2 against 1 process x accumulation 4 (global batch 4
     both): the same losses at every step and the same final weights, within float32 reduction
-    noise (issue 21 item 8; torchtune checks distributed losses against single-device ones)."""
+    noise (torchtune checks distributed losses against single-device ones)."""
     import torch
     from safetensors.torch import load_file
 

@@ -112,7 +112,7 @@ def test_data_build_overwrite_on_a_full_disk_keeps_the_old_build(small_disk, api
 
 
 def test_training_on_a_full_disk_is_one_line_and_resumes_after_freeing_space(small_disk, tiny_model_dir, capsys):
-    """The issue's case: room for one checkpoint only; the second save fails inside a library (rc 2,
+    """Room for one checkpoint only; the second save fails inside a library (rc 2,
     one line), leaves a partial checkpoint; after space is freed the rerun passes over it."""
     from ratune.cli import main
     from ratune.train.layout import checkpoint_gap

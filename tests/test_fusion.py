@@ -1,5 +1,5 @@
 """The hybrid retrievers: reciprocal-rank fusion (retrieval/fusion.py), usable wherever a
-retriever is (issue 19 item 5)."""
+retriever is."""
 
 from __future__ import annotations
 

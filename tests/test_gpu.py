@@ -1,4 +1,4 @@
-"""What only a CUDA GPU can check (issue 17, "tests that run where the GPU is"); marker ``gpu``.
+"""What only a CUDA GPU can check; marker ``gpu``.
 
 Skipped where torch sees no CUDA device (tests/conftest.py ``pytest_collection_modifyitems``);
 on a GPU machine ``make test`` runs them with the rest and ``pytest -m gpu`` alone. Every other

@@ -1,4 +1,4 @@
-"""The GPU path's first-hour failures (issue 17 items 5, 6, 7, 9, 11), checked on CPU.
+"""The GPU path's first-hour failures, checked on CPU.
 
 - eval places the model on CUDA in bfloat16 when torch sees a GPU, on the CPU in float32
   otherwise, records both in each cell's identity and metrics, and validates --device/--dtype;
@@ -30,7 +30,7 @@ PAPER_CONFIGS = sorted((ROOT / "configs" / "train").glob("llama7b_rat_paper*.yam
 
 
 # ---------------------------------------------------------------------------------------------
-# item 6: a GPU launch without CUDA is refused
+# a GPU launch without CUDA is refused
 
 
 def _accelerate_env(argv: list[str]) -> dict:
@@ -122,7 +122,7 @@ def test_device_facts_name_the_gpu(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# item 7: attention checked before any heavy work
+# attention checked before any heavy work
 
 
 def test_gpu_configs_default_to_sdpa():
@@ -165,7 +165,7 @@ def test_missing_flash_attn_is_refused_before_data_or_folders(tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------------------------------------
-# item 9: saves that fit the data size
+# saves that fit the data size
 
 
 def test_paper_configs_save_per_epoch_with_a_limit():
@@ -234,7 +234,7 @@ def test_epoch_saves_reach_the_trainer_with_the_limit(tmp_path, tiny_model_dir, 
 
 
 # ---------------------------------------------------------------------------------------------
-# item 11: no full finetune in 16-bit weights without DeepSpeed
+# no full finetune in 16-bit weights without DeepSpeed
 
 
 def test_bf16_full_finetune_without_deepspeed_is_refused():
@@ -265,7 +265,7 @@ def test_no_shipped_config_hits_the_bf16_refusal():
 
 
 # ---------------------------------------------------------------------------------------------
-# item 5: eval device and dtype
+# eval device and dtype
 
 
 def test_eval_placement_defaults_and_validation(monkeypatch):

@@ -1,4 +1,4 @@
-"""The GPU commands of docs/training.md, rehearsed on CPU (issue 17, "the rehearsal on CPU").
+"""The GPU commands of docs/training.md, rehearsed on CPU.
 
 What runs: the two bash blocks of docs/training.md's section "The 7B paper recipe, end to end"
 (the paper recipe, then its LoRA variant), read from the page command by command, with exactly

@@ -1,4 +1,4 @@
-"""Mixed retrieval training data (data/mixture.py, issue 9 item 1): parsing, deterministic draws,
+"""Mixed retrieval training data (data/mixture.py): parsing, deterministic draws,
 the multi-document format, and a real TorchHub build whose pure mixtures equal the plain modes."""
 
 from __future__ import annotations

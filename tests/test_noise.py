@@ -1,4 +1,4 @@
-"""Third-party noise is silenced, and only it (ratune/noise.py; issue 21 item 6)."""
+"""Third-party noise is silenced, and only it (ratune/noise.py)."""
 
 from __future__ import annotations
 

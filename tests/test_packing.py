@@ -1,4 +1,4 @@
-"""Packing is loss-equivalent to padded batches: no attention across packed examples (issue 8 item 1).
+"""Packing is loss-equivalent to padded batches: no attention across packed examples.
 
 What ratune runs with ``packing: true`` (train/sft.py -> ``SFTConfig(packing=True, ...)``, trl 1.16):
 the default ``packing_strategy="bfd"`` packs whole rows into bins of at most ``max_length`` tokens

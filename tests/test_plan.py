@@ -1,4 +1,4 @@
-"""`ratune plan` (issue 4 item 7), the scale-out configs (item 1) and the QLoRA error."""
+"""`ratune plan`, the scale-out configs and the QLoRA error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The prompt format, the over-length policy and the loss mask (issue 2, items 2 and 8).
+"""The prompt format, the over-length policy and the loss mask.
 
 Known failure classes covered: EOS masked out when pad == eos; answer boundary searched by
 marker tokens (labels all masked, loss 0); truncation cutting the answer or its EOS; rows with no

@@ -1,6 +1,6 @@
 """The name registry (ratune/registry.py): every stage derives its names from it, an
 unknown name is refused with the known ones everywhere a name is read, and the released_bm25 test
-setting replays the paper's BM25 documents (issue 19 item 1, issue 18 item 2)."""
+setting replays the paper's BM25 documents."""
 
 from __future__ import annotations
 
@@ -27,16 +27,37 @@ def _help(argv: list[str], capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_derived_name_lists():
-    """Worked out from the table in ratune/registry.py by hand."""
-    assert registry.TRAIN_MODES == ("none", "oracle", "bm25", "bm25_replica", "dense", "dense_ft", "hybrid", "hybrid_ft")
-    assert registry.RETRIEVED_MODES == ("bm25", "bm25_replica", "dense", "dense_ft", "hybrid", "hybrid_ft")
-    assert registry.BM25_RETRIEVERS == ("bm25", "bm25_replica")
-    assert registry.TABLE_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "released_bm25", "oracle", "dense_ft",
-                                       "hybrid", "hybrid_ft")
+def test_derived_name_lists_follow_the_specs():
+    """Each derived list is its rule applied to the spec tables, in spec order; the names users rely
+    on stay in them."""
+    retrievers, settings = registry.RETRIEVER_SPECS, registry.TEST_SETTING_SPECS
+
+    def in_order(names, table):  # a sub-list of the table's names, in the table's order
+        return list(names) == [n for n in table if n in names] and len(set(names)) == len(names)
+
+    # train-time modes: every retriever but the replayed released documents
+    assert in_order(registry.TRAIN_MODES, registry.RETRIEVERS)
+    assert set(registry.TRAIN_MODES) == {r.name for r in retrievers if r.kind != "precomputed"}
+    assert {"none", "oracle"} <= set(registry.TRAIN_MODES) and set(registry.DEFAULT_MODES) <= set(registry.TRAIN_MODES)
+    # retrieved modes: the train-time modes that rank the database (not none or oracle)
+    assert in_order(registry.RETRIEVED_MODES, registry.TRAIN_MODES)
+    assert set(registry.RETRIEVED_MODES) == {r.name for r in retrievers if r.kind in ("bm25", "dense", "fusion")}
+    assert not {"none", "oracle"} & set(registry.RETRIEVED_MODES)
+    # BM25 retrievers: exactly the variants retrieval/bm25.py implements
+    from ratune.retrieval.bm25 import BM25_VARIANTS
+
+    assert in_order(registry.BM25_RETRIEVERS, registry.RETRIEVERS)
+    assert set(registry.BM25_RETRIEVERS) == set(BM25_VARIANTS) == {r.name for r in retrievers if r.kind == "bm25"}
+    # test-time settings: the table's columns in order, the defaults among them
+    assert registry.TABLE_SETTINGS == tuple(s.name for s in settings)
+    assert registry.DEFAULT_SETTINGS == tuple(s.name for s in settings if s.default)
     assert registry.DEFAULT_SETTINGS == ("0_shot", "bm25", "dense", "gpt_index", "oracle")  # as before the registry
-    assert registry.EXPERIMENT_SETTINGS[:3] == ("swap", "irrelevant", "constraints_0_shot")
-    assert len(registry.EVAL_SETTINGS) == 9 + 2 + 9
+    assert {s.name for s in settings if s.paper} <= set(registry.TABLE_SETTINGS)
+    # experiments: swap, irrelevant, then one constraints_ experiment per column
+    assert registry.EXPERIMENT_SETTINGS == ("swap", "irrelevant",
+                                            *(f"constraints_{s}" for s in registry.TABLE_SETTINGS))
+    assert registry.EVAL_SETTINGS == registry.TABLE_SETTINGS + registry.EXPERIMENT_SETTINGS
+    assert len(set(registry.EVAL_SETTINGS)) == len(registry.EVAL_SETTINGS) == 2 * len(registry.TABLE_SETTINGS) + 2
     assert registry.setting_retriever("constraints_released_bm25") == "released_bm25"
     assert registry.setting_retriever("0_shot") == "none"
     with pytest.raises(KeyError):
@@ -47,6 +68,47 @@ def test_derived_name_lists():
     # a fused retriever needs the finetuned folder exactly when one of its components does
     assert all(r.needs_model == any(registry.RETRIEVERS[c].needs_model for c in r.components)
                for r in registry.RETRIEVER_SPECS if r.kind == "fusion")
+
+
+def _between(text: str, start: str, end: str) -> str:
+    """The text from the first ``start`` to the next ``end`` after it (both must be there)."""
+    i = text.index(start)
+    return text[i:text.index(end, i + len(start))]
+
+
+def _names(text: str) -> list[str]:
+    """The names written in backticks, in order (flags, paths and code left out)."""
+    return re.findall(r"`([a-z0-9][a-z0-9_]*)`", text)
+
+
+def _bullet_names(text: str) -> list[str]:
+    return re.findall(r"^- `([a-z0-9_]+)`", text, flags=re.M)
+
+
+def test_docs_name_lists_equal_the_registry():
+    """docs/pipeline.md and docs/retrieval.md write the registry's names out in prose and tables;
+    each list is the registry's, so adding or renaming a name fails here until the docs follow."""
+    pipeline = (ROOT / "docs" / "pipeline.md").read_text()
+    modes = _between(pipeline, "**Train-time retrieval modes**", "`--modes` defaults to")
+    assert sorted(set(_names(modes))) == sorted(registry.TRAIN_MODES)
+    assert re.search(r"`--modes` defaults to `([^`]+)`", pipeline).group(1).split() == list(registry.DEFAULT_MODES)
+    bm25_table = _between(pipeline, "The three BM25 names:", "An unknown name is refused")
+    assert re.findall(r"^\| `([a-z0-9_]+)` \|", bm25_table, flags=re.M) == [*registry.BM25_RETRIEVERS,
+                                                                          registry.RELEASED_BM25]
+    interface = _between(pipeline, "One interface, `Retriever.retrieve", "\n\n")
+    assert sorted(set(_names(interface))) == sorted(registry.RETRIEVERS)
+    defaults = _between(pipeline, "under the test settings", "by default")
+    assert _names(defaults) == list(registry.DEFAULT_SETTINGS)
+    on_request = _between(pipeline, "by default, and on request", "Per setting:")
+    assert sorted(_names(defaults) + _names(on_request)) == sorted(registry.TABLE_SETTINGS)
+
+    retrieval = (ROOT / "docs" / "retrieval.md").read_text()
+    assert _bullet_names(_between(retrieval, "## BM25 variants", "\n## ")) == list(registry.BM25_RETRIEVERS)
+    assert _bullet_names(_between(retrieval, "## BM25 backends", "\n## ")) == list(registry.BM25_BACKENDS)
+    fused = re.findall(r"`([a-z0-9_]+)` (?:fuses the rankings of|those of) `([a-z0-9_]+)` and `([a-z0-9_]+)`",
+                       _between(retrieval, "## Hybrid retrievers", "\n## "))
+    assert {name: tuple(parts) for name, *parts in fused} == \
+        {r.name: r.components for r in registry.RETRIEVER_SPECS if r.kind == "fusion"}
 
 
 def test_cli_sweep_demo_and_train_config_accept_exactly_the_registry(capsys, tmp_path):

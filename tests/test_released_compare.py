@@ -1,6 +1,6 @@
-"""Cells compared with the released Gorilla-7B responses made with the same documents (issue 18
-item 5): ratune/registry.py TestSetting.released, eval/compare.py compare_with_released, and the
-sweep report's released.{md,json}. The released files' counts are the issue's anchors (n = 186,
+"""Cells compared with the released Gorilla-7B responses made with the same documents:
+ratune/registry.py TestSetting.released, eval/compare.py compare_with_released, and the
+sweep report's released.{md,json}. The released files' counts are the anchors (n = 186,
 TorchHub): FT 0_shot gorilla 141 / strict 18, RT 0_shot 0 / 0, RT bm25 strict 14."""
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_hand_made_cells_without_intervals(tmp_path):
     assert rows[1]["strict_accuracy"] == "" and rows[1]["strict_accuracy_low"] == ""
 
 
-# ---- reports say what they hold (issue 21 item 5) ----
+# ---- reports say what they hold ----
 
 def _eval_folder(root, results: dict):
     """An `ratune eval run` output folder: one complete cell per setting with its metrics.json."""

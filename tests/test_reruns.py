@@ -1,4 +1,4 @@
-"""Interrupted jobs and reruns (issue 7 items 2-4): atomic writes, resumable generation,
+"""Interrupted jobs and reruns: atomic writes, resumable generation,
 deterministic data building."""
 
 from __future__ import annotations

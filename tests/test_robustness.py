@@ -1,4 +1,4 @@
-"""Worst case across test-time retrievers (eval/robustness.py, issue 9 item 2), by hand."""
+"""Worst case across test-time retrievers (eval/robustness.py), by hand."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The gorilla metric reproduces the official Gorilla AST evaluation (issue 3).
+"""The gorilla metric reproduces the official Gorilla AST evaluation.
 
-Expected numbers come from issue 3 (TorchHub counts) and docs/official_semantics.md
+Expected numbers come from the official scripts' TorchHub counts, docs/official_semantics.md
 (sections 5, 6, 7 and 8, measured by running the unmodified official scripts with py-tree-sitter
 0.20.1) and the quirk cases in ../shared/scoring/quirk_cases.jsonl. The HuggingFace and
 TensorFlow Hub counts (HF_TF_OFFICIAL) were printed by the unmodified official scripts (recipe
@@ -45,7 +45,8 @@ def counts(block: dict) -> tuple[int, int, int]:
     return block["correct_n"], block["hallucination_n"], block["error_n"]
 
 
-# Issue 3: official TorchHub counts (correct, hallucination, error) of 186.
+# Official TorchHub counts (correct, hallucination, error) of 186, printed by the unmodified
+# official scripts (recipe below).
 TORCHHUB_OFFICIAL = {
     ("FT", "0_shot"): (141, 30, 15),
     ("FT", "bm25"): (83, 32, 71),
@@ -66,15 +67,15 @@ def test_torchhub_official_counts(mode, setting):
 
 
 # OFFICIAL counts (correct, hallucination, error) of the 16 HuggingFace / TensorFlow Hub files,
-# from an independent oracle: the unmodified official scripts themselves. Recipe (issue 21,
-# item 8): gorilla commit 6ea57973c7a6097fd7c5915698c54c17c5b1b6c8,
+# from an independent oracle: the unmodified official scripts themselves. Recipe: gorilla commit
+# 6ea57973c7a6097fd7c5915698c54c17c5b1b6c8,
 # `cd gorilla/eval/eval-scripts && python ast_eval_{hf,tf}.py --api_dataset api/{hub}_api.jsonl
 # --apibench apibench/{huggingface,tensorflow}_eval.json --llm_responses responses/<file>` with
 # py-tree-sitter 0.20.1 and the grammar shipped there (codebleu/parser/my-languages.so), on the
 # ../shared/apibench copies. The scripts print accuracy and hallucination as fractions of the
 # number of responses (904 / 685); correct = accuracy * n and hallucination = hallucination * n
 # are exact integers, error = n - both. The same run gave the 8 TorchHub counts above. The 8
-# files marked "new" had no count pinned before issue 21; the section-8 ones agree with
+# files marked "new" had no count pinned before that run; the section-8 ones agree with
 # SECTION8's percentages and TF RT/0_shot with section 7 ("every response is a hallucination").
 HF_TF_OFFICIAL = {
     ("huggingface", "FT", "0_shot"): (627, 99, 178),  # new

@@ -1,5 +1,5 @@
 """Robustness of the scorer and its inputs: hostile texts, bad response files, the wrong hub,
-and the ``ratune eval score`` entry point (issue 3 item 4, issue 7)."""
+and the ``ratune eval score`` entry point."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def test_torchhub_rules(call, qid, want):
     assert strict("torchhub", call, qid) == want
 
 
-# torch.hub's argument order (issue 21, item 7), worked by hand from api/torchhub_api.jsonl and
+# torch.hub's argument order, worked by hand from api/torchhub_api.jsonl and
 # the eval file. torch.hub.load(repo_or_dir, model, *args, **kwargs) calls the entry point
 # `model` of the repository's hubconf.py with *args, **kwargs; a third positional argument is the
 # entry point's own argument and does not change which model is loaded.
@@ -137,9 +137,10 @@ def test_torchhub_variant_table_and_database_keys():
     assert sc.named_documents(text) == [53]
 
 
-# Released TorchHub responses that pass torch.hub.load three positional arguments, the calls the
-# issue-21 change of argument order could affect, with their verdicts worked out by hand
-# (docs/scoring.md "Changed in issue 21"). Each FT/oracle text reads
+# Released TorchHub responses that pass torch.hub.load three positional arguments, the calls that
+# reading the model from the second positional argument (not the last positional string) could
+# affect, with their verdicts worked out by hand (docs/scoring.md, TorchHub: repository and
+# model). Each FT/oracle text reads
 #   {'domain': ..., 'api_call': \"model = torch.hub.load(...)\", 'api_provider': ...}
 # so the cut is \"model = torch.hub.load(...) (semantics §2, quoted formats) and the strict
 # normalisation undoes the escaped quote. Gorilla: the call is the searched node of every TorchHub
@@ -151,7 +152,7 @@ def test_torchhub_variant_table_and_database_keys():
 RELEASED_THREE_POSITIONAL = [
     # q92, gold mealv2_mobilenetv3_small_075: MEAL-V2 has no entry point 'mealv2', so the call names
     # no database API: hallucination. The old last-positional-string rule read the known variant
-    # mealv2_resnest50_cutmix (an error): the one released verdict issue 21 changed (FT/oracle
+    # mealv2_resnest50_cutmix (an error): the one released verdict the argument order changes (FT/oracle
     # strict 144/18/24 -> 144/19/23, pinned in test_strict_counts_released_torchhub).
     ("oracle", 92, "model = torch.hub.load('szq0214/MEAL-V2', 'mealv2', 'mealv2_resnest50_cutmix', pretrained=True)",
      87, "correct", "hallucination"),
@@ -259,16 +260,16 @@ def test_escaped_quotes_are_undone():
 def test_strict_counts_released_torchhub():
     # Not hand-worked and not official (strict is ours, no oracle exists): the values below, except
     # RT/0_shot, are regression values, as listed in docs/scoring.md.
-    # FT/oracle was (144, 18, 24) under the old last-positional-string rule; issue 21 moved q92
-    # from error to hallucination (test_argument_order_changes_one_released_verdict pins q92).
-    want = {("FT", "0_shot"): (18, 14, 154),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
-            ("FT", "bm25"): (13, 8, 165),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
-            ("FT", "gpt_index"): (17, 5, 164),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
-            ("FT", "oracle"): (144, 19, 23),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+    # FT/oracle was (144, 18, 24) under the old last-positional-string rule; the argument order moves
+    # q92 from error to hallucination (test_argument_order_changes_one_released_verdict pins q92).
+    want = {("FT", "0_shot"): (18, 14, 154),  # regression value: eval/scoring/scorer.py Scorer.score
+            ("FT", "bm25"): (13, 8, 165),  # regression value: eval/scoring/scorer.py Scorer.score
+            ("FT", "gpt_index"): (17, 5, 164),  # regression value: eval/scoring/scorer.py Scorer.score
+            ("FT", "oracle"): (144, 19, 23),  # regression value: eval/scoring/scorer.py Scorer.score
             ("RT", "0_shot"): (0, 0, 186),  # by hand: no text contains api_call (checked below): all errors
-            ("RT", "bm25"): (14, 2, 170),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
-            ("RT", "gpt_index"): (17, 0, 169),  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
-            ("RT", "oracle"): (182, 0, 4)}  # regression value: eval/scoring/scorer.py Scorer.score (issue 21)
+            ("RT", "bm25"): (14, 2, 170),  # regression value: eval/scoring/scorer.py Scorer.score
+            ("RT", "gpt_index"): (17, 0, 169),  # regression value: eval/scoring/scorer.py Scorer.score
+            ("RT", "oracle"): (182, 0, 4)}  # regression value: eval/scoring/scorer.py Scorer.score
     sc = scorer("torchhub")
     for (mode, setting), expected in want.items():
         path = APIBENCH / "responses" / f"response_torchhub_Gorilla_{mode}_{setting}.jsonl"

@@ -1,4 +1,4 @@
-"""Security (issue 7 item 5): no eval/exec/pickle of anything read; trust_remote_code only when a
+"""Security: no eval/exec/pickle of anything read; trust_remote_code only when a
 config sets it; hub tokens never written.
 
 - A source audit parses every ratune source file with ``ast`` (comments, strings and docstrings

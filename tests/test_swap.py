@@ -1,4 +1,4 @@
-"""Document swap (eval/swap.py, issue 9 item 3) on the real TorchHub data: the swapped document
+"""Document swap (eval/swap.py) on the real TorchHub data: the swapped document
 is another API of the same domain, drawn deterministically; answers are classified by hand-made
 responses naming the swapped API, the gold API, or neither."""
 

@@ -1,4 +1,4 @@
-"""Chosen-pair comparisons inside sweep reports (ratune/sweep/pairs.py, issue 10), on hand-made
+"""Chosen-pair comparisons inside sweep reports (ratune/sweep/pairs.py), on hand-made
 finished cell folders whose per-question outcomes give contingencies worked out by hand."""
 
 from __future__ import annotations

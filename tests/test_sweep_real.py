@@ -1,4 +1,4 @@
-"""A real sweep, end to end (issue 5): `ratune sweep` on a tiny model runs the real commands (data
+"""A real sweep, end to end: `ratune sweep` on a tiny model runs the real commands (data
 build, `accelerate launch -m ratune.train`, `ratune eval run`), is stopped with Ctrl-C (SIGINT to
 its process group, as a terminal sends it) in the middle of the first cell's evaluation, resumed
 by running the same command again, reported, and the best cell is exported to a folder that

@@ -1,4 +1,4 @@
-"""Training correctness on CPU (issue 4 items 3 and 5): gradient accumulation is loss-equivalent,
+"""Training correctness on CPU: gradient accumulation is loss-equivalent,
 and a run killed with SIGKILL after a checkpoint resumes to the same learning rates and weights.
 
 Both use the real path (ratune.train.sft.train -> TRL SFTTrainer) on the tiny random Llama and a
@@ -273,8 +273,8 @@ def test_resume_from_missing_path_is_an_error(tmp_path, tiny_model_dir):
 
 def test_every_save_of_a_lora_run_is_checked(tmp_path, tiny_model_dir, umask_022):
     """One process, LoRA: each Trainer checkpoint, adapter/ and the merged model/ were reloaded and
-    compared with the in-memory model when they were saved (issue 4 item 4); the merged model/
-    is the saved adapter merged into a fresh base."""
+    compared with the in-memory model when they were saved; the merged model/ is the saved adapter
+    merged into a fresh base."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -355,7 +355,7 @@ def test_packing_and_padding_free_are_exclusive(tmp_path, tiny_model_dir):
 def test_run_logs_to_tensorboard_and_draws_its_curves(tmp_path, tiny_model_dir):
     """report_to: [tensorboard] writes event files whose train/loss scalars are the log history's
     losses; every run draws training_curves.png and records device, dtype, attention and
-    tokens per second (issue 17 item 14)."""
+    tokens per second."""
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,4 +1,4 @@
-"""Document utility (data/utility.py, issue 9 item 6): batched answer losses equal one-at-a-time
+"""Document utility (data/utility.py): batched answer losses equal one-at-a-time
 ones, utility = loss without - loss with the document, the summary by hand, and the mixture filter."""
 
 from __future__ import annotations

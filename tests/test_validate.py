@@ -1,4 +1,4 @@
-"""Cross-row data checks (issue 7, item 1): duplicates, train/eval leakage, conflicting domains.
+"""Cross-row data checks: duplicates, train/eval leakage, conflicting domains.
 
 Small cases are written to files in a temporary APIBench folder and parsed with the real loader;
 the real-data tests assert the counts measured on the released files.

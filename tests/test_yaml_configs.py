@@ -1,4 +1,4 @@
-"""Bounded work on hostile YAML (issue 21 item 4): one loader for every config, which refuses
+"""Bounded work on hostile YAML: one loader for every config, which refuses
 alias bombs, deep nesting and duplicate keys in one line, and still loads every shipped config."""
 
 from __future__ import annotations
