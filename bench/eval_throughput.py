@@ -3,6 +3,7 @@
 Usage:
     python bench/eval_throughput.py [--model PATH] [--apibench DIR] [--n 16] [--batch-size 8]
                                     [--max-new-tokens 48] [--threads N] [--device cpu|cuda] [--json]
+    python bench/eval_throughput.py --prompts bfcl [--n 16] [--max-new-tokens 256] [--full-answers] ...
 
 Takes the first ``--n`` TorchHub eval questions and renders them with
 :func:`ratune.sources.prompt.render_user_turn` / :func:`ratune.sources.prompt.encode_prompt`,
@@ -13,6 +14,12 @@ at EOS), once with ``batch_size=1`` and twice with ``--batch-size``: with the de
 prefill (``"each"`` on CPU: every prompt alone, then the batch decodes together) and with the
 other one (``"padded"`` on CPU), side by side in one process after a short warm-up, on the demo
 model (SmolLM2-135M-Instruct) unless ``--model`` is given.
+
+``--prompts bfcl`` measures ``ratune eval bfcl``'s generation instead: the first entries of BFCL's
+four Python non-live categories, taken in turn (simple_python, multiple, parallel,
+parallel_multiple; ``--n`` in all), as :func:`ratune.sources.bfcl.encode_bfcl_prompt` encodes
+them, with that command's stop rule (the ``python_calls`` answer's closing bracket) unless
+``--full-answers``. Every run also reports ``prompts_per_s``.
 
 Generated tokens are counted from the output ids of every ``generate`` call (recorded by a thin
 wrapper around the model): per sequence, the tokens after the prompt up to and including the
@@ -32,10 +39,10 @@ With ``--json`` prints one object::
      "batch1": RUN, "batched": RUN, "batched_other_prefill": RUN,
      "vllm": RUN | {"skipped": reason}, "vllm_vs_batched": r | None,
      "answers_identical", "n_prompts", "prompt_tokens": {"min", "max", "mean"},
-     "settings": {"model", "batch_size", "max_new_tokens", "device"},
+     "settings": {"model", "prompts", "batch_size", "max_new_tokens", "stop_at_answer_end", "device"},
      "machine": {"platform", "processor", "cpu_count", "torch_threads", "torch", "transformers", "gpu"}}
 
-where ``RUN`` is ``{"seconds", "generated_tokens", "tokens_per_s"}`` (HF runs add
+where ``RUN`` is ``{"seconds", "generated_tokens", "tokens_per_s", "prompts_per_s"}`` (HF runs add
 ``"prefill_seconds"`` and ``"decode_tokens_per_s"`` unless ``--no-breakdown``: the same run
 repeated with ``max_new_tokens=1`` measures the prompt processing, the rest is decoding; the
 batched runs add ``"prefill"``, their mode, and ``batched_other_prefill`` its own
@@ -105,29 +112,36 @@ class CountingModel:
 
 
 def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int,
-               prefill: str = "auto") -> tuple[dict, list[str]]:
-    """Run :func:`ratune.eval.generate.generate_all` once (``prefill`` as there); returns
-    ``(RUN, answers in prompt order)``."""
+               prefill: str = "auto", stop: dict | None = None) -> tuple[dict, list[str]]:
+    """Run :func:`ratune.eval.generate.generate_all` once (``prefill`` as there; ``stop``: its
+    ``stop_after_api_call`` and ``answer_format`` arguments); returns ``(RUN, answers in prompt order)``."""
     from ratune.eval.generate import generate_all
 
     counting = CountingModel(model, tokenizer.eos_token_id)
     start = time.perf_counter()
     texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                         prefill=prefill)
+                         prefill=prefill, **(stop or {}))
     seconds = time.perf_counter() - start
-    return {"seconds": round(seconds, 3), "generated_tokens": counting.generated,
-            "tokens_per_s": round(counting.generated / seconds, 2) if seconds else None}, texts
+    return _run_record(seconds, counting.generated, len(prompts)), texts
+
+
+def _run_record(seconds: float, generated: int, n_prompts: int) -> dict:
+    """``RUN`` of a timed generation."""
+    return {"seconds": round(seconds, 3), "generated_tokens": generated,
+            "tokens_per_s": round(generated / seconds, 2) if seconds else None,
+            "prompts_per_s": round(n_prompts / seconds, 4) if seconds else None}
 
 
 def decode_breakdown(model, tokenizer, prompts: Sequence[list[int]], full: dict, *, batch_size: int,
-                     prefill: str = "auto") -> dict:
+                     prefill: str = "auto", stop: dict | None = None) -> dict:
     """Split a run into prompt processing and decoding: the same run with ``max_new_tokens=1``
     takes ``prefill_seconds`` (prefill plus one token per prompt); the rest of ``full`` is decoding.
 
     Returns:
         ``{"prefill_seconds", "decode_tokens_per_s"}`` (the latter over the tokens after the first).
     """
-    first, _ = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=1, prefill=prefill)
+    first, _ = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=1, prefill=prefill,
+                          stop=stop)
     decode_s = full["seconds"] - first["seconds"]
     decode_tokens = full["generated_tokens"] - first["generated_tokens"]
     return {"prefill_seconds": first["seconds"],
@@ -178,8 +192,7 @@ def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new
     start = time.perf_counter()
     vllm_generate_all(llm, tokenizer, prompts, max_new_tokens=max_new_tokens, max_positions=positions)
     seconds = time.perf_counter() - start
-    return {"seconds": round(seconds, 3), "generated_tokens": llm.generated,
-            "tokens_per_s": round(llm.generated / seconds, 2) if seconds else None}
+    return _run_record(seconds, llm.generated, len(prompts))
 
 
 def eval_prompts(tokenizer, apibench_dir, n: int) -> list[list[int]]:
@@ -200,6 +213,21 @@ def eval_prompts(tokenizer, apibench_dir, n: int) -> list[list[int]]:
             for i, e in enumerate(examples)]
 
 
+#: The categories ``--prompts bfcl`` takes its prompts from, in turn.
+BFCL_BENCH_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
+
+
+def bfcl_prompts(tokenizer, n: int) -> list[list[int]]:
+    """``n`` BFCL prompts: entry 0 of each of :data:`BFCL_BENCH_CATEGORIES`, then entry 1, and so on."""
+    from ratune.sources.bfcl import bfcl_data_dir, encode_bfcl_prompt, load_bfcl
+
+    data = bfcl_data_dir()
+    per_category = [load_bfcl(data, c)[:(n + len(BFCL_BENCH_CATEGORIES) - 1) // len(BFCL_BENCH_CATEGORIES)]
+                    for c in BFCL_BENCH_CATEGORIES]
+    entries = [e for row in zip(*per_category) for e in row][:n]
+    return [encode_bfcl_prompt(tokenizer, e) for e in entries]
+
+
 def machine_info() -> dict:
     """What the numbers were measured on."""
     import torch
@@ -212,33 +240,42 @@ def machine_info() -> dict:
 
 
 def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8, max_new_tokens: int = 48,
-        device: str | None = None, threads: int | None = None, breakdown: bool = True) -> dict:
+        device: str | None = None, threads: int | None = None, breakdown: bool = True, prompt_set: str = "apibench",
+        full_answers: bool = False) -> dict:
     """Measure batch 1, batched and (where possible) vLLM on the same prompts; returns the ``--json`` object."""
     import torch
 
-    from ratune.sources.apibench import resolve_apibench_dir
     from ratune.eval.generate import resolve_prefill
     from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
+    from ratune.sources.formats import PythonCallsFormat
 
     set_torch_threads(threads)
-    apibench_dir = resolve_apibench_dir(apibench_dir)
     model_path = model_path or ensure_demo_model()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path).to(device)
-    prompts = eval_prompts(tokenizer, apibench_dir, n)
+    stop = None
+    if prompt_set == "bfcl":
+        prompts = bfcl_prompts(tokenizer, n)
+        if not full_answers:
+            stop = {"stop_after_api_call": True, "answer_format": PythonCallsFormat.name}
+    else:
+        from ratune.sources.apibench import resolve_apibench_dir
+
+        prompts = eval_prompts(tokenizer, resolve_apibench_dir(apibench_dir), n)
     measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
-    batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens)
-    batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens, stop=stop)
+    batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                  stop=stop)
     batched["prefill"] = resolve_prefill("auto", device)
     other = "padded" if batched["prefill"] == "each" else "each"
     batched_other, texts_o = measure_hf(model, tokenizer, prompts, batch_size=batch_size,
-                                        max_new_tokens=max_new_tokens, prefill=other)
+                                        max_new_tokens=max_new_tokens, prefill=other, stop=stop)
     batched_other["prefill"] = other
     if breakdown:
         for run_, size, mode in ((batch1, 1, "auto"), (batched, batch_size, "auto"),
                                  (batched_other, batch_size, other)):
-            run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size, prefill=mode))
+            run_.update(decode_breakdown(model, tokenizer, prompts, run_, batch_size=size, prefill=mode, stop=stop))
     del model
     vllm = measure_vllm(model_path, tokenizer, prompts, max_new_tokens=max_new_tokens)
     ratio = batched["tokens_per_s"] / batch1["tokens_per_s"] if batch1["tokens_per_s"] else None
@@ -252,9 +289,14 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
             "batched_other_prefill": {**batched_other,
                                       "answers_identical": sum(a == b for a, b in zip(texts1, texts_o))},
             "prompt_tokens": {"min": min(lengths), "max": max(lengths), "mean": round(sum(lengths) / len(lengths), 1)},
-            "settings": {"model": str(model_path), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                         "device": device},
+            "settings": {"model": str(model_path), "prompts": prompt_set, "batch_size": batch_size,
+                         "max_new_tokens": max_new_tokens, "stop_at_answer_end": stop is not None, "device": device},
             "machine": machine_info()}
+
+
+#: ``--prompts`` choices and how the report names them.
+PROMPT_SETS = {"apibench": "TorchHub eval (oracle/0-shot alternating)",
+               "bfcl": "BFCL Python non-live (" + ", ".join(BFCL_BENCH_CATEGORIES) + " in turn)"}
 
 
 def format_table(r: dict) -> str:
@@ -262,10 +304,12 @@ def format_table(r: dict) -> str:
     m, s = r["machine"], r["settings"]
     lines = [f"machine: {m['processor']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}, "
              f"GPU {m['gpu'] or 'none'}; device {s['device']}",
-             f"model {s['model']}; {r['n_prompts']} TorchHub eval prompts (oracle/0-shot alternating, "
-             f"{r['prompt_tokens']['min']}-{r['prompt_tokens']['max']} tokens), greedy, "
-             f"max_new_tokens {s['max_new_tokens']}", "",
-             f"{'backend':<26} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'prefill s':>9} {'decode tok/s':>12}"]
+             f"model {s['model']}; {r['n_prompts']} {PROMPT_SETS[s['prompts']]} prompts "
+             f"({r['prompt_tokens']['min']}-{r['prompt_tokens']['max']} tokens), greedy, "
+             f"max_new_tokens {s['max_new_tokens']}, stop at answer end: {'yes' if s['stop_at_answer_end'] else 'no'}",
+             "",
+             f"{'backend':<26} {'seconds':>8} {'tokens':>7} {'tokens/s':>9} {'prompts/s':>9} {'prefill s':>9} "
+             f"{'decode tok/s':>12}"]
     other = r["batched_other_prefill"]
     rows = [("HF batch 1", r["batch1"]), (f"HF batched ({s['batch_size']}, {r['batched']['prefill']})", r["batched"]),
             (f"HF batched ({s['batch_size']}, {other['prefill']})", other)]
@@ -274,6 +318,7 @@ def format_table(r: dict) -> str:
     for name, run_ in rows:
         prefill, decode = run_.get("prefill_seconds"), run_.get("decode_tokens_per_s")
         lines.append(f"{name:<26} {run_['seconds']:>8.2f} {run_['generated_tokens']:>7} {run_['tokens_per_s']:>9.2f} "
+                     f"{run_['prompts_per_s']:>9.3f} "
                      f"{'-' if prefill is None else f'{prefill:.2f}':>9} {'-' if decode is None else f'{decode:.2f}':>12}")
     lines.append("")
     lines.append(f"batched / batch 1: {r['ratio']:.2f}x; answers identical: {r['answers_identical']}/{r['n_prompts']}")
@@ -293,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder (default: the converted demo model)")
     p.add_argument("--apibench", default=None)
+    p.add_argument("--prompts", choices=sorted(PROMPT_SETS), default="apibench", help="which prompts to generate for")
+    p.add_argument("--full-answers", action="store_true", help="bfcl: no stop at the end of the call list")
     p.add_argument("--n", type=int, default=16, help="eval prompts")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -304,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = run(model_path=args.model, apibench_dir=args.apibench, n=args.n, batch_size=args.batch_size,
                      max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
-                     breakdown=not args.no_breakdown)
+                     breakdown=not args.no_breakdown, prompt_set=args.prompts, full_answers=args.full_answers)
     except RatuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

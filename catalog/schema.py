@@ -43,6 +43,7 @@ from pathlib import Path
 
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl
+from ratune.sources.formats import dotted_name
 
 #: The API documents of a catalog folder.
 APIS_FILE = "apis.jsonl"
@@ -110,18 +111,6 @@ def parse_api_call(text: str) -> tuple[str, ast.Call]:
     if callee is None:
         raise ValueError("the callee is not a dotted name (a.b.c); expected pkg.func(arg)")
     return callee, call
-
-
-def dotted_name(node: ast.AST) -> str | None:
-    """``"a.b.c"`` for a ``Name``/``Attribute`` chain, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def is_identifier(text: str) -> bool:

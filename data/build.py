@@ -1,14 +1,15 @@
 """The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode.
 
-The hub is an APIBench hub or a catalog folder (:func:`ratune.hubs.resolve_hub`); its
+The hub is an APIBench hub, a catalog or a tool-set folder (:func:`ratune.hubs.resolve_hub`); its
 documents and examples come from the :class:`~ratune.hubs.Hub`, the rest is the same.
 For every example and mode (none, oracle, or a retriever's top_k; the modes are
 ratune/registry.py TRAIN_MODES) the builder retrieves the documents,
-renders the user turn with :func:`ratune.sources.prompt.render_user_turn` (the evaluator calls the
-same function) and the answer with :func:`ratune.sources.prompt.format_answer`, and checks the
-token length of the whole row against ``max_length``.
+renders the prompt and the answer in the hub's answer format (:mod:`ratune.sources.formats`; the
+evaluator renders prompts the same way), and checks the token length of the whole row against
+``max_length``.
 
-Over-length policy (explicit; never truncates the answer): documents are first shortened to
+Over-length policy (explicit; never truncates the answer; a tool set's tools are never cut, so its
+over-long rows are dropped): documents are first shortened to
 ``max_document_tokens``; a row still longer than ``max_length`` gets its document shortened to the
 room left; a row whose instruction and answer alone do not fit (or that would keep fewer than
 ``MIN_DOCUMENT_TOKENS`` of its document) is dropped. Both are counted per mode and split.
@@ -34,12 +35,13 @@ from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
-from ratune.sources.apibench import Example, ParseReport, api_identity, input_hashes
+from ratune.sources.apibench import Example, ParseReport, api_identity, document_name, input_hashes
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, Prompt, get_answer_format
 from ratune.hubs import Hub, as_hub_source, resolve_hub
 from ratune.data.labels import ANSWER_TOKENIZATIONS, AnswerMerge, tokenize_row
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
-from ratune.sources.prompt import (abstain_answer, build_user_turn, format_answer, join_documents, render_user_turn,
-                                require_chat_template, shorten_document, template_name, use_chat_template)
+from ratune.sources.prompt import (build_user_turn, join_documents, require_chat_template, shorten_document,
+                                   template_name, use_chat_template)
 from ratune.data.utility import load_utility
 from ratune.sources.validate import HOLDOUT_KINDS, hold_out, near_duplicate_rate, validate_splits
 from ratune.errors import RatuneError
@@ -133,62 +135,69 @@ BUILD_OPTIONS: tuple[Option, ...] = (
 
 
 def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
-               tokenizer, settings: BuildSettings, components: Sequence[str] | None = None
-               ) -> tuple[list[dict], dict]:
+               tokenizer, settings: BuildSettings, components: Sequence[str] | None = None,
+               answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[list[dict], dict]:
     """Render, measure and apply the over-length policy to one mode's rows.
 
     Args:
         components: for a mixture mode, each example's drawn component (stored per row as
-            ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the abstention
-            (:func:`ratune.sources.prompt.abstain_answer`).
+            ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the format's
+            answer that calls nothing.
+        answer_format: the hub's (:data:`ratune.sources.formats.ANSWER_FORMATS`); it renders the
+            prompt and the answer.
     Returns:
         ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
     """
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    fmt = get_answer_format(answer_format)
     rows, shortened_n, dropped = [], 0, []
     for i, (ex, docs) in enumerate(zip(examples, docs_per_example)):
-        abstain = components is not None and components[i] == "irrelevant"
-        completion = format_answer(abstain_answer(ex.answer) if abstain else ex.answer)
-        user_turn, shortened = render_user_turn(ex.instruction, docs, max_document_tokens=settings.max_document_tokens,
-                                                count_tokens=count)
+        completion = fmt.completion(ex, abstain=components is not None and components[i] == "irrelevant")
+        prompt = fmt.prompt(ex, docs, max_document_tokens=settings.max_document_tokens, count_tokens=count)
         try:
-            row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
+            row = tokenize_row(tokenizer, prompt.user_turn, completion, system=prompt.system,
+                               answer_tokenization=settings.answer_tokenization)
         except AnswerMerge as exc:
             raise AnswerMerge(f"{ex.hub} {ex.split} example line {ex.line}: {exc}") from None
         if len(row.input_ids) > settings.max_length:
-            if not docs:
+            fitted = _fit_documents(ex, docs, completion, tokenizer, settings, count) if fmt.shortens_documents else None
+            if fitted is None:
                 dropped.append(ex.line)
                 continue
-            base = len(tokenize_row(tokenizer, build_user_turn(ex.instruction, ""), completion,
-                                   answer_tokenization=settings.answer_tokenization).input_ids)
-            room = (settings.max_length - base) // len(docs)
-            if room < MIN_DOCUMENT_TOKENS:
-                dropped.append(ex.line)
-                continue
-            # shorten each document to the room left, then re-check (tokenization is not additive)
-            while room >= MIN_DOCUMENT_TOKENS:
-                parts = [shorten_document(d, room, count)[0] for d in docs]
-                user_turn = build_user_turn(ex.instruction, join_documents(parts))
-                row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
-                if len(row.input_ids) <= settings.max_length:
-                    break
-                room -= 8
-            if len(row.input_ids) > settings.max_length:
-                dropped.append(ex.line)
-                continue
-            shortened = True
-        shortened_n += shortened
+            prompt, row = fitted
+        shortened_n += prompt.shortened
         rows.append({
             "hub": ex.hub, "split": ex.split, "line": ex.line, "train_retriever": mode,
-            "instruction": ex.instruction, "user_turn": user_turn, "completion": completion,
-            "gold_api_call": ex.api["api_call"], "document_api_calls": [d["api_call"] for d in docs],
-            "shortened": bool(shortened), "n_prompt_tokens": row.n_prompt_tokens,
+            "instruction": ex.instruction, "user_turn": prompt.user_turn, "completion": completion,
+            **({"system": prompt.system} if prompt.system is not None else {}),
+            "gold_api_call": document_name(ex.api), "document_api_calls": [document_name(d) for d in docs],
+            "shortened": bool(prompt.shortened), "n_prompt_tokens": row.n_prompt_tokens,
             "n_completion_tokens": row.n_completion_tokens,
             **({"doc_component": components[i]} if components is not None else {}),
         })
     return rows, {"rows": len(rows), "shortened": shortened_n, "dropped": len(dropped), "dropped_lines": dropped}
+
+
+def _fit_documents(ex: Example, docs: Sequence[dict], completion: str, tokenizer, settings: BuildSettings, count
+                   ) -> tuple[Prompt, object] | None:
+    """An over-long APIBench row with its documents cut to the room left, ``(prompt, tokenized row)``;
+    None when it cannot fit (no documents, or under :data:`MIN_DOCUMENT_TOKENS` each)."""
+    if not docs:
+        return None
+    base = len(tokenize_row(tokenizer, build_user_turn(ex.instruction, ""), completion,
+                           answer_tokenization=settings.answer_tokenization).input_ids)
+    room = (settings.max_length - base) // len(docs)
+    # shorten each document to the room left, then re-check (tokenization is not additive)
+    while room >= MIN_DOCUMENT_TOKENS:
+        parts = [shorten_document(d, room, count)[0] for d in docs]
+        user_turn = build_user_turn(ex.instruction, join_documents(parts))
+        row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
+        if len(row.input_ids) <= settings.max_length:
+            return Prompt(user_turn=user_turn, shortened=True), row
+        room -= 8
+    return None
 
 
 def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings) -> None:
@@ -212,8 +221,7 @@ def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | Hub,
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
                                                dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
-    queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
-    return retriever_cache[mode].retrieve(queries, top_k=1 if mode == "oracle" else top_k)
+    return retriever_cache[mode].retrieve([Query.of(e) for e in examples], top_k=1 if mode == "oracle" else top_k)
 
 
 def force_gold_documents(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]]
@@ -455,7 +463,8 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
             forced = 0
             if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
                 docs, forced = force_gold_documents(examples, docs)
-            rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings)
+            rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings,
+                                 answer_format=source.answer_format)
             require_rows(c, split=split, mode=mode, settings=settings)
             if settings.force_gold and mode in RETRIEVED_MODES:
                 c["forced_gold"] = forced
@@ -479,7 +488,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
                                                              utility_keep)
                 record["utility_filter"] = {**(utility_meta or {}), **filtered}
             rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
-                                 components=drawn)
+                                 components=drawn, answer_format=source.answer_format)
             require_rows(c, split=split, mode=mixture.mode, settings=settings)
             counts.setdefault(split, {})[mixture.mode] = c
             lengths.setdefault(split, {})[mixture.mode] = _percentiles(
@@ -509,6 +518,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
         "settings": settings_record(settings, tokenizer),
         "tokenizer": tokenizer_name, "inputs": input_hashes(inputs), "request": request,
         "retrievers": {m: r.metadata() for m, r in cache.items()},
+        **({"answer_format": source.answer_format} if source.answer_format != DEFAULT_ANSWER_FORMAT else {}),
     })
     record = source.manifest_record()
     if record is not None:  # a hub with nothing beyond its name and files (APIBench) adds no key

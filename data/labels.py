@@ -69,7 +69,7 @@ def _eos_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
-def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
+def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | None = None) -> list[int]:
     """The tokens of ``text`` (no EOS) as they come after the prompt: the tail of the prompt text +
     ``text`` tokenized together, behind the prompt text's own tokens.
 
@@ -77,7 +77,7 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
         AnswerMerge: when the prompt's tokens are not a prefix of the joined text's (a merge across
             the boundary; LLaMA's vocabulary has none across a space).
     """
-    head_text = prompt_text(tokenizer, user_turn)
+    head_text = prompt_text(tokenizer, user_turn, system)
     head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
     full = tokenizer(head_text + text, add_special_tokens=False)["input_ids"]
     if full[:len(head)] != head:
@@ -94,10 +94,10 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str) -> list[int]:
     return list(full[len(head):])
 
 
-def tokenize_row(tokenizer, user_turn: str, completion: str, *,
+def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | None = None,
                  answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
-    """Tokenize a (user turn, answer) pair into ids and the completion-only loss mask
-    (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
+    """Tokenize a (user turn, answer) pair, behind ``system`` when given, into ids and the
+    completion-only loss mask (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
 
     Raises:
         NoTrainableTokens: when ``completion`` is empty (the row would train only on EOS).
@@ -105,12 +105,13 @@ def tokenize_row(tokenizer, user_turn: str, completion: str, *,
     """
     if not completion.strip():
         raise NoTrainableTokens("the answer is empty: nothing to learn")
-    prompt = encode_prompt(tokenizer, user_turn)
+    prompt = encode_prompt(tokenizer, user_turn, system)
     template = template_of(tokenizer)
     if answer_tokenization == "separate":
         answer = completion_ids(tokenizer, (template.answer_prefix if template is not None else "") + completion)
     elif template is not None and template.answer_prefix:
-        answer = answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion) + [_eos_id(tokenizer)]
+        answer = (answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion, system)
+                  + [_eos_id(tokenizer)])
     else:
         answer = completion_ids(tokenizer, completion)
     return TokenizedRow(input_ids=prompt + answer, completion_mask=[0] * len(prompt) + [1] * len(answer))

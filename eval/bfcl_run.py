@@ -311,6 +311,32 @@ def finished_categories(folder: str | os.PathLike) -> dict[str, dict]:
     return {c: read_json_object(folder / c / "metrics.json") for c in CATEGORIES if is_complete(folder / c)}
 
 
+def is_bfcl_cell(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a complete category folder of a ``ratune eval bfcl`` output."""
+    path = Path(path)
+    return path.name in CATEGORIES and is_complete(path) and (path / "verdicts.jsonl").is_file()
+
+
+def bfcl_cell_outcomes(path: str | os.PathLike) -> tuple[dict, list[dict]]:
+    """``(metrics, per-entry outcomes)`` of a complete category folder: outcomes are
+    ``{"question_id": entry id, "bfcl": "correct" | "wrong"}`` from BFCL's verdicts.
+
+    Raises:
+        RatuneError: not a complete category folder of ``ratune eval bfcl``.
+        InputError: a verdict line without ``id`` or ``correct`` (file, line).
+    """
+    path = Path(path)
+    if not is_bfcl_cell(path):
+        raise RatuneError(f"{path}: not a complete category folder of `ratune eval bfcl` (e.g. OUT/simple_python)")
+    outcomes = []
+    for line, row in iter_jsonl(path / "verdicts.jsonl"):
+        if not isinstance(row.get("id"), str) or not isinstance(row.get("correct"), bool):
+            raise InputError(str(path / "verdicts.jsonl"), line, "id" if "id" not in row else "correct",
+                             "expected an entry id and a boolean verdict")
+        outcomes.append({"question_id": row["id"], "bfcl": "correct" if row["correct"] else "wrong"})
+    return {**read_json_object(path / "metrics.json"), "category": path.name}, outcomes
+
+
 def summary_rows(finished: dict[str, dict]) -> list[dict]:
     """One row of :data:`SUMMARY_COLUMNS` per finished category."""
     return [{"category": c, "n": m["n"], "correct": m["correct"], "accuracy": m["accuracy"],
@@ -343,22 +369,36 @@ def _write_summary(folder: Path, finished: dict[str, dict]) -> None:
     writer.writerows(rows)
     write_text(folder / "summary.csv", buf.getvalue())
 
+    summary_chart(rows, folder / "summary.png")
+
+
+def summary_chart(rows: list[dict], path: Path) -> None:
+    """A bar per row (a category of a model) with its 95 % interval, grouped by category, one colour
+    per model, written to ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(rows), 3.5))
-    heights = [100 * r["accuracy"] for r in rows]
-    errors = [[h - 100 * r["accuracy_low"] for h, r in zip(heights, rows)],
-              [100 * r["accuracy_high"] - h for h, r in zip(heights, rows)]]
-    ax.bar(range(len(rows)), heights, yerr=errors, capsize=3, color="tab:blue")
-    ax.set_xticks(range(len(rows)), [r["category"] for r in rows], rotation=45, ha="right")
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    width = 0.8 / len(models)
+    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(categories) * max(1, len(models) / 2), 3.5))
+    for k, model in enumerate(models):
+        mine = [r for r in rows if r["model"] == model]
+        x = [categories.index(r["category"]) + (k - (len(models) - 1) / 2) * width for r in mine]
+        heights = [100 * r["accuracy"] for r in mine]
+        errors = [[h - 100 * r["accuracy_low"] for h, r in zip(heights, mine)],
+                  [100 * r["accuracy_high"] - h for h, r in zip(heights, mine)]]
+        ax.bar(x, heights, width=width, yerr=errors, capsize=3, label=model)
+    ax.set_xticks(range(len(categories)), categories, rotation=45, ha="right")
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy % (95 % Wilson interval)")
-    ax.set_title(f"BFCL - {', '.join(sorted({r['model'] for r in rows}))}")
+    ax.set_title(f"BFCL - {', '.join(models)}")
+    if len(models) > 1:
+        ax.legend(fontsize="small")
     fig.tight_layout()
-    with atomic_write(folder / "summary.png", "wb") as fh:
+    with atomic_write(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
 

@@ -30,6 +30,8 @@ from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
 #: Name of the responses file inside an eval cell folder (``{eval_dir}/{setting}/``).
 CELL_RESPONSES = "responses.jsonl"
 
+#: The outcome of a BFCL category's entry (BFCL's own verdict), the metric of two BFCL cells compared.
+BFCL_METRIC = "bfcl"
 COMPARE_METRICS = METRICS
 
 
@@ -71,7 +73,7 @@ def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, 
     Raises:
         RatuneError: unknown metric, empty lists, or the question_id sets differ (unpaired).
     """
-    if metric not in COMPARE_METRICS:
+    if metric not in (*COMPARE_METRICS, BFCL_METRIC):
         raise RatuneError(f"unknown metric {metric!r}: expected one of {', '.join(COMPARE_METRICS)}")
     outcome = {}
     for label, rows in zip(labels, (per_question_a, per_question_b)):
@@ -142,6 +144,34 @@ def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: s
     return result
 
 
+def compare_bfcl_cells(cell_a, cell_b, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
+    """Two category folders of ``ratune eval bfcl`` (``OUT/CATEGORY``) compared paired by entry id,
+    each entry right or wrong by BFCL's own verdict.
+
+    Returns:
+        :func:`compare_outcomes`'s dict (metric ``bfcl``) plus ``hub`` (``BFCL CATEGORY``), each
+        side's ``path`` and ``model``, ``bfcl_version`` and ``bfcl_model``.
+    Raises:
+        RatuneError: a folder that is not a complete category, two categories, two bfcl-eval
+            versions or model keys, unpaired entries.
+    """
+    from ratune.eval.bfcl_run import bfcl_cell_outcomes
+
+    (ma, a), (mb, b) = bfcl_cell_outcomes(cell_a), bfcl_cell_outcomes(cell_b)
+    for key in ("category", "bfcl_version", "bfcl_model"):
+        if ma.get(key) != mb.get(key):
+            raise RatuneError(f"A ({cell_a}) and B ({cell_b}) differ in {key}: {ma.get(key)} vs {mb.get(key)}; "
+                              "compare the same category scored by the same BFCL")
+    try:
+        result = compare_outcomes(a, b, metric=BFCL_METRIC, resamples=resamples, seed=seed)
+    except RatuneError as err:
+        raise RatuneError(f"{err} [A = {cell_a}, B = {cell_b}]") from None
+    result["hub"] = f"BFCL {ma['category']}"
+    for key, path, m in (("a", cell_a, ma), ("b", cell_b, mb)):
+        result[key].update(path=os.fspath(path), model=m.get("model"))
+    return {**result, "bfcl_version": ma.get("bfcl_version"), "bfcl_model": ma.get("bfcl_model")}
+
+
 def format_compare(result: dict) -> str:
     """The comparison as readable text (percent; intervals 95 %)."""
     n, t, d = result["n"], result["contingency"], result["difference"]
@@ -182,8 +212,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="response JSONL file, or an eval cell folder holding responses.jsonl")
     parser.add_argument("responses_b", metavar="RESPONSES_B", type=input_path,
                         help="the same for B (same questions)")
-    parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
-                        help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder")
+    parser.add_argument("--hub", default=None, type=hub_argument_type(), metavar="HUB",
+                        help=f"an APIBench hub ({', '.join(HUBS)}), a catalog or tool-set folder; not for two "
+                             "category folders of `ratune eval bfcl` (paired by entry id, BFCL's verdicts)")
     add_apibench_argument(parser)
     parser.add_argument("--metric", choices=COMPARE_METRICS, default=None,
                         help="which outcome counts as correct (default gorilla; strict on a catalog)")
@@ -198,7 +229,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 
 def cli_compare(args) -> int:
-    """``ratune compare RESPONSES_A RESPONSES_B --hub HUB``: paired comparison of two files.
+    """``ratune compare RESPONSES_A RESPONSES_B --hub HUB``: paired comparison of two files; two
+    category folders of ``ratune eval bfcl`` need no ``--hub`` (:func:`compare_bfcl_cells`).
 
     ``args`` has ``responses_a``, ``responses_b`` (files or eval cell folders), ``hub``,
     ``apibench`` (None: default folder), ``metric`` (gorilla|strict), ``resamples``, ``seed``,
@@ -215,17 +247,30 @@ def cli_compare(args) -> int:
     resamples = DEFAULT_RESAMPLES if resamples is None else resamples
     if resamples < 1:
         raise RatuneError(f"--resamples must be at least 1, got {resamples}")
-    seed = getattr(args, "seed", None)
-    result = compare_files(args.responses_a, args.responses_b, hub=args.hub,
-                           apibench_dir=getattr(args, "apibench", None),
-                           metric=getattr(args, "metric", None), resamples=resamples,
-                           seed=DEFAULT_SEED if seed is None else seed,
-                           hub_check=not getattr(args, "no_hub_check", False))
+    seed = DEFAULT_SEED if getattr(args, "seed", None) is None else args.seed
+    from ratune.eval.bfcl_run import is_bfcl_cell
+
+    if is_bfcl_cell(args.responses_a) and is_bfcl_cell(args.responses_b):
+        if getattr(args, "metric", None) is not None:
+            raise RatuneError(f"--metric {args.metric}: two BFCL category folders are compared by BFCL's own verdict")
+        result = compare_bfcl_cells(args.responses_a, args.responses_b, resamples=resamples, seed=seed)
+    elif getattr(args, "hub", None) is None:
+        raise RatuneError("--hub is needed to score response files (it is not needed for two category folders of "
+                          "`ratune eval bfcl`)")
+    else:
+        result = _compare_cli_files(args, resamples, seed)
     if getattr(args, "json", False):
         print(json.dumps(result, sort_keys=True))
     else:
         print(format_compare(result))
     return 0
+
+
+def _compare_cli_files(args, resamples: int, seed: int) -> dict:
+    """:func:`compare_files` of ``ratune compare``'s arguments."""
+    return compare_files(args.responses_a, args.responses_b, hub=args.hub, apibench_dir=getattr(args, "apibench", None),
+                         metric=getattr(args, "metric", None), resamples=resamples, seed=seed,
+                         hub_check=not getattr(args, "no_hub_check", False))
 
 
 def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, apibench_dir=None,

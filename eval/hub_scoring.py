@@ -3,7 +3,8 @@ scorer a hub names (:attr:`ratune.hubs.Hub.scorer`, the key of :data:`HUB_SCORIN
 
 :class:`APIBenchScoring` scores by the official ``gorilla`` metric and the ``strict`` one
 (:class:`ratune.eval.scoring.Scorer`); :class:`CatalogScoring` by a catalog's ``strict`` metric and
-argument score (:class:`ratune.eval.catalog_scorer.CatalogEvalScorer`). A scorer may run in another
+argument score (:class:`ratune.eval.catalog_scorer.CatalogEvalScorer`); :class:`ToolSetScoring` by a tool
+set's call match (:class:`ratune.eval.tool_scorer.ToolSetScorer`). A scorer may run in another
 process: callers use only :meth:`HubScoring.score` and the fields it returns.
 """
 
@@ -21,6 +22,7 @@ from ratune.eval.scoring.cli import format_table, outcome_lines
 from ratune.eval.scoring.responses import check_hub_matches, check_question_ids, load_responses
 from ratune.eval.scoring.scorer import Scorer
 from ratune.eval.stats import count_rates
+from ratune.eval.tool_scorer import TOOL_SET_METRIC, ToolSetScorer
 
 
 class HubScoring(ABC):
@@ -147,8 +149,45 @@ class CatalogScoring(HubScoring):
             "(no gorilla metric: it is APIBench's)"])
 
 
+class ToolSetScoring(HubScoring):
+    """A tool set's ``strict`` call match and its call-format rates (eval/tool_scorer.py); no ``gorilla``."""
+
+    metrics = (TOOL_SET_METRIC,)
+
+    def _make_scorer(self, hub, examples):
+        examples = hub.load_examples("eval") if examples is None else examples
+        return ToolSetScorer(hub.name, [t["name"] for t in hub.load_api_database()], examples)
+
+    def require_metric(self, metric, fix="use"):
+        if metric == "gorilla":
+            raise RatuneError(f"--metric gorilla: the gorilla metric is APIBench's; a tool set is scored by its call "
+                              f"match; {fix} --metric strict")
+        super().require_metric(metric, fix)
+
+    def load_responses(self, path, *, hub_check=True):
+        responses = load_responses(path)
+        for r in responses:
+            if not self.scorer.has_question(r["question_id"]):
+                raise InputError(os.fspath(path), r["line"], "question_id",
+                                 f"question_id {r['question_id']} is not a line of tool set {self.scorer.hub}'s eval "
+                                 f"rows (1..{self.scorer.n_questions})")
+        return responses
+
+    def cell_fields(self, scored):
+        return {"metric": TOOL_SET_METRIC, "hub_kind": self.hub.kind, "tool_set": self.hub.manifest_record(),
+                "calls": scored["calls"]}
+
+    def format_table(self, result, metric, source):
+        calls = result["calls"]
+        return "\n".join([
+            f"tool set {result['hub']}, {result['n']} responses ({source})", *outcome_lines(result, ["strict"]),
+            f"call format: decoded {calls['decoded_n']} ({100 * calls['format_adherence']:.2f}%), at least one call "
+            f"{calls['calling_n']} ({100 * calls['call_rate']:.2f}%) of {result['n']}"])
+
+
 #: The scorers a hub can name (:attr:`ratune.hubs.Hub.scorer`).
-HUB_SCORINGS: dict[str, type[HubScoring]] = {"apibench": APIBenchScoring, "catalog": CatalogScoring}
+HUB_SCORINGS: dict[str, type[HubScoring]] = {"apibench": APIBenchScoring, "catalog": CatalogScoring,
+                                             "tool_set": ToolSetScoring}
 
 
 def scoring_for(hub: Hub, examples=None) -> HubScoring:

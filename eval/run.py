@@ -36,8 +36,8 @@ Length: prompt plus answer stay within the model's positions for both backends
 ``max_new_tokens`` new tokens are listed in ``metrics.json`` (``generation_limit.capped``), and a
 prompt that fills the positions alone is an error before the model is loaded.
 
-The user turn is rendered by :func:`ratune.sources.prompt.render_user_turn`, the function the
-training-set builder uses, with the document budget and the chat template the checkpoint was
+The prompt is rendered by the hub's answer format (:mod:`ratune.sources.formats`), as the
+training-set builder renders it, with the document budget and the chat template the checkpoint was
 trained with (its run manifest; :func:`trained_chat_template`).
 """
 
@@ -49,7 +49,8 @@ from pathlib import Path
 
 from ratune.sources.apibench import input_hashes
 from ratune.hubs import Hub, as_hub_source
-from ratune.sources.prompt import encode_prompt, render_user_turn, require_chat_template, use_chat_template
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
+from ratune.sources.prompt import encode_prompt, require_chat_template, use_chat_template
 from ratune.errors import RatuneError
 from ratune.eval.abstain import abstention
 from ratune.eval.constraints import constrained_examples, constraint_metrics
@@ -151,7 +152,7 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
         retriever = cached("swap")
         swapped = {}
         for e in examples:
-            doc = retriever.swapped(Query(text=e.instruction, gold=e.api, question_id=e.line))
+            doc = retriever.swapped(Query.of(e))
             if doc is not None:
                 swapped[e.line] = doc
         return [e for e in examples if e.line in swapped], retriever, {"swapped": swapped}
@@ -230,6 +231,9 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
         generation["chat_template"] = chat_template
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
+    answer_format = get_answer_format(hub_source.answer_format)
+    if answer_format.name != DEFAULT_ANSWER_FORMAT:  # APIBench and catalog cells keep their identity
+        generation["answer_format"] = answer_format.name
     output.claim()
     model = None
     results = {}
@@ -253,15 +257,14 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
             results[setting] = read_metrics(cell / "metrics.json")
             continue
         cell.mkdir(parents=True, exist_ok=True)
-        docs = retriever.retrieve([Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples],
-                                  top_k=1)
+        docs = retriever.retrieve([Query.of(e) for e in examples], top_k=1)
 
         def count(text: str) -> int:
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        prompts = [encode_prompt(tokenizer, render_user_turn(e.instruction, docs[i], max_document_tokens=budget,
-                                                             count_tokens=count)[0])
-                   for i, e in enumerate(examples)]
+        rendered = [answer_format.prompt(e, docs[i], max_document_tokens=budget, count_tokens=count)
+                    for i, e in enumerate(examples)]
+        prompts = [encode_prompt(tokenizer, p.user_turn, p.system) for p in rendered]
         # the length policy of both backends, checked before the model is loaded
         limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
                                    max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
@@ -274,7 +277,8 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
         def batches(todo):
             return backend_batches(settings.backend, model, tokenizer, todo, batch_size=settings.batch_size,
                                    max_new_tokens=settings.max_new_tokens,
-                                   stop_after_api_call=settings.stop_after_api_call, max_positions=positions)
+                                   stop_after_api_call=settings.stop_after_api_call, max_positions=positions,
+                                   answer_format=answer_format.name)
 
         responses = append_responses(responses_path, done, [e.line for e in examples], prompts, batches=batches,
                                      meta={"model": name, "setting": setting}, desc=f"{name} {setting}",

@@ -1,6 +1,7 @@
 """Hubs: where a stage gets its API documents and its examples, one class per kind.
 
-Two kinds ship: :class:`APIBenchHub` (hubs/apibench.py) and :class:`CatalogHub` (hubs/catalog.py).
+Three kinds ship: :class:`APIBenchHub` (hubs/apibench.py), :class:`ToolSetHub` (hubs/tools.py) and
+:class:`CatalogHub` (hubs/catalog.py).
 Each owns what differs between kinds: its files and loaders, precomputed documents, the test
 settings it has and runs by default, its scorer's key, what manifests record and how reports and
 model cards name it; stages ask the hub and never test its kind. hubs/base.py holds the protocol,
@@ -11,8 +12,9 @@ new kind goes.
 from ratune.hubs.base import (HUB_KINDS, Hub, as_hub_source, check_hub_ref, hub_argument_type, hub_choices_text,
                               hub_name, manifest_hub_record, recorded_hub_kind, register_hub_kind, resolve_hub)
 from ratune.hubs.apibench import APIBENCH, APIBENCH_DATASET_ID, APIBenchHub
+from ratune.hubs.tools import TOOL_SET_LAYOUT, ToolSetHub  # before catalogs, which claim any folder
 from ratune.hubs.catalog import CATALOG, CATALOG_LAYOUT, CatalogHub
 
 __all__ = ["APIBENCH", "APIBENCH_DATASET_ID", "APIBenchHub", "CATALOG", "CATALOG_LAYOUT", "CatalogHub", "HUB_KINDS",
-           "Hub", "as_hub_source", "check_hub_ref", "hub_argument_type", "hub_choices_text", "hub_name",
+           "Hub", "TOOL_SET_LAYOUT", "ToolSetHub", "as_hub_source", "check_hub_ref", "hub_argument_type", "hub_choices_text", "hub_name",
            "manifest_hub_record", "recorded_hub_kind", "register_hub_kind", "resolve_hub"]

@@ -14,6 +14,7 @@ from typing import ClassVar, Sequence
 from ratune.errors import RatuneError
 from ratune.registry import CONSTRAINTS_PREFIX, DEFAULT_SETTINGS, RETRIEVERS, TEST_SETTINGS, setting_retriever
 from ratune.sources.apibench import Example, ParseReport
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class Hub(ABC):
     scorer: ClassVar[str]
     #: What ``--hub`` takes, for messages.
     choices_text: ClassVar[str]
+    #: How its rows' prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`).
+    answer_format: ClassVar[str] = DEFAULT_ANSWER_FORMAT
 
     @classmethod
     @abstractmethod

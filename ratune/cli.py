@@ -18,6 +18,7 @@
     ratune catalog import   your own API catalog (JSON lines, OpenAPI 3, a Python module) -> a catalog folder
     ratune catalog instruct instructions per API from a local instruction-following model (Gorilla 3.1)
     ratune catalog pairs    your instruction pairs -> the catalog's train/eval split (then --hub CATALOG_DIR)
+    ratune tools import     function-calling rows (xLAM, chat, BFCL) -> a tool-set folder (then --hub TOOLS_DIR)
 
 User errors (bad input, bad config, a bad flag value) print one message naming file, line, field or
 flag on stderr and exit with status 2, without a traceback (:func:`ratune.boundary.run_guarded` states the
@@ -59,6 +60,15 @@ def _train(args) -> int:
 def _report(args) -> int:
     from ratune.errors import RatuneError
 
+    if args.bfcl:
+        from ratune.eval.bfcl_report import cli_bfcl_report
+
+        given = [flag for flag, value in (("SWEEP_DIR", args.sweep_dir), ("--eval", args.eval), ("--pair", args.pair),
+                                          ("--hub", args.hub), ("--model", args.model)) if value]
+        if given or not args.out:
+            raise RatuneError("ratune report --bfcl NAME=DIR ... takes --out only"
+                              + (f" (not {', '.join(given)})" if given else "; give --out"))
+        return cli_bfcl_report(args)
     if args.sweep_dir:
         from ratune.sweep import cli_report_sweep
 
@@ -96,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ratune.hubs import check_hub_ref, hub_argument_type, hub_choices_text
 
-    # --hub of every stage: an APIBench hub or a catalog folder (hubs/)
+    # --hub of every stage: an APIBench hub, a tool-set or a catalog folder (hubs/)
     hub_ref = {"type": hub_argument_type(), "metavar": "HUB"}
     hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
                                   bad=("no_such_hub", "folder")), "metavar": "HUB"}
@@ -226,11 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(bf, BfclSettings, BFCL_OPTIONS)
     bf.set_defaults(func=_handler("ratune.eval.bfcl_run:cli_bfcl"))
 
-    rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders")
+    rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders; a BFCL table from "
+                                          "`ratune eval bfcl` outputs")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
     rp.add_argument("--eval", action="append", metavar="TRAIN_RETRIEVER=EVAL_DIR", type=key_equals_dir)
     rp.add_argument("--hub", **hub_ref, help="with --eval, optional check: the hub the cells were evaluated on "
-                                            "(their metrics.json record it; an APIBench hub or a catalog folder)")
+                                            "(their metrics.json record it; an APIBench hub, a catalog or a tool-set folder)")
+    rp.add_argument("--bfcl", action="append", metavar="NAME=BFCL_DIR", type=key_equals_dir,
+                    help="a `ratune eval bfcl` output and the name its row gets (repeatable): bfcl.{md,csv,json,png} "
+                         "in --out, each model compared with the first, paired by entry id")
     rp.add_argument("--model", help="with --eval: the model's name in the table")
     rp.add_argument("--out", type=output_dir)
     rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), type=selector,
@@ -264,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete and rerun arms whose resolved config changed since they ran (as ratune sweep)")
     d.set_defaults(func=_handler("ratune.demo:cli_demo"))
 
+    from ratune.sources.toolset import add_import_arguments as add_tools_import_arguments
+
+    tools = stages.add_parser("tools", help="function-calling rows and their JSON-schema tools as a hub "
+                                            "(docs/function_calling.md)").add_subparsers(dest="action", required=True)
+    ti = tools.add_parser("import", help="xLAM or chat rows, or BFCL's categories -> a tool-set folder "
+                                         "(tools.jsonl, train.jsonl, eval.jsonl)")
+    add_tools_import_arguments(ti)
+    ti.set_defaults(func=_handler("ratune.sources.toolset:cli_import"))
     from ratune.catalog.folder import add_import_arguments
 
     catalog = stages.add_parser("catalog", help="your own API catalog as a hub (docs/catalogs.md)").add_subparsers(

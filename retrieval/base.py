@@ -22,11 +22,20 @@ class Query:
         gold: the gold API document (needed by ``oracle``; used by metrics).
         question_id: the paper's question id (line in the eval file; needed by precomputed
             retrievers).
+        documents: what ``oracle`` shows when not ``[gold]``: a tool set's row's offered tools.
     """
 
     text: str
     gold: dict | None = None
     question_id: int | None = None
+    documents: tuple | None = None
+
+    @classmethod
+    def of(cls, example) -> "Query":
+        """The query of an :class:`~ratune.sources.apibench.Example`: its instruction, gold document,
+        line and, for a tool set's row, its offered tools."""
+        return cls(text=example.instruction, gold=example.api, question_id=example.line,
+                   documents=tuple(example.tools) or None)
 
 
 class Retriever:
@@ -64,13 +73,16 @@ class NoRetriever(Retriever):
 
 
 class OracleRetriever(Retriever):
-    """The gold document of each query (Gorilla's "Oracle" setting)."""
+    """The gold document of each query (Gorilla's "Oracle" setting); a tool-set row's own tools."""
 
     name = "oracle"
 
     def retrieve(self, queries, top_k=1):
         out = []
         for q in queries:
+            if q.documents is not None:
+                out.append(list(q.documents))
+                continue
             if q.gold is None:
                 raise RatuneError("the oracle retriever needs each query's gold API document")
             out.append([q.gold])

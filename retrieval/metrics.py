@@ -39,7 +39,7 @@ def evaluate_retriever(retriever: Retriever, examples: Sequence[Example], *, ks:
         ``{"retriever", "n", "top1", "recall@k"..., "ndcg@k"..., "misses": [{"question_id",
         "gold", "retrieved"}], "metadata"}``; the rates are fractions in [0, 1].
     """
-    queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
+    queries = [Query.of(e) for e in examples]
     ranked = retriever.retrieve(queries, top_k=max(ks))
     ranks = [gold_rank(r, e.api) for r, e in zip(ranked, examples)]
     n = len(examples)
@@ -74,7 +74,7 @@ def top1_agreement(a: Retriever, b: Retriever, examples: Sequence[Example]) -> d
     Returns:
         ``{"a", "b", "n", "agree", "rate"}`` (``n`` counts queries with a top-1 from both).
     """
-    queries = [Query(text=e.instruction, gold=e.api, question_id=e.line) for e in examples]
+    queries = [Query.of(e) for e in examples]
     pairs = [(x[0], y[0]) for x, y in zip(a.retrieve(queries, top_k=1), b.retrieve(queries, top_k=1)) if x and y]
     agree = sum(api_identity(x) == api_identity(y) for x, y in pairs)
     return {"a": a.name, "b": b.name, "n": len(pairs), "agree": agree, "rate": agree / len(pairs) if pairs else 0.0}

@@ -69,6 +69,9 @@ class Example:
         api: the gold API document (the row's ``api_data``), a JSON object.
         answer: the gold answer.
         layout: which ``code`` layout the row used.
+        tools: a tool set's row: the tools it offers (JSON schemas; what the oracle shows).
+        calls: a tool set's row: the calls that answer it, ``[{"name", "arguments"}]`` (empty: none fits).
+        system: a tool set's row: its own system message, if any.
     """
 
     hub: str
@@ -78,6 +81,9 @@ class Example:
     api: dict
     answer: Answer
     layout: str
+    tools: tuple = ()
+    calls: tuple = ()
+    system: str | None = None
 
 
 @dataclass
@@ -164,9 +170,15 @@ def api_identity(doc: dict) -> str:
 
     Two documents with the same call are the same API even when their other fields differ (the
     TensorFlow Hub database lists universal-sentence-encoder/4 220 times under five domains).
-    Retrieval metrics compare APIs by this key, never by document text.
+    Retrieval metrics compare APIs by this key, never by document text. A tool (no ``api_call``)
+    is identified by its ``name``.
     """
-    return re.sub(r"\s+", "", doc["api_call"])
+    return re.sub(r"\s+", "", document_name(doc))
+
+
+def document_name(doc: dict) -> str:
+    """What names a document: an API document's ``api_call``, a tool's ``name``."""
+    return doc["api_call"] if "api_call" in doc else doc["name"]
 
 
 # --------------------------------------------------------------------------------------------

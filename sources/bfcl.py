@@ -169,47 +169,11 @@ def _check_ground_truth(path: Path, line: int, calls, names: set[str]) -> list:
     return calls
 
 
-# BFCL's prompting-mode system prompt, copied from bfcl-eval 2026.3.23 (BFCL_EVAL_VERSION):
-# bfcl_eval/constants/default_prompts.py, PROMPT_STYLE_TEMPLATES["classic"], _PLAINTEXT_SYSTEM_PROMPT_TEMPLATE,
-# OUTPUT_FORMAT_MAPPING["python"] and PARAM_TYPE_MAPPING["python"], filled as
-# bfcl_eval/model_handler/utils.py formulate_system_prompt fills them for DEFAULT_SYSTEM_PROMPT_FORMAT
-# (ret_fmt=python, tool_call_tag=False, func_doc_fmt=json, prompt_fmt=plaintext, style=classic).
-# tests/test_bfcl_eval.py checks the messages against BFCL's own for every entry.
-_PERSONA = "You are an expert in composing functions."
-_TASK = ("You are given a question and a set of possible functions. Based on the question, you will need to make "
-         "one or more function/tool calls to achieve the purpose. If none of the functions can be used, point it "
-         "out. If the given question lacks the parameters required by the function, also point it out.")
-_TOOL_CALL_NO_TAG = ("You should only return the function calls in your response.\n\nIf you decide to invoke any of "
-                     "the function(s), you MUST put it in the format of {output_format}. {param_types} You SHOULD NOT "
-                     "include any other text in the response.")
-_MULTITURN_BEHAVIOR = ("At each turn, you should try your best to complete the tasks requested by the user within the "
-                       "current turn. Continue to output functions to call until you have fulfilled the user's "
-                       "request to the best of your ability. Once you have no more functions to call, the system "
-                       "will consider the current turn complete and proceed to the next turn or task.")
-_AVAILABLE_TOOLS = "Here is a list of functions in {format} format that you can invoke.\n{functions}\n"
-_PLAINTEXT_TEMPLATE = "{persona}{task}\n\n{tool_call_format}\n\n{multiturn_behavior}\n\n{available_tools}"
-_PYTHON_OUTPUT_FORMAT = ("[func_name1(params_name1=params_value1, params_name2=params_value2...), "
-                         "func_name2(params)]")
-_PYTHON_PARAM_TYPES = ""
-#: What BFCL appends to every function description of a Python category
-#: (bfcl_eval/utils.py _get_language_specific_hint, applied when ``bfcl generate`` loads the data).
-PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
-
-
-def bfcl_system_prompt(functions: list[dict]) -> str:
-    """BFCL's default prompting system prompt for ``functions`` (JSON schemas, hints already added):
-    the instructions, then the functions as ``json.dumps(functions, indent=4)``."""
-    return _PLAINTEXT_TEMPLATE.format(
-        persona=_PERSONA, task=_TASK,
-        tool_call_format=_TOOL_CALL_NO_TAG.format(output_format=_PYTHON_OUTPUT_FORMAT, param_types=_PYTHON_PARAM_TYPES),
-        multiturn_behavior=_MULTITURN_BEHAVIOR,
-        available_tools=_AVAILABLE_TOOLS.format(format="json", functions=json.dumps(functions, indent=4)))
-
-
 def bfcl_messages(entry: BfclEntry) -> list[dict]:
     """The messages BFCL's prompting mode sends for a single-turn Python entry (``bfcl generate``,
     bfcl_eval/model_handler/local_inference/base_oss_handler.py ``_pre_query_processing_prompting``):
-    the system prompt of :func:`bfcl_system_prompt` over the functions with :data:`PYTHON_HINT`
+    the system prompt of :meth:`~ratune.sources.formats.PythonCallsFormat.system_prompt` over the
+    functions
     appended to each description, put before the entry's first message, or in front of the entry's
     own system message (separated by a blank line), then the entry's messages as they are.
 
@@ -218,8 +182,7 @@ def bfcl_messages(entry: BfclEntry) -> list[dict]:
     """
     if len(entry.question) != 1:
         raise RatuneError(f"BFCL entry {entry.id}: {len(entry.question)} turns; only single-turn entries are prompted here")
-    functions = [{**fn, "description": fn["description"] + PYTHON_HINT} for fn in entry.functions]
-    system = bfcl_system_prompt(functions)
+    system = PythonCallsFormat.system_prompt(entry.functions)
     messages = [dict(message) for message in entry.question[0]]
     if messages and messages[0]["role"] == "system":
         messages[0]["content"] = system + "\n\n" + messages[0]["content"]
@@ -238,10 +201,16 @@ def encode_bfcl_prompt(tokenizer, entry: BfclEntry) -> list[int]:
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:
-    """BFCL's prompting answer for an answer key: ``[f(a=1, b='x'), g(c=[1, 2])]``, ``[]`` for no call.
+    """BFCL's prompting answer for an answer key, ``[f(a=1, b='x'), g(c=[1, 2])]`` (``[]`` for no
+    call): :func:`possible_answer_calls` rendered by
+    :meth:`ratune.sources.formats.PythonCallsFormat.render_calls`."""
+    return PythonCallsFormat.render_calls(possible_answer_calls(possible_answer, functions))
 
-    Per parameter the first accepted value, as a Python literal
-    (:meth:`ratune.sources.formats.PythonCallsFormat.render_calls`). ``""`` among the accepted
+
+def possible_answer_calls(possible_answer: list[dict], functions: list[dict]) -> list[dict]:
+    """One answer an answer key accepts, as calls ``[{"name", "arguments"}]``.
+
+    Per parameter the first accepted value. ``""`` among the accepted
     values means "may be left out" (ast_checker's rule), so such a parameter is left out, unless the function's schema requires
     it: then its first value other than ``""`` is given (``''`` when ``""`` is all there is). A
     parameter with no accepted value at all (``[]``, in a few live entries) is left out: no answer
@@ -267,7 +236,28 @@ def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> 
         values = {param: _first_value(accepted, param in required) for param, accepted in params.items()}
         calls.append({"name": name, "arguments": {param: _answer_value(value, properties.get(param, {}))
                                                   for param, value in values.items() if value is not _LEFT_OUT}})
-    return PythonCallsFormat.render_calls(calls)
+    return calls
+
+
+def unpassable_key(possible_answer: list[dict], functions: list[dict]) -> str | None:
+    """Why no answer can pass an answer key under ``ast_checker``, or None: a required parameter
+    the key does not name, or names with no accepted value, or a parameter the function does not
+    have that the key does not let be left out (no ``""``). tests/test_bfcl_scoring.py checks that
+    these are exactly the keys whose converted answer the checker refuses."""
+    schemas = {fn["name"]: fn for fn in functions}
+    for call in possible_answer:
+        (name, params), = call.items()
+        schema = schemas[name].get("parameters", {})
+        properties, required = schema.get("properties", {}), schema.get("required", [])
+        for param in required:
+            if param not in params:
+                return f"{name}: required parameter {param!r} is not in the key"
+            if not params[param]:
+                return f"{name}: required parameter {param!r} has no accepted value"
+        for param, accepted in params.items():
+            if param not in properties and "" not in accepted:
+                return f"{name}: parameter {param!r} is not the function's"
+    return None
 
 
 _LEFT_OUT = object()

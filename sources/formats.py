@@ -7,12 +7,24 @@ renders it); ``python_calls`` is BFCL's prompting answer, ``[f(a=1), g(b='x')]``
 
 from __future__ import annotations
 
+import ast
 import json
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 from ratune.errors import RatuneError
-from ratune.sources.prompt import ABSTAIN_API_CALL
+from ratune.sources.prompt import ABSTAIN_API_CALL, abstain_answer, format_answer, render_user_turn
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: the ``user_turn``, the ``system`` turn before it (None: none) and
+    whether a document was ``shortened`` to fit its budget."""
+
+    user_turn: str
+    system: str | None = None
+    shortened: bool = False
 
 
 class AnswerFormat(ABC):
@@ -21,6 +33,17 @@ class AnswerFormat(ABC):
     name: ClassVar[str]
     #: The answer that calls nothing (an abstention).
     no_call: ClassVar[str]
+    #: Whether an over-long row's documents may be cut to fit (data/build.py); else it is dropped.
+    shortens_documents: ClassVar[bool] = False
+
+    @abstractmethod
+    def prompt(self, example, docs: Sequence[dict], *, max_document_tokens: int | None,
+               count_tokens) -> Prompt:
+        """The prompt of ``example`` (a :class:`~ratune.sources.apibench.Example`) with ``docs`` shown."""
+
+    @abstractmethod
+    def completion(self, example, *, abstain: bool = False) -> str:
+        """The answer text ``example`` is trained on; :attr:`no_call`'s answer when ``abstain``."""
 
     @abstractmethod
     def answer_end(self, text: str) -> int | None:
@@ -40,6 +63,16 @@ class APIBenchFormat(AnswerFormat):
 
     name = "apibench"
     no_call = ABSTAIN_API_CALL
+    shortens_documents = True
+
+    def prompt(self, example, docs, *, max_document_tokens, count_tokens):
+        """The paper's user turn (:func:`ratune.sources.prompt.render_user_turn`), no system turn."""
+        user_turn, shortened = render_user_turn(example.instruction, docs, max_document_tokens=max_document_tokens,
+                                                count_tokens=count_tokens)
+        return Prompt(user_turn=user_turn, shortened=shortened)
+
+    def completion(self, example, *, abstain=False):
+        return format_answer(abstain_answer(example.answer) if abstain else example.answer)
     #: The last field scoring needs (the answer writes domain, api_call, api_provider first).
     last_needed_field: ClassVar[str] = "<<<api_provider>>>:"
 
@@ -53,6 +86,33 @@ class APIBenchFormat(AnswerFormat):
         return min(ends) if ends else None
 
 
+# BFCL's prompting-mode system prompt, copied from bfcl-eval 2026.3.23 (BFCL_EVAL_VERSION):
+# bfcl_eval/constants/default_prompts.py, PROMPT_STYLE_TEMPLATES["classic"], _PLAINTEXT_SYSTEM_PROMPT_TEMPLATE,
+# OUTPUT_FORMAT_MAPPING["python"] and PARAM_TYPE_MAPPING["python"], filled as
+# bfcl_eval/model_handler/utils.py formulate_system_prompt fills them for DEFAULT_SYSTEM_PROMPT_FORMAT
+# (ret_fmt=python, tool_call_tag=False, func_doc_fmt=json, prompt_fmt=plaintext, style=classic).
+# tests/test_bfcl_eval.py checks the messages against BFCL's own for every entry.
+_PERSONA = "You are an expert in composing functions."
+_TASK = ("You are given a question and a set of possible functions. Based on the question, you will need to make "
+         "one or more function/tool calls to achieve the purpose. If none of the functions can be used, point it "
+         "out. If the given question lacks the parameters required by the function, also point it out.")
+_TOOL_CALL_NO_TAG = ("You should only return the function calls in your response.\n\nIf you decide to invoke any of "
+                     "the function(s), you MUST put it in the format of {output_format}. {param_types} You SHOULD NOT "
+                     "include any other text in the response.")
+_MULTITURN_BEHAVIOR = ("At each turn, you should try your best to complete the tasks requested by the user within the "
+                       "current turn. Continue to output functions to call until you have fulfilled the user's "
+                       "request to the best of your ability. Once you have no more functions to call, the system "
+                       "will consider the current turn complete and proceed to the next turn or task.")
+_AVAILABLE_TOOLS = "Here is a list of functions in {format} format that you can invoke.\n{functions}\n"
+_PLAINTEXT_TEMPLATE = "{persona}{task}\n\n{tool_call_format}\n\n{multiturn_behavior}\n\n{available_tools}"
+_PYTHON_OUTPUT_FORMAT = ("[func_name1(params_name1=params_value1, params_name2=params_value2...), "
+                         "func_name2(params)]")
+_PYTHON_PARAM_TYPES = ""
+#: What BFCL appends to every function description of a Python category
+#: (bfcl_eval/utils.py _get_language_specific_hint, applied when ``bfcl generate`` loads the data).
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+
+
 class PythonCallsFormat(AnswerFormat):
     """BFCL's prompting answer: a Python list of calls with keyword arguments, ``[]`` for none;
     complete at the bracket that closes the first top-level list (brackets inside string literals
@@ -60,6 +120,31 @@ class PythonCallsFormat(AnswerFormat):
 
     name = "python_calls"
     no_call = "[]"
+
+    def prompt(self, example, docs, *, max_document_tokens=None, count_tokens=None):
+        """BFCL's prompting messages: :meth:`system_prompt` over ``docs`` (the tools shown; none: an
+        empty list), in front of the row's own system message (a blank line between), and the
+        instruction as the user turn. Tools are never shortened."""
+        system = self.system_prompt(docs)
+        if example.system:
+            system = f"{system}\n\n{example.system}"
+        return Prompt(user_turn=example.instruction, system=system)
+
+    def completion(self, example, *, abstain=False):
+        return self.no_call if abstain else self.render_calls(example.calls)
+
+    @staticmethod
+    def system_prompt(functions: Sequence[Mapping]) -> str:
+        """BFCL's default prompting system prompt for ``functions`` (JSON schemas): the instructions,
+        then the functions, each description ending in :data:`PYTHON_HINT`, as
+        ``json.dumps(functions, indent=4)``."""
+        functions = [{**fn, "description": fn.get("description", "") + PYTHON_HINT} for fn in functions]
+        return _PLAINTEXT_TEMPLATE.format(
+            persona=_PERSONA, task=_TASK,
+            tool_call_format=_TOOL_CALL_NO_TAG.format(output_format=_PYTHON_OUTPUT_FORMAT,
+                                                      param_types=_PYTHON_PARAM_TYPES),
+            multiturn_behavior=_MULTITURN_BEHAVIOR,
+            available_tools=_AVAILABLE_TOOLS.format(format="json", functions=json.dumps(list(functions), indent=4)))
 
     def answer_end(self, text: str) -> int | None:
         start = text.find("[")
@@ -85,6 +170,32 @@ class PythonCallsFormat(AnswerFormat):
                     return i + 1 if char == "]" else None
         return None
 
+    def parse_calls(self, text: str) -> list[dict] | None:
+        """The first call list in ``text`` as ``[{"name", "arguments"}]`` (``[]`` for ``[]``), or None
+        when there is none or it is not a list of calls with keyword arguments whose values are
+        literals. Read with :mod:`ast` (``ast.literal_eval`` per value); nothing is evaluated. Tuples
+        and sets are read as lists."""
+        end = self.answer_end(text)
+        if end is None:
+            return None
+        try:
+            tree = ast.parse(text[text.find("["):end], mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        if not isinstance(tree, ast.List):
+            return None
+        calls = []
+        for node in tree.elts:
+            name = dotted_name(node.func) if isinstance(node, ast.Call) and not node.args else None
+            if name is None or any(kw.arg is None for kw in node.keywords):
+                return None
+            try:
+                arguments = {kw.arg: _as_json(ast.literal_eval(kw.value)) for kw in node.keywords}
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return None
+            calls.append({"name": name, "arguments": arguments})
+        return calls
+
     @staticmethod
     def render_calls(calls: Sequence[Mapping]) -> str:
         """``[{"name": "f", "arguments": {"a": 1}}, ...]`` as ``[f(a=1), ...]``; argument values as
@@ -94,6 +205,31 @@ class PythonCallsFormat(AnswerFormat):
             args = ", ".join(f"{key}={python_literal(value)}" for key, value in call["arguments"].items())
             rendered.append(f"{call['name']}({args})")
         return "[" + ", ".join(rendered) + "]"
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    """``"a.b.c"`` for a ``Name``/``Attribute`` chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _as_json(value):
+    """A literal as JSON would hold it: tuples and sets as lists (sets sorted by repr)."""
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [_as_json(v) for v in sorted(value, key=repr)]
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, (complex, bytes)):
+        raise TypeError("not a JSON value")
+    return value
 
 
 def python_literal(value) -> str:

@@ -213,9 +213,11 @@ def render_user_turn(instruction: str, docs: Sequence[dict] | None, *, max_docum
     return build_user_turn(instruction, join_documents(parts)), shortened
 
 
-def chat_messages(user_turn: str) -> list[dict]:
-    """The single-turn chat for generation: ``[{"role": "user", "content": user_turn}]``."""
-    return [{"role": "user", "content": user_turn}]
+def chat_messages(user_turn: str, system: str | None = None) -> list[dict]:
+    """The single-turn chat for generation: ``[{"role": "user", "content": user_turn}]``, behind a
+    system turn when ``system`` is given (the ``python_calls`` format's tool list)."""
+    head = [] if system is None else [{"role": "system", "content": system}]
+    return head + [{"role": "user", "content": user_turn}]
 
 
 def use_chat_template(tokenizer, name: str | None):
@@ -282,15 +284,15 @@ def with_bos(tokenizer, ids: Sequence[int]) -> list[int]:
     return ids if ids[:1] == [bos] else [bos] + ids
 
 
-def prompt_text(tokenizer, user_turn: str) -> str:
-    """The prompt as text: the tokenizer's chat template applied to the single user turn, with
+def prompt_text(tokenizer, user_turn: str, system: str | None = None) -> str:
+    """The prompt as text: the tokenizer's chat template applied to :func:`chat_messages`, with
     the generation prompt appended (no BOS: that is added to the ids by :func:`encode_prompt`)."""
-    return tokenizer.apply_chat_template(chat_messages(user_turn), add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(chat_messages(user_turn, system), add_generation_prompt=True, tokenize=False)
 
 
-def encode_prompt(tokenizer, user_turn: str) -> list[int]:
-    """Token ids of the prompt: the tokenizer's chat template applied to the single user turn,
-    with the generation prompt (the assistant header) appended, behind exactly one BOS when the
+def encode_prompt(tokenizer, user_turn: str, system: str | None = None) -> list[int]:
+    """Token ids of the prompt: the tokenizer's chat template applied to the single user turn (behind
+    ``system`` when given), with the generation prompt (the assistant header) appended, behind exactly one BOS when the
     tokenizer adds BOS to plain text (:func:`with_bos`; LLaMA, for chatml and gorilla_v0 alike).
 
     Used by training (labels start right after these ids) and by generation (the model continues
@@ -299,7 +301,7 @@ def encode_prompt(tokenizer, user_turn: str) -> list[int]:
     Raises:
         ValueError: when the tokenizer has no chat template.
     """
-    return encode_messages(tokenizer, chat_messages(user_turn))
+    return encode_messages(tokenizer, chat_messages(user_turn, system))
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:

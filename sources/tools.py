@@ -27,13 +27,15 @@ ROW_SHAPES = {"query": "xlam", "messages": "chat"}
 class ToolRow:
     """One function-calling row: the user's ``query``, the ``tools`` offered (normalised) and the
     ``calls`` that answer it (``[{"name", "arguments"}]``; empty: no tool fits). ``line`` is the
-    1-based line of its file, ``shape`` ``xlam`` or ``chat``."""
+    1-based line of its file, ``shape`` ``xlam``, ``chat`` or ``bfcl``; ``system`` the row's own
+    system message (chat and BFCL rows may have one)."""
 
     line: int
     query: str
     tools: list
     calls: list
     shape: str
+    system: str | None = None
 
 
 class _Where:
@@ -167,6 +169,7 @@ def chat_row(obj: dict, where: _Where) -> ToolRow:
         raise where.error("/messages", "expected one user turn followed by one assistant turn "
                                        f"(single-turn rows only), got roles {roles}")
     query = messages[users[0]].get("content")
+    systems = [m.get("content") for m in messages[:users[0]] if m.get("role") == "system"]
     if not isinstance(query, str) or not query.strip():
         raise where.error(f"/messages/{users[0]}/content", "missing or not a non-empty string")
     tools = _tools(obj.get("tools"), where)
@@ -180,7 +183,8 @@ def chat_row(obj: dict, where: _Where) -> ToolRow:
         pointer = f"/messages/{assistant}/tool_calls/{i}"
         function = raw.get("function") if isinstance(raw, dict) else None
         calls.append(_call(function, by_name, where, f"{pointer}/function"))
-    return ToolRow(line=where.line, query=query, tools=tools, calls=calls, shape="chat")
+    return ToolRow(line=where.line, query=query, tools=tools, calls=calls, shape="chat",
+                   system="\n\n".join(str(c) for c in systems) or None)
 
 
 def load_tool_rows(path: str | os.PathLike) -> list[ToolRow]:

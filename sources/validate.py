@@ -174,7 +174,7 @@ def find_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Exam
     if near_threshold is not None:
         if not 0.0 < near_threshold <= 1.0:
             raise RatuneError(f"near-duplicate threshold must be in (0, 1], got {near_threshold}")
-        for i, j, sim in _similar_pairs(train_tokens, eval_tokens, near_threshold):
+        for i, j, sim in similar_pairs(train_tokens, eval_tokens, near_threshold):
             key = (train_examples[i].line, eval_examples[j].line)
             if key not in pairs:
                 pairs[key] = LeakPair(key[0], key[1], "near", sim)
@@ -188,7 +188,7 @@ def _prefix(toks: frozenset[str], df: Counter, threshold: float) -> list[str]:
     return ordered[:keep]
 
 
-def _similar_pairs(left: Sequence[frozenset], right: Sequence[frozenset], threshold: float):
+def similar_pairs(left: Sequence[frozenset], right: Sequence[frozenset], threshold: float):
     """``(i, j, jaccard)`` for every pair with Jaccard >= threshold (empty sets never match)."""
     df = Counter(t for s in (*left, *right) for t in s)
     index: dict[str, list[int]] = defaultdict(list)
@@ -300,7 +300,7 @@ def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | 
         by_call.setdefault(api_identity(doc), []).append((line, doc))
     out = []
     for identity, entries in by_call.items():
-        domains = tuple(dict.fromkeys(doc["domain"].strip() for _, doc in entries))
+        domains = tuple(dict.fromkeys(doc.get("domain", "").strip() for _, doc in entries))
         if len(domains) > 1:
             out.append(DomainConflict(api_call=entries[0][1]["api_call"], identity=identity,
                                       entries=tuple(line for line, _ in entries), domains=domains,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from test_vllm_backend import FULL, FakeLLM, _fake_vllm, _without_vllm
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -191,7 +193,7 @@ def test_mfu_arithmetic_by_hand(gt):
     assert extra == 1_006_632_960
     assert gt.mfu(7e9, 1e6, 100.0, 989e12, extra_flops_per_token=extra) == \
         pytest.approx((42e9 + 1_006_632_960) * 1e4 / 989e12)
-    # issue 8's estimate: 39 M tokens at 50 % MFU on 8 H100s take 6 x 6.7e9 x 39e6 / (0.5 x 8 x 989e12) = 396 s
+    # the 7B paper run's estimate: 39 M tokens at 50 % MFU on 8 H100s take 6 x 6.7e9 x 39e6 / (0.5 x 8 x 989e12) = 396 s
     seconds = 6 * 6.7e9 * 39e6 / (0.5 * 8 * 989e12)
     assert gt.mfu(6.7e9, 39e6, seconds, 989e12, n_gpus=8) == pytest.approx(0.5)
     assert 6 < seconds / 60 < 7
@@ -281,6 +283,63 @@ def test_eval_throughput_reports_both_prefill_modes(et, apibench, tiny_model_dir
     assert r["ratio"] == pytest.approx(r["batched_tokens_per_s"] / r["batch1_tokens_per_s"], rel=1e-3)
     table = et.format_table(r)
     assert "HF batched (2, each)" in table and "HF batched (2, padded)" in table
+
+
+@pytest.mark.bfcl
+def test_eval_throughput_on_bfcl_prompts(et, tiny_model_dir, smol_tokenizer):
+    """``--prompts bfcl``: the first entries of the four Python non-live categories in turn, encoded
+    as ``ratune eval bfcl`` encodes them, generated with its stop rule; prompts per second reported."""
+    from ratune.sources.bfcl import bfcl_data_dir, encode_bfcl_prompt, load_bfcl
+
+    prompts = et.bfcl_prompts(smol_tokenizer, 6)
+    data = bfcl_data_dir()
+    first = {c: load_bfcl(data, c)[:2] for c in et.BFCL_BENCH_CATEGORIES}
+    order = [first["simple_python"][0], first["multiple"][0], first["parallel"][0], first["parallel_multiple"][0],
+             first["simple_python"][1], first["multiple"][1]]
+    assert prompts == [encode_bfcl_prompt(smol_tokenizer, e) for e in order]
+    r = et.run(model_path=tiny_model_dir, n=4, batch_size=2, max_new_tokens=4, device="cpu", threads=1,
+               breakdown=False, prompt_set="bfcl")
+    assert r["settings"]["prompts"] == "bfcl" and r["settings"]["stop_at_answer_end"] is True
+    assert r["batch1"]["prompts_per_s"] == pytest.approx(4 / r["batch1"]["seconds"], rel=1e-2)
+    assert r["answers_identical"] == 4
+    assert "BFCL Python non-live" in et.format_table(r)
+
+
+def test_measure_vllm_goes_through_the_eval_backend(monkeypatch, et, tiny_model_dir, smol_tokenizer):
+    """``measure_vllm`` runs vLLM the way ``ratune eval run --backend vllm`` does: the engine in
+    eval's CUDA dtype with max_model_len = the model's positions, greedy with exactly the HF
+    backend's stop ids, and the shared length policy; vllm 0.30.0's stand-ins of
+    tests/test_vllm_backend.py take the place of vllm."""
+    from ratune.eval.generate import stop_token_ids
+
+    tok = smol_tokenizer
+    _fake_vllm(monkeypatch)
+    answer = tok(FULL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    monkeypatch.setattr(FakeLLM, "answer", answer)
+    prompts = [[1, 2, 3], [4] * 40]
+    r = et.measure_vllm(tiny_model_dir, tok, prompts, max_new_tokens=2040)
+
+    (llm,) = FakeLLM.made
+    assert (llm.model, llm.dtype, llm.max_model_len, llm.generation_config) == (
+        str(tiny_model_dir), "bfloat16", 2048, "vllm")  # eval's CUDA dtype, the model's positions
+    warm, timed = llm.calls
+    assert [x["prompt_token_ids"] for x in warm[0]] == [[1, 2, 3]] and warm[1][0].max_tokens == 4
+    assert [x["prompt_token_ids"] for x in timed[0]] == prompts and timed[2] is False
+    for params in timed[1]:
+        assert (params.temperature, params.stop_token_ids, params.ignore_eos, params.skip_special_tokens) == (
+            0.0, stop_token_ids(tok), True, True)
+    # the length policy of both backends: prompt plus answer within the 2048 positions
+    assert [p.max_tokens for p in timed[1]] == [2040, 2048 - 40]
+    # tokens counted as for HF: up to and including the first EOS, the warm-up left out
+    assert r["generated_tokens"] == 3 * 9 + len(answer) and r["tokens_per_s"] > 0
+
+
+def test_measure_vllm_is_skipped_with_the_backends_reason(monkeypatch, et, tiny_model_dir, smol_tokenizer):
+    """Where the vLLM backend refuses to run, ``measure_vllm`` is skipped with the backend's own reason."""
+    _without_vllm(monkeypatch)
+    r = et.measure_vllm(tiny_model_dir, smol_tokenizer, [[1, 2, 3]], max_new_tokens=8)
+    assert list(r) == ["skipped"]
+    assert r["skipped"].startswith("the vLLM backend needs the vllm package, which is not installed: pip install")
 
 
 def test_gpu_smoke_dry_run_runs_every_stage_on_cpu(tmp_path):
@@ -392,7 +451,7 @@ def test_train_throughput_judge_by_hand():
 
 def test_score_released_counts_the_released_torchhub_table(apibench, capsys):
     """bench/score_released.py scores all 24 released files; its TorchHub rows are the released
-    Gorilla-7B counts of 186 questions (issue 18's anchor table, scored by ratune)."""
+    Gorilla-7B counts of 186 questions (the reproduction's anchor table, scored by ratune)."""
     import json
 
     sr = _load("score_released")

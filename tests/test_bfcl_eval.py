@@ -16,7 +16,8 @@ from ratune.eval.bfcl import BFCL_MODEL, CATEGORIES, bfcl_prompt_messages
 from ratune.eval.generate import generate_batches
 from ratune.eval.stats import wilson_interval
 from ratune.io import sha256_file
-from ratune.sources.bfcl import BFCL_EVAL_VERSION, PYTHON_HINT, bfcl_data_dir, bfcl_messages, load_bfcl
+from ratune.sources.bfcl import BFCL_EVAL_VERSION, bfcl_data_dir, bfcl_messages, load_bfcl
+from ratune.sources.formats import PYTHON_HINT
 
 pytestmark = pytest.mark.bfcl
 
@@ -241,3 +242,72 @@ def test_full_answers_are_another_cell_and_recorded(bfcl_run, tmp_path, capsys):
                      "irrelevance"], capsys)
     metrics = json.loads((fresh / "irrelevance" / "metrics.json").read_text())
     assert rc == 0 and metrics["generation"]["stop_at_answer_end"] is False
+
+
+def test_two_bfcl_cells_are_compared_by_entry_id(tmp_path, capsys):
+    """Hand-written answers to the first 4 simple_python entries, scored by ``--responses``: A gets
+    entries 0-2 right, B entry 0 only; paired, 1 both right, 2 only A, 1 neither, and the exact
+    McNemar p of 2 against 0 discordant entries is 2 x 0.5^2 = 0.5."""
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+
+    entries = load_bfcl(bfcl_data_dir(), "simple_python")[:4]
+    right = [possible_answer_text(e.possible_answer, e.functions) for e in entries]
+    for name, answers in (("a", [*right[:3], "no idea"]), ("b", [right[0], "[]", "[]", "no idea"])):
+        given = tmp_path / f"given_{name}" / "simple_python"
+        given.mkdir(parents=True)
+        given.joinpath("responses.jsonl").write_text(
+            "".join(json.dumps({"id": e.id, "text": t}) + "\n" for e, t in zip(entries, answers)))
+        rc, _, err = _run(["eval", "bfcl", "--responses", str(given.parent), "--out", str(tmp_path / name)], capsys)
+        assert rc == 0, err
+    rc, out, err = _run(["compare", str(tmp_path / "a" / "simple_python"), str(tmp_path / "b" / "simple_python"),
+                         "--json"], capsys)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["metric"] == "bfcl" and result["hub"] == "BFCL simple_python" and result["n"] == 4
+    assert result["contingency"] == {"both": 1, "only_a": 2, "only_b": 0, "neither": 1}
+    assert result["mcnemar_p"] == 0.5 and (result["a"]["correct_n"], result["b"]["correct_n"]) == (3, 1)
+    assert result["bfcl_version"] == BFCL_EVAL_VERSION
+    # another category, or --metric, is refused; response files still need --hub
+    rc, _, err = _run(["compare", str(tmp_path / "a" / "simple_python"), str(tmp_path / "b" / "simple_python"),
+                       "--metric", "strict"], capsys)
+    assert rc == 2 and "--metric strict: two BFCL category folders are compared by BFCL's own verdict" in err
+    rc, _, err = _run(["compare", str(tmp_path / "given_a" / "simple_python" / "responses.jsonl"),
+                       str(tmp_path / "given_b" / "simple_python" / "responses.jsonl")], capsys)
+    assert rc == 2 and "--hub is needed to score response files" in err
+
+
+def test_the_bfcl_report_puts_models_side_by_side(tmp_path, capsys):
+    """Two ``--responses`` outputs (the converted answer keys, and ``[]`` everywhere) for the first 3
+    entries of simple_python and irrelevance: rows per model and category, and the second model
+    compared with the first, paired by entry id."""
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+
+    for name in ("keys", "empty"):
+        for category in RUN_CATEGORIES:
+            entries = load_bfcl(bfcl_data_dir(), category)[:3]
+            given = tmp_path / f"given_{name}" / category
+            given.mkdir(parents=True)
+            texts = [possible_answer_text(e.possible_answer, e.functions) if name == "keys" and e.possible_answer
+                     else "[]" for e in entries]
+            given.joinpath("responses.jsonl").write_text(
+                "".join(json.dumps({"id": e.id, "text": t}) + "\n" for e, t in zip(entries, texts)))
+        assert _run(["eval", "bfcl", "--responses", str(tmp_path / f"given_{name}"), "--out",
+                     str(tmp_path / name)], capsys)[0] == 0
+    rc, out, err = _run(["report", "--bfcl", f"keys={tmp_path / 'keys'}", "--bfcl", f"empty={tmp_path / 'empty'}",
+                         "--out", str(tmp_path / "report")], capsys)
+    assert rc == 0, err
+    report = json.loads((tmp_path / "report" / "bfcl.json").read_text())
+    assert [(r["model"], r["category"], r["correct"]) for r in report["rows"]] == [
+        ("keys", "simple_python", 3), ("keys", "irrelevance", 3), ("empty", "simple_python", 0),
+        ("empty", "irrelevance", 3)]
+    simple, irrelevance = report["comparisons"]
+    assert (simple["a"]["model"], simple["b"]["model"], simple["category"]) == ("empty", "keys", "simple_python")
+    assert simple["contingency"] == {"both": 0, "only_a": 0, "only_b": 3, "neither": 0}
+    assert simple["mcnemar_p"] == 0.25  # 0 against 3 discordant: 2 x 0.5^3
+    assert irrelevance["contingency"]["both"] == 3 and irrelevance["mcnemar_p"] == 1.0
+    assert list(csv.DictReader((tmp_path / "report" / "bfcl.csv").open()))[2]["model"] == "empty"
+    assert (tmp_path / "report" / "bfcl.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| simple_python | empty | keys | 3 | 0 | 3 | 0 | 3 | 0.25 |" in out
+    rc, _, err = _run(["report", "--bfcl", f"keys={tmp_path / 'keys'}", "--eval", f"none={tmp_path / 'keys'}",
+                       "--out", str(tmp_path / "r2")], capsys)
+    assert rc == 2 and "ratune report --bfcl NAME=DIR ... takes --out only (not --eval)" in err

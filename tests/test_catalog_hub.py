@@ -1,4 +1,4 @@
-"""A catalog folder is a hub (issue 20 item 3, first half): ``ratune catalog pairs`` writes the
+"""A catalog folder is a hub: ``ratune catalog pairs`` writes the
 split, :func:`ratune.hubs.resolve_hub` reads it, and ``ratune data build`` and
 ``ratune retrieval eval`` run on it, on the real OpenAPI petstore (examples/catalogs/) with the
 hand-written pairs examples/catalogs/petstore_pairs.jsonl; APIBench hubs resolve to exactly the
@@ -192,7 +192,8 @@ def test_resolve_hub_catalog_examples_are_the_pairs_with_the_gold_document(catal
 
 
 def test_resolve_hub_errors(tmp_path):
-    listing = "torchhub, huggingface, tensorflowhub, or a catalog folder (ratune catalog import)"
+    listing = ("torchhub, huggingface, tensorflowhub, or a tool-set folder (ratune tools import), or a catalog folder "
+               "(ratune catalog import)")
     with pytest.raises(RatuneError, match=r"unknown hub 'pytorch': expected one of " + listing.replace("(", r"\(")
                        .replace(")", r"\)") + r" \(pytorch: no such folder\)"):
         resolve_hub("pytorch")

@@ -130,4 +130,5 @@ def test_a_planted_backward_import_and_a_planted_cycle_are_found():
     assert backward_edges(planted) == [("ratune.models", "ratune.sources.prompt")]
     assert "ratune.eval.run" in GRAPH["ratune.eval.curve"]
     cyclic = dict(GRAPH, **{"ratune.eval.run": GRAPH["ratune.eval.run"] | {"ratune.eval.curve"}})
-    assert find_cycle(cyclic) == ["ratune.eval.curve", "ratune.eval.run", "ratune.eval.curve"]
+    cycle = find_cycle(cyclic)  # where the search enters the cycle depends on the other modules
+    assert len(cycle) == 3 and cycle[0] == cycle[-1] and set(cycle) == {"ratune.eval.curve", "ratune.eval.run"}

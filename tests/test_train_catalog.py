@@ -1,4 +1,4 @@
-"""`ratune train` on a catalog hub (issue 20 item 3, the train stage): the config's ``hub`` takes a
+"""`ratune train` on a catalog hub: the config's ``hub`` takes a
 catalog folder, the data manifest's hub must agree with it (an error naming the config file, the
 field and both hubs), the run manifest records the hub's name and the catalog record, and
 ``ratune export`` writes a card that names the catalog with no APIBench metadata. On the real
@@ -157,7 +157,8 @@ def test_hub_is_validated_with_the_config_and_apibench_configs_resolve_as_before
     assert TrainConfig(**base, hub="tensorflowhub").model_dump(mode="json")["hub"] == "tensorflowhub"
     assert TrainConfig(**base, hub=str(catalog)).hub == str(catalog)
     with pytest.raises(RatuneError, match=r"bad\.yaml: hub: Value error, unknown hub 'pytorch': expected one of "
-                                          r"torchhub, huggingface, tensorflowhub, or a catalog folder"):
+                                          r"torchhub, huggingface, tensorflowhub, or a tool-set folder \(ratune tools import\), "
+                                          r"or a catalog folder"):
         load_config(TrainConfig, _config(tmp_path, "bad.yaml", **base, hub="pytorch"))
     (tmp_path / "plain").mkdir()
     with pytest.raises(RatuneError, match=r"folder\.yaml: hub: Value error, .*plain: not a catalog folder"):

@@ -418,7 +418,8 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     input_ids, labels, real, trainable = [], [], 0, 0
     for i, row in enumerate(split):
         try:
-            tok = tokenize_row(tokenizer, row["user_turn"], row["completion"], answer_tokenization=answer_tokenization)
+            tok = tokenize_row(tokenizer, row["user_turn"], row["completion"], system=row.get("system"),
+                               answer_tokenization=answer_tokenization)
         except (NoTrainableTokens, AnswerMerge) as exc:
             raise RatuneError(f"{data_dir}/{config.train_retriever} row {i} (line {row['line']}): {exc}") from None
         if len(tok.input_ids) > config.max_length:

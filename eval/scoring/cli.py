@@ -18,8 +18,8 @@ METRIC_CHOICES = (*METRICS, "both")
 def add_score_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune eval score`` to ``parser`` (see :func:`ratune.eval.cli.cli_score`)."""
     parser.add_argument("--hub", required=True, type=hub_argument_type(), metavar="HUB",
-                        help=f"an APIBench hub ({', '.join(HUBS)}) or a catalog folder (its strict metric and "
-                             "argument score; docs/catalogs.md)")
+                        help=f"an APIBench hub ({', '.join(HUBS)}), a catalog folder (its strict metric and "
+                             "argument score; docs/catalogs.md) or a tool-set folder (its call match)")
     parser.add_argument("--responses", required=True, type=input_file,
                         help="response JSONL file (question_id, text per line)")
     add_apibench_argument(parser)

@@ -1,0 +1,104 @@
+"""The eval stage's scorer for a tool set's eval rows (docs/function_calling.md, "Scoring a tool
+set"): the answer's first call list (:meth:`ratune.sources.formats.PythonCallsFormat.parse_calls`)
+against the row's calls.
+
+``strict``: ``correct`` when the calls equal the row's as a multiset (same names, same arguments;
+``1`` equals ``1.0``), ``hallucination`` when a call names no tool of the tool set, else ``error``
+(a wrong call, a wrong number of calls, or no call list at all). ``calls``: the share of answers
+that decode (``format_adherence``) and that make at least one call (``call_rate``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from typing import Sequence
+
+from ratune.errors import RatuneError
+from ratune.sources.formats import PythonCallsFormat
+
+#: The metric a tool-set cell reports.
+TOOL_SET_METRIC = "strict"
+
+
+def _canonical(value):
+    """``value`` with integral floats as ints, for comparing arguments."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    return value
+
+
+def call_key(call: dict) -> str:
+    """A call as comparable text: its name and canonical arguments as sorted JSON."""
+    return json.dumps([call["name"], _canonical(call["arguments"])], sort_keys=True, ensure_ascii=False)
+
+
+class ToolSetScorer:
+    """Scores a tool set's eval responses by question_id (the row's line in ``eval.jsonl``).
+
+    Args:
+        hub: the tool set's name.
+        tool_names: every tool name of the tool set (a call to another is a hallucination).
+        examples: its eval examples (``line``, ``calls``).
+    """
+
+    def __init__(self, hub: str, tool_names: Sequence[str], examples: Sequence):
+        self.hub, self.tool_names = hub, set(tool_names)
+        self._gold = {e.line: sorted(call_key(c) for c in e.calls) for e in examples}
+        self._format = PythonCallsFormat()
+
+    @property
+    def n_questions(self) -> int:
+        return len(self._gold)
+
+    def has_question(self, question_id) -> bool:
+        return not isinstance(question_id, bool) and question_id in self._gold
+
+    def verdict(self, text, question_id: int) -> tuple[str, list[dict] | None]:
+        """``(correct | hallucination | error, the decoded calls or None)``.
+
+        Raises:
+            RatuneError: a question_id that is not a line of the eval rows.
+        """
+        if not self.has_question(question_id):
+            raise RatuneError(f"question_id {question_id!r} is not a line of tool set {self.hub}'s eval rows")
+        calls = self._format.parse_calls(text) if isinstance(text, str) else None
+        if calls is not None and sorted(call_key(c) for c in calls) == self._gold[question_id]:
+            return "correct", calls
+        if calls is not None and any(c["name"] not in self.tool_names for c in calls):
+            return "hallucination", calls
+        return "error", calls
+
+    def score(self, responses: Sequence[dict]) -> dict:
+        """Score responses (dicts with ``question_id`` and ``text``).
+
+        Returns:
+            ``{"hub", "n", "strict": {accuracy, hallucination, error, correct_n, hallucination_n,
+            error_n}, "calls": {format_adherence, call_rate, decoded_n, calling_n}, "parser",
+            "per_question": [{"question_id", "strict", "calls"}]}``; fractions of n (0.0 when n is 0).
+        """
+        counts = {"correct": 0, "hallucination": 0, "error": 0}
+        decoded = calling = 0
+        per_question = []
+        for response in responses:
+            verdict, calls = self.verdict(response.get("text"), response.get("question_id"))
+            counts[verdict] += 1
+            decoded += calls is not None
+            calling += bool(calls)
+            per_question.append({"question_id": response.get("question_id"), "strict": verdict,
+                                 "calls": None if calls is None else len(calls)})
+        n = len(responses)
+
+        def rate(k: int) -> float:
+            return k / n if n else 0.0
+
+        strict = {"accuracy": rate(counts["correct"]), "hallucination": rate(counts["hallucination"]),
+                  "error": rate(counts["error"]), **{f"{k}_n": v for k, v in counts.items()}}
+        return {"hub": self.hub, "n": n, "strict": strict,
+                "calls": {"format_adherence": rate(decoded), "call_rate": rate(calling), "decoded_n": decoded,
+                          "calling_n": calling},
+                "parser": {"python_ast": platform.python_version()}, "per_question": per_question}
