@@ -692,3 +692,92 @@ def test_a_set_into_a_base_file_names_that_file(tmp_path):
     with pytest.raises(RatuneError) as err:
         sw.load_sweep(write_sweep(tmp_path, base="base.yaml"), overrides=["base.lora.r.x=1"])
     assert str(err.value) == f"--set base.lora.r.x=1: lora.r in {tmp_path / 'base.yaml'} is int, not a section"
+
+
+# ------------------------------------------------------------------ BFCL cells
+
+
+class BfclRunner(FakeRunner):
+    """FakeRunner that also completes the BFCL categories ``ratune eval bfcl`` is asked for."""
+
+    def __call__(self, cmd, log_path):
+        super().__call__(cmd, log_path)
+        if cmd[:3] == ["ratune", "eval", "bfcl"]:
+            out = Path(cmd[cmd.index("--out") + 1])
+            i = cmd.index("--categories") + 1
+            while i < len(cmd) and not cmd[i].startswith("--"):
+                (out / cmd[i]).mkdir(parents=True, exist_ok=True)
+                (out / cmd[i] / ".complete").write_text("complete\n")
+                i += 1
+
+
+def test_a_bfcl_section_scores_every_cell_on_bfcl(tmp_path, capsys, monkeypatch):
+    path = write_sweep(tmp_path, bfcl={"categories": ["simple_python", "irrelevance"], "limit": 3,
+                                       "max_new_tokens": 64})
+    sweep = sw.load_sweep(path)
+    cells = sw.expand(sweep)
+    expected = {c.name: ["ratune", "eval", "bfcl", "--checkpoint", str(c.dir / "train"), "--out", str(c.dir / "bfcl"),
+                         "--batch-size", "8", "--max-new-tokens", "64", "--categories", "simple_python", "irrelevance",
+                         "--limit", "3"]
+                for c in cells}
+    monkeypatch.setattr("ratune.sweep.local.run_command", lambda *a: pytest.fail("dry run ran a command"))
+    assert sw.cli_sweep(args(path, dry_run=True)) == 0
+    out = capsys.readouterr().out
+    assert all(f"  bfcl:  {' '.join(cmd)}" in out for cmd in expected.values())
+    runner = BfclRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    assert sorted(c for c in runner.calls if c[:3] == ["ratune", "eval", "bfcl"]) == sorted(expected.values())
+    assert all(sw.is_finished(sweep, c) for c in cells)
+    # a category missing: the cell is not finished, and only its BFCL step runs again
+    (cells[0].dir / "bfcl" / "irrelevance" / ".complete").unlink()
+    assert not sw.is_finished(sweep, cells[0])
+    runner = BfclRunner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    assert [c[:3] for c in runner.calls if c[0] != "ratune" or c[1] != "data"] == [["ratune", "eval", "run"],
+                                                                                 ["ratune", "eval", "bfcl"]]
+    assert sw.cli_sweep(args(path, launcher="slurm")) == 0
+    assert " ".join(expected[cells[0].name]) in (cells[0].dir / "slurm" / "eval.sbatch").read_text()
+    with pytest.raises(RatuneError, match="bfcl.categories"):
+        sw.load_sweep(write_sweep(tmp_path, bfcl={"categories": ["java"]}))
+
+
+@pytest.mark.bfcl
+def test_the_sweep_report_puts_the_cells_bfcl_scores_side_by_side(tmp_path, capsys, monkeypatch):
+    """The BFCL step of each cell scores hand-written answers (``--responses``): the cell trained without
+    documents gets the answer keys (2 of 2 right), the other ``[]`` (0 of 2)."""
+    from ratune.cli import main
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+
+    entries = load_bfcl(bfcl_data_dir(), "simple_python")[:2]
+    given = {}
+    for which in ("none", "oracle"):
+        folder = tmp_path / f"given_{which}" / "simple_python"
+        folder.mkdir(parents=True)
+        folder.joinpath("responses.jsonl").write_text("".join(
+            json.dumps({"id": e.id, "text": possible_answer_text(e.possible_answer, e.functions) if which == "none"
+                        else "[]"}) + "\n" for e in entries))
+        given[which] = folder.parent
+
+    class Runner(FakeRunner):
+        def __call__(self, cmd, log_path):
+            if cmd[:3] == ["ratune", "eval", "bfcl"]:
+                out = cmd[cmd.index("--out") + 1]
+                which = "none" if "train_retriever-none" in out else "oracle"
+                assert main(["eval", "bfcl", "--responses", str(given[which]), "--out", out]) == 0
+                return
+            super().__call__(cmd, log_path)
+
+    monkeypatch.setattr("ratune.sweep.local.run_command", Runner())
+    path = write_sweep(tmp_path, bfcl={"categories": ["simple_python"], "limit": 2})
+    assert sw.cli_sweep(args(path)) == 0
+    sw.report_sweep(tmp_path / "sweep")
+    names = {c.axes["train_retriever"]: c.name for c in sw.expand(sw.load_sweep(path))}
+    report = json.loads((tmp_path / "sweep" / "report" / "bfcl" / "bfcl.json").read_text())
+    assert {(r["model"], r["correct"], r["n"]) for r in report["rows"]} == {(names["none"], 2, 2),
+                                                                            (names["oracle"], 0, 2)}
+    (comparison,) = report["comparisons"]
+    assert comparison["contingency"]["only_a"] + comparison["contingency"]["only_b"] == 2
+    summary = json.loads((tmp_path / "sweep" / "report" / "sweep.json").read_text())
+    assert summary["bfcl"] == {"cells": sorted(names.values()), "report": "bfcl/bfcl.md"}

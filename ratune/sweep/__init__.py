@@ -32,11 +32,13 @@ Sweep folder::
     cells/{name}/eval/{setting}/metrics.json (+ ``.complete``)
     cells/{name}/curve/         with ``eval.curve_settings``: every Trainer checkpoint evaluated under
                                 those settings, curve.{json,csv,md,png} (eval/curve.py)
+    cells/{name}/bfcl/          with a ``bfcl:`` section: ``ratune eval bfcl`` of the cell's run
     cells/{name}/error.txt      the error of the last failed attempt (removed on success)
     cells/{name}/logs/          stdout/stderr of each command
     slurm/submit.sh, cells/{name}/slurm/*.sbatch   (``--launcher slurm``)
     report/                     ``report_sweep``: table2 per hub (and per other axis values), sweep.csv,
-                                learning_curve.{md,csv,png} when cells have curves
+                                learning_curve.{md,csv,png} when cells have curves, bfcl/ when
+                                cells have BFCL categories
                                 (a ``seed`` axis: replicates averaged per cell, replicates.csv),
                                 comparisons.{md,csv,json} for the chosen pairs (ratune/sweep/pairs.py)
 

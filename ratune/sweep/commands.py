@@ -1,11 +1,11 @@
 """The commands a sweep runs: the shared ``ratune data build``, each cell's ``accelerate launch``
-training and ``ratune eval run``."""
+training, ``ratune eval run`` and, with a ``bfcl:`` section, ``ratune eval bfcl``."""
 
 from __future__ import annotations
 
 import shlex
 
-from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings
 from ratune.options import command_arguments
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
@@ -70,6 +70,21 @@ def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
     return cmd + ["--model-name", cell.name]  # responses name the cell, not its run folder (always "train")
+
+
+def bfcl_command(sweep: Sweep, cell: Cell) -> list[str]:
+    """``ratune eval bfcl --checkpoint CELL/train --out CELL/bfcl ...`` with the sweep's ``bfcl:`` settings."""
+    b = sweep.config.bfcl
+    cmd = ["ratune", "eval", "bfcl", "--checkpoint", str(cell.dir / "train"), "--out", str(cell.dir / "bfcl"),
+           *command_arguments(b, BfclSettings, BFCL_OPTIONS, policy="always")]
+    if b.categories:
+        cmd += ["--categories", *b.categories]
+    if b.limit is not None:
+        cmd += ["--limit", str(b.limit)]
+    cmd += command_arguments(b, BfclSettings, BFCL_OPTIONS, policy="changed")
+    if cell.config.get("trust_remote_code"):
+        cmd += ["--trust-remote-code"]
+    return cmd
 
 
 def _fmt(cmd: list[str]) -> str:

@@ -17,9 +17,10 @@ from ratune.io import write_json, write_text
 from ratune.manifest import SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete
 from ratune.output import StageOutput
 from ratune.sweep.cells import Cell, data_plan
-from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
+from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, train_command
 from ratune.sweep.schema import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, Sweep
-from ratune.sweep.state import cell_record, changed_keys, check_changed, is_curve_finished, is_finished
+from ratune.sweep.state import (cell_record, changed_keys, check_changed, is_bfcl_finished, is_curve_finished,
+                                is_finished)
 
 
 #: Seconds a command is given to unwind (save its state, remove its lock file) after the sweep is
@@ -164,6 +165,8 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                 _run_step(runner, "eval", cell, cmd, progress, out)
                 if not is_curve_finished(sweep, cell):
                     _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
+                if not is_bfcl_finished(sweep, cell):
+                    _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell), progress, out)
                 if not is_finished(sweep, cell):
                     raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
             except RatuneError as exc:
@@ -245,4 +248,6 @@ def dry_run(sweep: Sweep, cells: list[Cell], out=None, data_cells: list[Cell] | 
         print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
         if sweep.config.eval.curve_settings:
             print(f"  curve: {_fmt(eval_command(sweep, cell, curve=True))}", file=out)
+        if sweep.config.bfcl is not None:
+            print(f"  bfcl:  {_fmt(bfcl_command(sweep, cell))}", file=out)
     return 0

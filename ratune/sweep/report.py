@@ -110,8 +110,21 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
     saved = load_saved_sweep(sweep_dir)  # the run's sweep file: its compare pairs and apibench folder
     _write_comparisons(found.finished, saved.config.compare if pairs is None and saved else pairs or [], out, summary)
     _write_released(sweep_dir, found.finished, saved, out, summary)
+    _write_bfcl(sweep_dir, out, summary)
     write_json(out / "sweep.json", summary)
     return tables
+
+
+def _write_bfcl(sweep_dir: Path, out: Path, summary: dict) -> None:
+    """``out/bfcl/bfcl.*`` (:func:`ratune.eval.bfcl_report.bfcl_report`) over the cells with complete BFCL
+    categories, the first such cell the reference; ``summary["bfcl"]`` names the cells."""
+    from ratune.eval.bfcl_report import bfcl_report
+    from ratune.eval.bfcl_run import finished_categories
+
+    cells = [(d.name, d / "bfcl") for d in sorted((sweep_dir / "cells").glob("*/")) if finished_categories(d / "bfcl")]
+    if cells:
+        bfcl_report(cells, out / "bfcl")
+        summary["bfcl"] = {"cells": [name for name, _ in cells], "report": "bfcl/bfcl.md"}
 
 
 @dataclass

@@ -14,7 +14,8 @@ from ratune.errors import RatuneError
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.sources.validate import LEAKAGE_POLICIES
-from ratune.eval.settings import EVAL_OPTIONS, EvalSettings
+from ratune.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
+from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings
 from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair
 
@@ -54,6 +55,15 @@ SweepEval = config_model(
                     "epoch or save_steps) and keep them all (no save_total_limit)"))})
 
 
+#: A sweep file's ``bfcl:`` section (optional): every cell is also scored on BFCL by ``ratune eval bfcl``
+#: into CELL/bfcl/, with these settings (eval/settings.py BFCL_OPTIONS), ``categories`` and ``limit``.
+SweepBfcl = config_model(
+    "SweepBfcl", BfclSettings, BFCL_OPTIONS, doc="Arguments of ``ratune eval bfcl`` for every cell.",
+    extra={"categories": (list[Literal[BFCL_CATEGORIES]] | None, Field(
+               None, description="BFCL categories to score (default: all of eval/bfcl.py CATEGORIES)")),
+           "limit": (Count | None, Field(None, description="the first N entries of each category (smoke runs)"))})
+
+
 class SlurmSettings(BaseModel):
     """Resources of each training job (eval jobs take one node and one GPU)."""
 
@@ -78,6 +88,7 @@ class SweepConfig(BaseModel):
     base: str | dict
     data: SweepData = SweepData()
     eval: SweepEval = SweepEval()
+    bfcl: SweepBfcl | None = None
     axes: dict[str, list] = Field(default_factory=dict)
     groups: list[dict[str, list]] = Field(default_factory=list)
     accelerate_config: str | None = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ratune.io import write_json
 from ratune.sweep.cells import Cell, data_plan
-from ratune.sweep.commands import _fmt, data_command, eval_command, train_command
+from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, train_command
 from ratune.sweep.local import _yaml, prepare_sweep_folder
 from ratune.sweep.schema import SlurmSettings, Sweep
 from ratune.sweep.state import cell_record, is_finished
@@ -75,6 +75,8 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         ev.append(_fmt(eval_command(sweep, cell)))
         if sweep.config.eval.curve_settings:
             ev.append(_fmt(eval_command(sweep, cell, curve=True)))
+        if sweep.config.bfcl is not None:
+            ev.append(_fmt(bfcl_command(sweep, cell)))
         (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")
         prefix = "# finished: " if is_finished(sweep, cell) else ""
         submit += [f"# cell {cell.name}",

@@ -84,11 +84,20 @@ def _json_default(field_info) -> Any:
 
 
 def is_finished(sweep: Sweep, cell: Cell) -> bool:
-    """Whether a cell's training run, every eval setting of the sweep and its learning curve (if
-    the sweep asks for one) are complete."""
+    """Whether a cell's training run, every eval setting of the sweep, its learning curve and its
+    BFCL categories (if the sweep asks for them) are complete."""
     return is_complete(cell.dir / "train") and all(
         is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
-        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell)
+        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell) and is_bfcl_finished(sweep, cell)
+
+
+def is_bfcl_finished(sweep: Sweep, cell: Cell) -> bool:
+    """Whether every BFCL category of the sweep's ``bfcl:`` section is complete in CELL/bfcl (True
+    without one)."""
+    from ratune.eval.bfcl import CATEGORIES
+
+    b = sweep.config.bfcl
+    return b is None or all(is_complete(cell.dir / "bfcl" / c) for c in (b.categories or CATEGORIES))
 
 
 def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
@@ -104,8 +113,8 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
 
 def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
     """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
-    delete their training, eval and learning-curve results (``train/``, ``eval/``, ``curve/``,
-    ``error.txt``, ``cell.json``) so they run again. Returns the changed cells' names. The curve goes
+    delete their training, eval, learning-curve and BFCL results (``train/``, ``eval/``, ``curve/``,
+    ``bfcl/``, ``error.txt``, ``cell.json``) so they run again. Returns the changed cells' names. The curve goes
     too: its cells name the checkpoints by path, which a rerun reuses, so they would read as done.
 
     Raises:
@@ -119,7 +128,7 @@ def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=N
                           + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
     for cell in cells:
         if cell.name in changed:
-            for sub in ("train", "eval", "curve", "error.txt"):
+            for sub in ("train", "eval", "curve", "bfcl", "error.txt"):
                 path = cell.dir / sub
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (cell.dir / "cell.json").unlink(missing_ok=True)
