@@ -28,6 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLBOX = ROOT / "examples" / "catalogs" / "hand-written" / "toolbox.jsonl"
+TOOL_ROWS = ROOT / "tests" / "fixtures" / "tools" / "xlam_rows.jsonl"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,21 @@ def _eval_argv(work, fx, settings="0_shot oracle"):
             "--n-questions", "2", "--max-new-tokens", "4", "--batch-size", "2"]
 
 
+def _bfcl_outputs(work, fx):
+    """Two ``ratune eval bfcl --responses`` outputs of hand-written answers to 2 simple_python entries."""
+    from ratune.cli import main
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+
+    entries = load_bfcl(bfcl_data_dir(), "simple_python")[:2]
+    for name in ("keys", "empty"):
+        given = work / f"given_{name}" / "simple_python"
+        given.mkdir(parents=True)
+        given.joinpath("responses.jsonl").write_text("".join(
+            json.dumps({"id": e.id, "text": possible_answer_text(e.possible_answer, e.functions) if name == "keys"
+                        else "[]"}) + "\n" for e in entries))
+        assert main(["eval", "bfcl", "--responses", str(given.parent), "--out", str(work / name)]) == 0
+
+
 def _train_config(work, fx):
     from test_train_correctness import _config, _make_data
 
@@ -130,6 +146,13 @@ WRITERS = [
                           "irrelevance", "--limit", "2", "--max-new-tokens", "4", "--batch-size", "2",
                           "--out", str(w / "bfcl")],
            lambda w: w / "bfcl", resumed=("timing",)),
+    Writer("report --bfcl", "in place",
+           lambda w, fx: ["report", "--bfcl", f"keys={w / 'keys'}", "--bfcl", f"empty={w / 'empty'}", "--out",
+                          str(w / "bfcl_report")],
+           lambda w: w / "bfcl_report", prepare=_bfcl_outputs),
+    Writer("tools import", "replace",
+           lambda w, fx: ["tools", "import", "--from", "rows", str(TOOL_ROWS), "--out", str(w / "tools")],
+           lambda w: w / "tools"),
     Writer("export", "replace",
            lambda w, fx: ["export", str(fx["tiny_model_dir"]), "--out", str(w / "export")], lambda w: w / "export"),
 ]
