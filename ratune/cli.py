@@ -85,37 +85,50 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argparse tree of the ``ratune`` command."""
-    from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
-    from ratune.sources.validate import LEAKAGE_POLICIES
-    from ratune.eval.scoring import add_score_arguments
-    from ratune.args import (APIBENCH_DEFAULT, RatuneArgumentParser, add_apibench_argument, bounded, checked, input_dir,
-                             input_file, key_equals_dir, model_ref, output_dir, registered, setting)
-    from ratune.config import Count, FiniteFloat
-    from ratune.data.build import BUILD_OPTIONS, BuildSettings
-    from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-    from ratune.registry import (BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVERS, SPLITS,
-                                 TRAIN_MODES)
-    from ratune.sweep.pairs import parse_selector
-    from ratune.models import DEMO_MODEL_ALIAS
-    from ratune.train.sft import add_resume_arguments
-
-    mode = registered("train-time retrieval mode", TRAIN_MODES)
-    backend = registered("BM25 backend", BM25_BACKENDS)
-    finetuned = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
-
-    from ratune.hubs import check_hub_ref, hub_argument_type, hub_choices_text
-
-    # --hub of every stage: an APIBench hub, a tool-set or a catalog folder (hubs/)
-    hub_ref = {"type": hub_argument_type(), "metavar": "HUB"}
-    hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
-                                  bad=("no_such_hub", "folder")), "metavar": "HUB"}
-    mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
-    selector = checked(parse_selector, "selector", good="train_retriever=oracle", bad=("oracle", ","))
+    """The argparse tree of the ``ratune`` command: one ``_add_*`` per stage, in help order."""
+    from ratune.args import RatuneArgumentParser
 
     parser = RatuneArgumentParser(prog="ratune", description="Retriever-aware training (RAT) for API calling.")
     stages = parser.add_subparsers(dest="stage", required=True)
+    for add in (_add_data, _add_retrieval, _add_train, _add_eval, _add_report, _add_delegated, _add_demo, _add_tools,
+                _add_catalog):
+        add(stages)
+    return parser
 
+
+def _hub_ref() -> dict:
+    """The type and metavar of every ``--hub``: an APIBench hub, a tool-set or a catalog folder (hubs/)."""
+    from ratune.hubs import hub_argument_type
+
+    return {"type": hub_argument_type(), "metavar": "HUB"}
+
+
+def _mode() -> dict:
+    from ratune.args import registered
+    from ratune.registry import TRAIN_MODES
+
+    return registered("train-time retrieval mode", TRAIN_MODES)
+
+
+def _finetuned() -> str:
+    from ratune.registry import RETRIEVERS
+
+    return " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
+
+
+def _add_data(stages) -> None:
+    from ratune.args import add_apibench_argument, bounded, checked, input_dir, input_file, model_ref, output_dir, setting
+    from ratune.config import Count, FiniteFloat
+    from ratune.data.build import BUILD_OPTIONS, BuildSettings
+    from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
+    from ratune.hubs import hub_choices_text
+    from ratune.models import DEMO_MODEL_ALIAS
+    from ratune.registry import DEFAULT_MODES, SPLITS
+    from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
+    from ratune.sources.validate import LEAKAGE_POLICIES
+
+    hub_ref, mode, finetuned = _hub_ref(), _mode(), _finetuned()
+    mixture_spec = checked(Mixture.parse, "mixture", good="rat_mix:none=0.5,oracle=0.5", bad=("x", "m:none=0.5"))
     data = stages.add_parser("data", help="build training chats").add_subparsers(dest="action", required=True)
     b = data.add_parser("build", help="APIBench -> chats per train-time retrieval mode")
     add_apibench_argument(b)
@@ -167,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--threads", type=setting(EvalSettings, "torch_threads"), default=None, help="torch threads")
     u.set_defaults(func=_handler("ratune.data.utility:cli_utility"))
 
+
+def _add_retrieval(stages) -> None:
+    from ratune.args import add_apibench_argument, checked, input_dir, output_dir, registered
+    from ratune.hubs import check_hub_ref, hub_choices_text
+    from ratune.registry import BM25_BACKENDS, BM25_RETRIEVERS, DEFAULT_BM25_BACKEND, RETRIEVERS
+
+    hub_ref, finetuned = _hub_ref(), _finetuned()
+    backend = registered("BM25 backend", BM25_BACKENDS)
+    hub_or_all = {"type": checked(lambda text: text == "all" or check_hub_ref(text), "hub", good="all",
+                                  bad=("no_such_hub", "folder")), "metavar": "HUB"}
     retrieval = stages.add_parser("retrieval", help="retrieval quality").add_subparsers(dest="action", required=True)
     r = retrieval.add_parser("eval", help="top-1, recall@k, NDCG@k on a hub's eval set")
     add_apibench_argument(r)
@@ -196,11 +219,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(rt)
     rt.set_defaults(func=run_train)
 
+
+def _add_train(stages) -> None:
+    from ratune.args import input_file
+    from ratune.train.sft import add_resume_arguments
+
     t = stages.add_parser("train", help="finetune from a YAML config")
     t.add_argument("--config", required=True, type=input_file)
     add_resume_arguments(t)
     t.set_defaults(func=_train)
 
+
+def _add_eval(stages) -> None:
+    from ratune.args import add_apibench_argument, bounded, input_dir, model_ref, output_dir, registered
+    from ratune.config import Count
+    from ratune.eval.scoring import add_score_arguments
+    from ratune.hubs import hub_choices_text
+    from ratune.models import DEMO_MODEL_ALIAS
+
+    hub_ref = _hub_ref()
     ev = stages.add_parser("eval", help="generate and score").add_subparsers(dest="action", required=True)
     e = ev.add_parser("run", help="generate answers under test settings and score them")
     e.add_argument("--checkpoint", required=True, type=input_dir, help="a ratune train run folder or a model folder")
@@ -236,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(bf, BfclSettings, BFCL_OPTIONS)
     bf.set_defaults(func=_handler("ratune.eval.bfcl_run:cli_bfcl"))
 
+
+def _add_report(stages) -> None:
+    from ratune.args import checked, input_dir, key_equals_dir, output_dir
+    from ratune.sweep.pairs import parse_selector
+
+    hub_ref = _hub_ref()
+    selector = checked(parse_selector, "selector", good="train_retriever=oracle", bad=("oracle", ","))
     rp = stages.add_parser("report", help="Table 2 from a sweep folder or from eval folders; a BFCL table from "
                                           "`ratune eval bfcl` outputs")
     rp.add_argument("sweep_dir", nargs="?", default=None, type=input_dir, help="a `ratune sweep` output folder")
@@ -253,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "file's compare list")
     rp.set_defaults(func=_report)
 
+
+def _add_delegated(stages) -> None:
     # Stages whose arguments and entry point live beside their code: (name, help, module, adder, runner).
     delegated = (
         ("compare", "paired comparison of two response files or eval cells", "ratune.eval.compare",
@@ -270,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
         getattr(module, adder)(sub)
         sub.set_defaults(func=getattr(module, runner))
 
+
+def _add_demo(stages) -> None:
+    from ratune.args import APIBENCH_DEFAULT, add_apibench_argument, input_file, output_dir
+
     d = stages.add_parser("demo", help="the CPU demo (TorchHub, SmolLM2-135M)")
     d.add_argument("--config", default=None, type=input_file, help="the demo's sweep file (default configs/demo.yaml)")
     d.add_argument("--out", default=None, type=output_dir, help="output folder (default from the config: runs/demo)")
@@ -278,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete and rerun arms whose resolved config changed since they ran (as ratune sweep)")
     d.set_defaults(func=_handler("ratune.demo:cli_demo"))
 
+
+def _add_tools(stages) -> None:
     from ratune.sources.toolset import add_import_arguments as add_tools_import_arguments
 
     tools = stages.add_parser("tools", help="function-calling rows and their JSON-schema tools as a hub "
@@ -286,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(tools.jsonl, train.jsonl, eval.jsonl)")
     add_tools_import_arguments(ti)
     ti.set_defaults(func=_handler("ratune.sources.toolset:cli_import"))
+
+
+def _add_catalog(stages) -> None:
     from ratune.catalog.folder import add_import_arguments
 
     catalog = stages.add_parser("catalog", help="your own API catalog as a hub (docs/catalogs.md)").add_subparsers(
@@ -307,7 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
                                              "examples (Gorilla 3.1, self-instruct) -> a pairs file for `catalog pairs`")
     add_instruct_arguments(cg)
     cg.set_defaults(func=lambda args: cli_instruct(args, resolve_model=resolve_model_path))
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
