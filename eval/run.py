@@ -200,109 +200,165 @@ def _evaluate_into(output: StageOutput, checkpoint: str | os.PathLike, *, hub, a
                    model_name: str | None, progress: bool) -> dict:
     """The body of :func:`evaluate_checkpoint`, under ``output``'s lock."""
     request = resolve_eval_request(checkpoint, hub, apibench_dir, settings)
-    hub_source, source, device, dtype = request.hub, request.checkpoint, request.device, request.dtype
-    hub, folder = hub_source.name, source.folder
-    set_torch_threads(settings.torch_threads)
-    described_by = source.run or checkpoint  # the run manifest that holds the prompt settings
-    budget = settings.max_document_tokens
-    if budget is None:
-        budget = trained_document_budget(described_by)
-    all_examples = hub_source.load_examples("eval")
-    if settings.n_questions is not None:
-        all_examples = all_examples[:settings.n_questions]
-    name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None else Path(checkpoint).name)
-    out = output.out
-    scoring = scoring_for(hub_source, all_examples)
-    scorer = scoring.scorer
-
-    # the prompts are rendered with the template the model was trained with (run manifest)
-    chat_template = settings.chat_template or trained_chat_template(described_by)
-    tokenizer = use_chat_template(load_tokenizer(folder, trust_remote_code=settings.trust_remote_code), chat_template)
-    require_chat_template(tokenizer, source=str(folder), hint="give --chat-template (the one it was trained with)")
-    positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-    inputs = input_hashes(hub_source.input_files(["eval"]))
-    run_manifest = folder / "ratune_manifest.json"
-    if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
-        inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
-    generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
-                  "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
-                  "max_document_tokens": budget, "device": device, "dtype": dtype}
-    if chat_template is not None:  # cells of a tokenizer's own template keep their identity
-        generation["chat_template"] = chat_template
-    if settings.backend != "hf":  # cells made before backends existed keep their identity
-        generation["backend"] = settings.backend
-    answer_format = get_answer_format(hub_source.answer_format)
-    if answer_format.name != DEFAULT_ANSWER_FORMAT:  # APIBench and catalog cells keep their identity
-        generation["answer_format"] = answer_format.name
+    run = _EvalRun.prepare(request, checkpoint, settings, model_name=model_name, progress=progress)
     output.claim()
-    model = None
     results = {}
     for setting in settings.settings:
-        cell = out / setting
-        examples, retriever, extra = _setting_plan(setting, all_examples, source=hub_source, settings=settings)
+        cell = output.out / setting
+        examples, retriever, extra = _setting_plan(setting, run.all_examples, source=request.hub, settings=settings)
         if not examples:  # never a complete cell of n = 0 (a report would show it as 0.0)
-            raise RatuneError(f"test setting {setting}: none of the {len(all_examples)} eval questions qualifies "
+            raise RatuneError(f"test setting {setting}: none of the {len(run.all_examples)} eval questions qualifies "
                               "(swap needs another API of the question's domain, constraints_* a constrained "
                               "question); not writing an empty cell: evaluate more questions or drop the setting")
-        identity = {"checkpoint": str(folder.resolve()), "hub": hub, "setting": setting,
-                    "questions": [e.line for e in examples], "generation": generation}
-        if _needs_model(setting):  # which finetuned retriever gave the documents
-            identity["retriever_model"] = str(Path(settings.dense_model).resolve())
-        if source.base is not None:  # an adapter: the base it is merged into
-            identity["adapter_base"] = source.base
-        if source.step is not None:  # a Trainer checkpoint: the point of the learning curve
-            identity["step"] = source.step
-        check_cell_identity(cell, identity)
+        check_cell_identity(cell, run.identity(setting, examples))
         if is_complete(cell):
             results[setting] = read_metrics(cell / "metrics.json")
             continue
         cell.mkdir(parents=True, exist_ok=True)
-        docs = retriever.retrieve([Query.of(e) for e in examples], top_k=1)
-
-        def count(text: str) -> int:
-            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-        rendered = [answer_format.prompt(e, docs[i], max_document_tokens=budget, count_tokens=count)
-                    for i, e in enumerate(examples)]
-        prompts = [encode_prompt(tokenizer, p.user_turn, p.system) for p in rendered]
-        # the length policy of both backends, checked before the model is loaded
-        limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
-                                   max_positions=positions, names=[f"{setting} question {e.line}" for e in examples])
-        responses_path = cell / "responses.jsonl"
-        done = read_done(responses_path)  # the lines an interrupted run already wrote
-        if model is None and any(e.line not in done for e in examples):
-            model = load_for_generation(source, backend=settings.backend, dtype=dtype, device=device,
-                                        positions=positions, trust_remote_code=settings.trust_remote_code)
-
-        def batches(todo):
-            return backend_batches(settings.backend, model, tokenizer, todo, batch_size=settings.batch_size,
-                                   max_new_tokens=settings.max_new_tokens,
-                                   stop_after_api_call=settings.stop_after_api_call, max_positions=positions,
-                                   answer_format=answer_format.name)
-
-        responses = append_responses(responses_path, done, [e.line for e in examples], prompts, batches=batches,
-                                     meta={"model": name, "setting": setting}, desc=f"{name} {setting}",
-                                     progress=progress)
-        metrics = _cell_metrics(scoring.score(responses), scoring=scoring, responses=responses,
-                                head={"hub": hub, "model": name, "setting": setting, "retriever": retriever.metadata()},
-                                generation=generation, device=device, inputs=inputs, positions=positions,
-                                capped=[e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens])
-        if source.step is not None:
-            metrics["train_step"] = source.step
-        if source.base is not None:
-            metrics["adapter"] = {"base": source.base, "base_trained_in_4bit": source.base_in_4bit,
-                                  "evaluated_on": f"the unquantized base in {dtype}, adapter merged"}
-        if setting == "swap":
-            metrics["document_swap"] = {**follow_rates(scorer, responses, extra["swapped"]),
-                                        "left_out": len(all_examples) - len(examples)}
-        elif setting.startswith(CONSTRAINTS_PREFIX):
-            metrics["constraints"] = {**constraint_metrics(scorer, responses, extra["constraints"]),
-                                      "unconstrained_left_out": len(all_examples) - len(examples)}
+        metrics = run.evaluate_cell(cell, setting, examples, retriever, extra)
         write_json(cell / "metrics.json", metrics)
         output.complete(cell)
         results[setting] = metrics
-    _write_eval_manifest(out, checkpoint=folder, hub=hub, inputs=inputs, generation=generation, results=results)
+    _write_eval_manifest(output.out, checkpoint=request.checkpoint.folder, hub=request.hub.name, inputs=run.inputs,
+                         generation=run.generation, results=results)
     return results
+
+
+@dataclass
+class _EvalRun:
+    """What every cell of one ``ratune eval run`` shares: the request, the eval questions, their
+    scoring, the tokenizer with the trained chat template, the generation record and, once a cell
+    needs it, the model."""
+
+    request: "EvalRequest"
+    settings: EvalSettings
+    name: str
+    all_examples: list
+    scoring: object
+    tokenizer: object
+    budget: int | None
+    positions: int | None
+    inputs: dict
+    generation: dict
+    answer_format: object
+    progress: bool
+    model: object = None
+
+    @classmethod
+    def prepare(cls, request: "EvalRequest", checkpoint, settings: EvalSettings, *, model_name: str | None,
+                progress: bool) -> "_EvalRun":
+        """Read the questions, the tokenizer and the prompt settings the checkpoint was trained with."""
+        hub_source, source = request.hub, request.checkpoint
+        set_torch_threads(settings.torch_threads)
+        described_by = source.run or checkpoint  # the run manifest that holds the prompt settings
+        budget = settings.max_document_tokens
+        if budget is None:
+            budget = trained_document_budget(described_by)
+        all_examples = hub_source.load_examples("eval")
+        if settings.n_questions is not None:
+            all_examples = all_examples[:settings.n_questions]
+        name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None
+                              else Path(checkpoint).name)
+        # the prompts are rendered with the template the model was trained with (run manifest)
+        chat_template = settings.chat_template or trained_chat_template(described_by)
+        tokenizer = use_chat_template(load_tokenizer(source.folder, trust_remote_code=settings.trust_remote_code),
+                                      chat_template)
+        require_chat_template(tokenizer, source=str(source.folder),
+                              hint="give --chat-template (the one it was trained with)")
+        inputs = input_hashes(hub_source.input_files(["eval"]))
+        run_manifest = source.folder / "ratune_manifest.json"
+        if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
+            inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
+        answer_format = get_answer_format(hub_source.answer_format)
+        return cls(request=request, settings=settings, name=name, all_examples=all_examples,
+                   scoring=scoring_for(hub_source, all_examples), tokenizer=tokenizer, budget=budget,
+                   positions=checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code),
+                   inputs=inputs, generation=_generation_record(settings, request, budget, chat_template, answer_format),
+                   answer_format=answer_format, progress=progress)
+
+    def identity(self, setting: str, examples: list) -> dict:
+        """What a cell was computed from (a rerun with anything else is refused)."""
+        source = self.request.checkpoint
+        identity = {"checkpoint": str(source.folder.resolve()), "hub": self.request.hub.name, "setting": setting,
+                    "questions": [e.line for e in examples], "generation": self.generation}
+        if _needs_model(setting):  # which finetuned retriever gave the documents
+            identity["retriever_model"] = str(Path(self.settings.dense_model).resolve())
+        if source.base is not None:  # an adapter: the base it is merged into
+            identity["adapter_base"] = source.base
+        if source.step is not None:  # a Trainer checkpoint: the point of the learning curve
+            identity["step"] = source.step
+        return identity
+
+    def prompts(self, examples: list, docs: list) -> list[list[int]]:
+        """The prompt ids of ``examples`` with their documents, in the hub's answer format."""
+        def count(text: str) -> int:
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        rendered = [self.answer_format.prompt(e, docs[i], max_document_tokens=self.budget, count_tokens=count)
+                    for i, e in enumerate(examples)]
+        return [encode_prompt(self.tokenizer, p.user_turn, p.system) for p in rendered]
+
+    def batches(self, todo):
+        """Generated answers to ``todo`` prompts, batch by batch (the model loads on first use)."""
+        request, settings = self.request, self.settings
+        if self.model is None:
+            self.model = load_for_generation(request.checkpoint, backend=settings.backend, dtype=request.dtype,
+                                             device=request.device, positions=self.positions,
+                                             trust_remote_code=settings.trust_remote_code)
+        return backend_batches(settings.backend, self.model, self.tokenizer, todo, batch_size=settings.batch_size,
+                               max_new_tokens=settings.max_new_tokens, stop_after_api_call=settings.stop_after_api_call,
+                               max_positions=self.positions, answer_format=self.answer_format.name)
+
+    def evaluate_cell(self, cell: Path, setting: str, examples: list, retriever, extra: dict) -> dict:
+        """Generate (or continue) a cell's answers and return its metrics."""
+        settings = self.settings
+        prompts = self.prompts(examples, retriever.retrieve([Query.of(e) for e in examples], top_k=1))
+        # the length policy of both backends, checked before the model is loaded
+        limits = generation_limits([len(p) for p in prompts], max_new_tokens=settings.max_new_tokens,
+                                   max_positions=self.positions,
+                                   names=[f"{setting} question {e.line}" for e in examples])
+        responses_path = cell / "responses.jsonl"
+        responses = append_responses(responses_path, read_done(responses_path), [e.line for e in examples], prompts,
+                                     batches=self.batches, meta={"model": self.name, "setting": setting},
+                                     desc=f"{self.name} {setting}", progress=self.progress)
+        metrics = _cell_metrics(self.scoring.score(responses), scoring=self.scoring, responses=responses,
+                                head={"hub": self.request.hub.name, "model": self.name, "setting": setting,
+                                      "retriever": retriever.metadata()},
+                                generation=self.generation, device=self.request.device, inputs=self.inputs,
+                                positions=self.positions,
+                                capped=[e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens])
+        metrics.update(self._cell_extras(setting, responses, examples, extra))
+        return metrics
+
+    def _cell_extras(self, setting: str, responses: list, examples: list, extra: dict) -> dict:
+        """The metrics a Trainer checkpoint, an adapter, the swap or a constraints setting adds."""
+        source, out, left_out = self.request.checkpoint, {}, len(self.all_examples) - len(examples)
+        if source.step is not None:
+            out["train_step"] = source.step
+        if source.base is not None:
+            out["adapter"] = {"base": source.base, "base_trained_in_4bit": source.base_in_4bit,
+                              "evaluated_on": f"the unquantized base in {self.request.dtype}, adapter merged"}
+        if setting == "swap":
+            out["document_swap"] = {**follow_rates(self.scoring.scorer, responses, extra["swapped"]),
+                                    "left_out": left_out}
+        elif setting.startswith(CONSTRAINTS_PREFIX):
+            out["constraints"] = {**constraint_metrics(self.scoring.scorer, responses, extra["constraints"]),
+                                  "unconstrained_left_out": left_out}
+        return out
+
+
+def _generation_record(settings: EvalSettings, request: "EvalRequest", budget, chat_template, answer_format) -> dict:
+    """How a run's answers are generated (every cell's identity and metrics record it)."""
+    generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
+                  "stop_after_api_call": settings.stop_after_api_call, "greedy": True,
+                  "max_document_tokens": budget, "device": request.device, "dtype": request.dtype}
+    if chat_template is not None:  # cells of a tokenizer's own template keep their identity
+        generation["chat_template"] = chat_template
+    if settings.backend != "hf":  # cells made before backends existed keep their identity
+        generation["backend"] = settings.backend
+    if answer_format.name != DEFAULT_ANSWER_FORMAT:  # APIBench and catalog cells keep their identity
+        generation["answer_format"] = answer_format.name
+    return generation
 
 
 @dataclass(frozen=True)
