@@ -89,18 +89,45 @@ METRICS_KEYS = ("n", "accuracy", "hallucination", "error")
 
 
 def read_metrics(path: str | Path) -> dict:
-    """An eval cell's ``metrics.json``, checked to be a JSON object with :data:`METRICS_KEYS`.
+    """An eval cell's ``metrics.json``, checked to be a JSON object with :data:`METRICS_KEYS` and
+    the numbers :func:`make_cell` reads: ``n`` a count, the rates (top level and in the ``gorilla``
+    and ``strict`` blocks) fractions in [0, 1], the counts (``correct_n``, ...) and ``per_question``
+    at most ``n``.
 
     Raises:
-        InputError: naming the file (and the missing key): not JSON (a torn write), not an object,
-            or not a metrics file.
+        InputError: naming the file and the field: not JSON (a torn write), not an object, not a
+            metrics file, or a number out of place (a hand-edited file).
     """
     metrics = read_json_object(path)
     for key in METRICS_KEYS:
         if key not in metrics:
             raise InputError(str(path), None, key, "missing: not an eval cell's metrics (delete the cell's folder "
                              "to evaluate it again)")
+    n = metrics["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(str(path), None, "n", f"expected the number of questions (an integer >= 0), got {n!r}")
+    _check_rates(path, metrics, "", n)
+    for name in METRIC_TITLES:
+        block = metrics.get(name)
+        if block is not None and not isinstance(block, dict):
+            raise InputError(str(path), None, name,
+                             f"expected an object of rates and counts, got {type(block).__name__}")
+        _check_rates(path, block or {}, f"{name}.", n)
+    per_question = metrics.get("per_question")
+    if isinstance(per_question, list) and len(per_question) > n:
+        raise InputError(str(path), None, "per_question", f"{len(per_question)} entries for n = {n} questions")
     return metrics
+
+
+def _check_rates(path, block: dict, prefix: str, n: int) -> None:
+    """Refuse a rate of ``block`` that is not a fraction in [0, 1] or a count not in 0..n."""
+    for rate, count in RATES:
+        value = block.get(rate, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise InputError(str(path), None, prefix + rate, f"expected a fraction in [0, 1], got {value!r}")
+        k = block.get(count, 0)
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
+            raise InputError(str(path), None, prefix + count, f"expected a count from 0 to n = {n}, got {k!r}")
 
 
 def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:

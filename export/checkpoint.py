@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.args import input_dir, input_file, output_dir
-from ratune.errors import RatuneError
+from ratune.errors import InputError, RatuneError
 from ratune.eval.report import make_cell, with_intervals
 from ratune.eval.results import finished_cells
 from ratune.export.card import DEFAULT_LICENSE, card_body, model_card, recipe_of
 from ratune.export.checks import check_out_folder
 from ratune.export.merge import load_export_model
 from ratune.export.push import hub_token, push_folder
-from ratune.io import read_json, sha256_file, write_json
+from ratune.io import read_json, read_json_object, sha256_file, write_json
 from ratune.manifest import EXPORT_STAGE, is_complete, package_versions
 from ratune.output import StageOutput
 from ratune.train.layout import model_folder
@@ -104,6 +104,40 @@ def _data_hashes(manifest: dict | None) -> tuple[dict | None, str]:
     return dict(_read_json(path).get("inputs", {})), "from the training data manifest"
 
 
+def _table2_list(path, table: dict) -> list[dict]:
+    """A table2.json's ``cells``, each a JSON object.
+
+    Raises:
+        InputError: naming the file and the field.
+    """
+    cells = table.get("cells", [])
+    if not isinstance(cells, list):
+        raise InputError(str(path), None, "cells", f"expected a list of cells, got {type(cells).__name__}")
+    for i, c in enumerate(cells):
+        if not isinstance(c, dict):
+            raise InputError(str(path), None, f"cells[{i}]", f"expected a JSON object, got {type(c).__name__}")
+    return cells
+
+
+def _table2_cell(path, i: int, cell: dict) -> dict:
+    """One cell of a table2.json with its intervals (:func:`ratune.eval.report.with_intervals`).
+
+    Raises:
+        InputError: naming the file and the cell: no ``test_retriever``, ``n`` not a count, or
+            rates and counts that give no interval (a hand-edited file).
+    """
+    if not isinstance(cell.get("test_retriever"), str):
+        raise InputError(str(path), None, f"cells[{i}].test_retriever", "missing or not a string")
+    n = cell.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(str(path), None, f"cells[{i}].n", f"expected the number of questions (an integer >= 0), "
+                         f"got {n!r}")
+    try:
+        return with_intervals(cell)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InputError(str(path), None, f"cells[{i}]", f"not a Table 2 cell ({exc})") from None
+
+
 def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
                   eval_dirs: Sequence[str | os.PathLike] | None, model_folder: Path) -> tuple[list[dict], str | None]:
     """Measured cells of this checkpoint's Table 2 row and the hub they were measured on."""
@@ -111,12 +145,13 @@ def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
         raise RatuneError("a Table 2 row needs the checkpoint's train_retriever: export a ratune run folder")
     cells, hub = [], None
     if table2:
-        table = _read_json(Path(table2))
+        table = read_json_object(Path(table2))
         hub = table.get("hub")
-        found = [with_intervals(c) for c in table.get("cells", []) if c.get("train_retriever") == train_retriever]
+        found = [_table2_cell(table2, i, c) for i, c in enumerate(_table2_list(table2, table))
+                 if c.get("train_retriever") == train_retriever]
         if not found:
             raise RatuneError(f"{table2}: no cell with train_retriever {train_retriever!r} "
-                              f"(the table has {sorted({c.get('train_retriever') for c in table.get('cells', [])})})")
+                              f"(the table has {sorted({str(c.get('train_retriever')) for c in table.get('cells', [])})})")
         cells += found
     for folder in eval_dirs or ():
         folder, before = Path(folder), len(cells)

@@ -9,13 +9,15 @@ from pathlib import Path
 
 def rate_metrics(n: int, correct: int, halluc: int) -> dict:
     """metrics.json rates for ``n`` questions with ``correct`` right and ``halluc`` hallucinated
-    (the rest errors); the strict block has one correct answer fewer (one error more)."""
+    (the rest errors); the strict block has one correct answer fewer (one error more), none fewer
+    than zero."""
     err = n - correct - halluc
     block = {"accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
              "correct_n": correct, "hallucination_n": halluc, "error_n": err}
+    strict = max(correct - 1, 0)
     return {"n": n, "accuracy": correct / n, "hallucination": halluc / n, "error": err / n,
-            "gorilla": dict(block), "strict": {**block, "accuracy": (correct - 1) / n, "correct_n": correct - 1,
-                                               "error": (err + 1) / n, "error_n": err + 1}}
+            "gorilla": dict(block), "strict": {**block, "accuracy": strict / n, "correct_n": strict,
+                                               "error": (n - strict - halluc) / n, "error_n": n - strict - halluc}}
 
 
 def finished_cell(sweep_dir: Path, name: str, axes: dict, results: dict, **config) -> Path:

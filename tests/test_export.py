@@ -279,3 +279,28 @@ def test_eval_dirs_give_the_row_and_foreign_cells_are_refused(tmp_path):
     assert hub == "torchhub" and [(c["test_retriever"], c["n"], c["correct_n"]) for c in cells] == [("oracle", 5, 2)]
     with pytest.raises(RatuneError, match="measured on"):
         _table2_cells("none", None, [tmp_path / "eval"], tmp_path / "other")
+
+
+@pytest.mark.parametrize("table, line", [
+    ({"hub": "torchhub", "cells": [{"train_retriever": "none", "test_retriever": "oracle", "n": 10, "accuracy": 2.0}]},
+     "field 'cells[0]': not a Table 2 cell (k = 20 exceeds n = 10)"),
+    ({"hub": "torchhub", "cells": [{"train_retriever": "none", "test_retriever": "oracle", "n": "10"}]},
+     "field 'cells[0].n': expected the number of questions"),
+    ({"hub": "torchhub", "cells": [{"train_retriever": "none", "n": 10}]},
+     "field 'cells[0].test_retriever': missing or not a string"),
+    ({"hub": "torchhub", "cells": [3]}, "field 'cells[0]': expected a JSON object, got int"),
+    ([1], "expected a JSON object, got list"),
+])
+def test_export_refuses_a_hand_edited_table2_in_one_line(tmp_path, capsys, table, line):
+    """A --table2 file whose cells give no interval is refused before any model loads, naming the cell."""
+    from ratune.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "ratune_manifest.json").write_text(json.dumps({"config": {"train_retriever": "none"}}))
+    table2 = tmp_path / "table2.json"
+    table2.write_text(json.dumps(table))
+    assert main(["export", str(model), "--out", str(tmp_path / "exported"), "--table2", str(table2)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ratune: error: {table2}: {line}") and len(err.splitlines()) == 1

@@ -204,3 +204,26 @@ def test_cell_metrics_come_from_the_cells_not_the_hub():
     assert headline_metric([apibench]) == "gorilla"
     assert headline_metric([catalog]) == "strict"
     assert headline_metric([apibench, catalog]) == "strict"  # the metric every cell holds
+
+
+@pytest.mark.parametrize("metrics, line", [
+    ({"n": 10, "accuracy": 2.0, "hallucination": 0.0, "error": 0.0},
+     "field 'accuracy': expected a fraction in [0, 1], got 2.0"),
+    ({"n": "ten", "accuracy": 0.5, "hallucination": 0.0, "error": 0.0}, "field 'n': expected the number of questions"),
+    ({"n": 10, "accuracy": "x", "hallucination": 0.0, "error": 0.0}, "field 'accuracy': expected a fraction"),
+    ({"n": 10, "accuracy": 0.5, "hallucination": 0.0, "error": 0.0, "strict": {"accuracy": 0.5, "correct_n": 20}},
+     "field 'strict.correct_n': expected a count from 0 to n = 10, got 20"),
+    ({"n": 1, "accuracy": 0.0, "hallucination": 0.0, "error": 0.0,
+      "per_question": [{"question_id": 1, "gorilla": "correct"}, {"question_id": 2, "gorilla": "correct"}]},
+     "field 'per_question': 2 entries for n = 1 questions"),
+])
+def test_report_refuses_a_hand_edited_metrics_file_in_one_line(tmp_path, capsys, metrics, line):
+    """Numbers make_cell cannot use (Wilson's ValueError, int('ten')) are refused where metrics.json is read."""
+    from ratune.cli import main
+
+    ev = _eval_folder(tmp_path / "eval", {"0_shot": metrics})
+    assert main(["report", "--eval", f"oracle={ev}", "--hub", "torchhub", "--model", "tiny",
+                 "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ratune: error: {ev / '0_shot' / 'metrics.json'}: {line}")
+    assert len(err.splitlines()) == 1
