@@ -31,220 +31,31 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
-from ratune.args import input_dir, registered
-from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
-from ratune.sources.apibench import Example, ParseReport, api_identity, document_name, input_hashes
-from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, Prompt, get_answer_format
-from ratune.hubs import Hub, as_hub_source, resolve_hub
-from ratune.data.labels import ANSWER_TOKENIZATIONS, AnswerMerge, tokenize_row
+from ratune.data.labels import ANSWER_TOKENIZATIONS
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture, apply_utility_filter, draw_documents, realised_shares
-from ratune.sources.prompt import (build_user_turn, join_documents, require_chat_template, shorten_document,
-                                   template_name, use_chat_template)
+from ratune.data.rows import (MIN_DOCUMENT_TOKENS, build_rows, force_gold_documents, percentiles, require_rows,
+                              retrieve_for_mode)
+from ratune.data.settings import BUILD_OPTIONS, BuildSettings
 from ratune.data.utility import load_utility
-from ratune.sources.validate import HOLDOUT_KINDS, hold_out, near_duplicate_rate, validate_splits
 from ratune.errors import RatuneError
+from ratune.hubs import Hub, as_hub_source, resolve_hub
 from ratune.io import atomic_write, read_json_object, sha256_file, write_json
 from ratune.manifest import DATA_BUILD_STAGE, base_manifest, is_complete, package_versions
-from ratune.output import StageOutput
 from ratune.models import TOKENIZER_FOLDER_FILES, load_tokenizer, resolve_model_path
-from ratune.options import Option, values_from_args
-from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
-from ratune.registry import (BM25_BACKENDS, DEFAULT_BM25_BACKEND, DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS,
-                             TRAIN_MODES, unknown_name)
+from ratune.options import values_from_args
+from ratune.output import StageOutput
+from ratune.registry import DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS, TRAIN_MODES, unknown_name
+from ratune.retrieval.retrievers import require_finetuned_retriever
+from ratune.sources.apibench import ParseReport, api_identity, input_hashes
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT
+from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
+from ratune.sources.validate import hold_out, near_duplicate_rate, validate_splits
 
-# The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
-# ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
-# dense_ft, the finetuned bi-encoder (needs BuildSettings.dense_model). The paper's own retrieved
-# documents (gpt_index, released_bm25) exist for eval questions only. force_gold applies to
-# RETRIEVED_MODES, whose documents are a ranking's top_k.
-
-#: A document cut below this many tokens is useless; the row is dropped instead.
-MIN_DOCUMENT_TOKENS = 32
-
-
-@dataclass(frozen=True)
-class BuildSettings:
-    """Settings that change the built rows (all recorded in the manifest).
-
-    Attributes:
-        max_length: maximum tokens per row, prompt (chat template included) + answer + EOS.
-            The paper uses 2048 (appendix); the CPU demo uses less.
-        max_document_tokens: budget per document before the length check; None = no budget.
-        top_k: documents per prompt for the bm25 and dense modes (the paper uses top-1).
-        force_gold: for the retrieved modes (RETRIEVED_MODES) on the *train* split, put the gold
-            document in place of the lowest-ranked one when the retriever missed it (RAFT-style:
-            the model always sees the right API among the retrieved ones while training; eval rows
-            are never changed). Counted per split and mode as ``forced_gold``.
-        dense_model: the finetuned retriever folder (``ratune retrieval train``) of the
-            ``dense_ft`` mode and of a mixture's ``dense_ft`` top1 component.
-        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings, so the same rows; recorded in
-            the manifest's retriever metadata).
-        validation_fraction: hold out this share of the training examples as a ``validation``
-            split (built like eval rows; never trained on); None: no validation split.
-        validation_by: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`): ``api_stratified``
-            (every validation API is also trained on) or ``api_grouped`` (none is).
-        validation_seed: the held-out split's seed.
-        answer_tokenization: how the answer is tokenized behind its prompt
-            (:data:`ratune.data.labels.ANSWER_TOKENIZATIONS`).
-    """
-
-    max_length: MaxLength = 2048
-    max_document_tokens: Count | None = None
-    top_k: Count = 1
-    force_gold: bool = False
-    dense_model: str | None = None
-    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
-    validation_fraction: OpenFraction | None = None
-    validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
-    validation_seed: Seed = 0
-    answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
-
-    def __post_init__(self):
-        check_fields(self)  # the bounds of the annotations, before any work starts
-
-
-#: The modes that need a finetuned retriever folder (``--dense-model``).
-_FINETUNED = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
-
-#: Every option of :class:`BuildSettings`, in the order a sweep writes them (ratune/options.py):
-#: ``ratune data build``'s flags, a sweep file's and the demo's ``data:`` keys and the data command
-#: a sweep runs derive from them. ``max_length`` and ``top_k`` are always written.
-BUILD_OPTIONS: tuple[Option, ...] = (
-    Option("max_length", "--max-length", command="always", help="tokens per row: prompt, answer and EOS (the paper uses 2048)"),
-    Option("max_document_tokens", "--max-document-tokens", help="document budget in tokens"),
-    Option("top_k", "--top-k", command="always", help="documents per prompt for the retrieved modes"),
-    Option("dense_model", "--dense-model", cli={"metavar": "DIR", "type": input_dir},
-           help=f"finetuned retriever folder (`ratune retrieval train`) for the {_FINETUNED} mode / top1 retriever"),
-    Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS),
-           help="BM25 implementation (same rankings; bm25s is faster)"),
-    Option("validation_fraction", "--validation-fraction",
-           help="hold out this share of the training examples as a validation split, for choices made "
-                "without the test questions (default none)"),
-    Option("validation_by", "--validation-by",
-           help="api_stratified: every validation API is also trained on; api_grouped: none is (unseen APIs)"),
-    Option("validation_seed", "--validation-seed", help="the validation split's seed"),
-    Option("answer_tokenization", "--answer-tokenization",
-           help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
-                "its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the boundary"),
-    Option("force_gold", "--force-gold",
-           help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
-                "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
-)
-
-
-def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]], *, mode: str,
-               tokenizer, settings: BuildSettings, components: Sequence[str] | None = None,
-               answer_format: str = DEFAULT_ANSWER_FORMAT) -> tuple[list[dict], dict]:
-    """Render, measure and apply the over-length policy to one mode's rows.
-
-    Args:
-        components: for a mixture mode, each example's drawn component (stored per row as
-            ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the format's
-            answer that calls nothing.
-        answer_format: the hub's (:data:`ratune.sources.formats.ANSWER_FORMATS`); it renders the
-            prompt and the answer.
-    Returns:
-        ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
-    """
-    def count(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    fmt = get_answer_format(answer_format)
-    rows, shortened_n, dropped = [], 0, []
-    for i, (ex, docs) in enumerate(zip(examples, docs_per_example)):
-        completion = fmt.completion(ex, abstain=components is not None and components[i] == "irrelevant")
-        prompt = fmt.prompt(ex, docs, max_document_tokens=settings.max_document_tokens, count_tokens=count)
-        try:
-            row = tokenize_row(tokenizer, prompt.user_turn, completion, system=prompt.system,
-                               answer_tokenization=settings.answer_tokenization)
-        except AnswerMerge as exc:
-            raise AnswerMerge(f"{ex.hub} {ex.split} example line {ex.line}: {exc}") from None
-        if len(row.input_ids) > settings.max_length:
-            fitted = _fit_documents(ex, docs, completion, tokenizer, settings, count) if fmt.shortens_documents else None
-            if fitted is None:
-                dropped.append(ex.line)
-                continue
-            prompt, row = fitted
-        shortened_n += prompt.shortened
-        rows.append({
-            "hub": ex.hub, "split": ex.split, "line": ex.line, "train_retriever": mode,
-            "instruction": ex.instruction, "user_turn": prompt.user_turn, "completion": completion,
-            **({"system": prompt.system} if prompt.system is not None else {}),
-            "gold_api_call": document_name(ex.api), "document_api_calls": [document_name(d) for d in docs],
-            "shortened": bool(prompt.shortened), "n_prompt_tokens": row.n_prompt_tokens,
-            "n_completion_tokens": row.n_completion_tokens,
-            **({"doc_component": components[i]} if components is not None else {}),
-        })
-    return rows, {"rows": len(rows), "shortened": shortened_n, "dropped": len(dropped), "dropped_lines": dropped}
-
-
-def _fit_documents(ex: Example, docs: Sequence[dict], completion: str, tokenizer, settings: BuildSettings, count
-                   ) -> tuple[Prompt, object] | None:
-    """An over-long APIBench row with its documents cut to the room left, ``(prompt, tokenized row)``;
-    None when it cannot fit (no documents, or under :data:`MIN_DOCUMENT_TOKENS` each)."""
-    if not docs:
-        return None
-    base = len(tokenize_row(tokenizer, build_user_turn(ex.instruction, ""), completion,
-                           answer_tokenization=settings.answer_tokenization).input_ids)
-    room = (settings.max_length - base) // len(docs)
-    # shorten each document to the room left, then re-check (tokenization is not additive)
-    while room >= MIN_DOCUMENT_TOKENS:
-        parts = [shorten_document(d, room, count)[0] for d in docs]
-        user_turn = build_user_turn(ex.instruction, join_documents(parts))
-        row = tokenize_row(tokenizer, user_turn, completion, answer_tokenization=settings.answer_tokenization)
-        if len(row.input_ids) <= settings.max_length:
-            return Prompt(user_turn=user_turn, shortened=True), row
-        room -= 8
-    return None
-
-
-def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings) -> None:
-    """Refuse a split and mode whose every row the over-length policy dropped (an empty dataset
-    would be saved and marked complete, and training or eval would find nothing).
-
-    Raises:
-        RatuneError: naming the split, the mode, the counts and the setting to raise.
-    """
-    if counts["rows"] == 0:
-        raise RatuneError(f"{split} split, mode {mode}: all {counts['dropped']} rows are longer than --max-length "
-                          f"{settings.max_length} tokens even with their documents shortened (over-length policy); "
-                          "raise --max-length (or lower --max-document-tokens)")
-
-
-def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | Hub, apibench_dir, top_k: int,
-                      retriever_cache: dict, dense_model: str | None = None,
-                      bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
-    """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k);
-    ``hub`` is a hub name or a :class:`~ratune.hubs.Hub` (:func:`make_retriever`)."""
-    if mode not in retriever_cache:
-        retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
-                                               dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
-    return retriever_cache[mode].retrieve([Query.of(e) for e in examples], top_k=1 if mode == "oracle" else top_k)
-
-
-def force_gold_documents(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]]
-                         ) -> tuple[list[list[dict]], int]:
-    """Put each example's gold document in place of its lowest-ranked retrieved one when the
-    retrieval missed it (compared by API identity); returns ``(docs, how many were replaced)``."""
-    out, forced = [], 0
-    for ex, docs in zip(examples, docs_per_example):
-        docs = list(docs)
-        if docs and api_identity(ex.api) not in {api_identity(d) for d in docs}:
-            docs[-1] = ex.api
-            forced += 1
-        out.append(docs)
-    return out, forced
-
-
-def _percentiles(values: list[int]) -> dict:
-    import numpy as np
-
-    if not values:
-        return {}
-    arr = np.asarray(values)
-    return {f"p{p}": int(np.percentile(arr, p, method="nearest")) for p in (50, 90, 95, 99, 100)}
+#: What other modules import from here (the settings and the row builder live beside it).
+__all__ = ["BUILD_OPTIONS", "BuildSettings", "MIN_DOCUMENT_TOKENS", "build_dataset", "build_request", "build_rows",
+           "cli_build", "force_gold_documents", "require_rows", "retrieve_for_mode", "settings_record"]
 
 
 def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, tokenizer_name: str,
@@ -421,102 +232,34 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
     """The build of :func:`build_dataset` (its arguments were checked), written into ``output``'s folder."""
-    from datasets import Dataset, DatasetDict
     from tqdm.auto import tqdm
 
-
     out = output.folder
-    mixture_modes = [m.mode for m in mixtures]
-    report = ParseReport()
-    splits = {}
-    hub = source.name
-    for split in SPLITS:
-        if source.examples_file(split).exists():
-            splits[split] = source.load_examples(split, lenient=lenient, report=report)
-    if not splits:
-        source.load_examples(SPLITS[0])  # every kind's error names the missing file and how to make it
-        raise RatuneError(f"{source.root}: no example files for hub {hub}")
-    read_counts = {s: len(e) for s, e in splits.items()}
-    database = source.load_api_database()
-    splits, validation = validate_splits(
-        splits, database,
-        train_path=source.examples_file("train"), eval_path=source.examples_file("eval"),
-        leakage=leakage)
-    hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
-    held_out = _hold_out_validation(splits, settings)
-    if progress:
-        print(validation.summary())
-        if held_out:
-            print(f"validation split: {held_out['n']} of the training examples ({held_out['by']}, seed "
-                  f"{held_out['seed']}); near-duplicates of training: validation {held_out['near_duplicates']['validation']:.1%}"
-                  + (f", eval {held_out['near_duplicates']['eval']:.1%}" if "eval" in held_out["near_duplicates"] else ""))
-
+    read = _read_splits(source, settings, lenient=lenient, leakage=leakage, progress=progress)
     cache: dict = {}
     counts: dict = {}
     lengths: dict = {}
-    for mode in tqdm(modes, desc=f"build {hub}", disable=not progress):
-        dd = {}
-        for split, examples in splits.items():
-            docs = retrieve_for_mode(mode, examples, hub=source, apibench_dir=source.root, top_k=settings.top_k,
-                                     retriever_cache=cache, dense_model=settings.dense_model,
-                                     bm25_backend=settings.bm25_backend)
-            forced = 0
-            if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
-                docs, forced = force_gold_documents(examples, docs)
-            rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings,
-                                 answer_format=source.answer_format)
-            require_rows(c, split=split, mode=mode, settings=settings)
-            if settings.force_gold and mode in RETRIEVED_MODES:
-                c["forced_gold"] = forced
-            counts.setdefault(split, {})[mode] = c
-            lengths.setdefault(split, {})[mode] = _percentiles(
-                [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
-            dd[split] = Dataset.from_list(rows)
-        DatasetDict(dd).save_to_disk(str(out / mode))
-
-    mixture_records = {}
-    for mixture in mixtures:
-        record, dd = mixture.metadata(), {}
-        for split, examples in splits.items():
-            top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=source, apibench_dir=source.root, top_k=1,
-                                     retriever_cache=cache, dense_model=settings.dense_model,
-                                     bm25_backend=settings.bm25_backend)
-            docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
-                                         database=database)
-            if utility_keep is not None and split == "train":
-                docs, drawn, filtered = apply_utility_filter(mixture, [e.line for e in examples], docs, drawn,
-                                                             utility_keep)
-                record["utility_filter"] = {**(utility_meta or {}), **filtered}
-            rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
-                                 components=drawn, answer_format=source.answer_format)
-            require_rows(c, split=split, mode=mixture.mode, settings=settings)
-            counts.setdefault(split, {})[mixture.mode] = c
-            lengths.setdefault(split, {})[mixture.mode] = _percentiles(
-                [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
-            record.setdefault("realised", {})[split] = {
-                "drawn": realised_shares(drawn), "kept": realised_shares([r["doc_component"] for r in rows])}
-            dd[split] = Dataset.from_list(rows)
-        DatasetDict(dd).save_to_disk(str(out / mixture.mode))
-        mixture_records[mixture.mode] = record
-        if progress:
-            shares = record["realised"].get("train", next(iter(record["realised"].values())))["drawn"]
-            print(f"{mixture.mode}: " + ", ".join(f"{k} {100 * v['share']:.1f} %" for k, v in shares.items()))
-
-    if report.rejects:
-        import json
-
+    for mode in tqdm(modes, desc=f"build {source.name}", disable=not progress):
+        _build_mode(out, mode, read.splits, source=source, tokenizer=tokenizer, settings=settings, cache=cache,
+                    counts=counts, lengths=lengths)
+    mixture_records = {mixture.mode: _build_mixture(out, mixture, read, source=source, tokenizer=tokenizer,
+                                                    settings=settings, cache=cache, counts=counts, lengths=lengths,
+                                                    utility_keep=utility_keep, utility_meta=utility_meta,
+                                                    progress=progress)
+                       for mixture in mixtures}
+    if read.report.rejects:
         with atomic_write(out / "rejects.jsonl") as fh:
-            for path, line, fieldname, reason in report.rejects:
+            for path, line, fieldname, reason in read.report.rejects:
                 fh.write(json.dumps({"file": path, "line": line, "field": fieldname, "reason": reason}) + "\n")
-    inputs = source.input_files(hub_splits)
     manifest = base_manifest(DATA_BUILD_STAGE)
     manifest.update({
-        "hub": hub, "modes": [*modes, *mixture_modes], "mixtures": mixture_records, "splits": {s: len(e) for s, e in splits.items()},
-        "rows_read": read_counts, "validation": validation.to_manifest(),
-        **({"validation_split": held_out} if held_out else {}),
-        "counts": counts, "token_lengths": lengths, "rejects": len(report.rejects),
+        "hub": source.name, "modes": [*modes, *(m.mode for m in mixtures)], "mixtures": mixture_records,
+        "splits": {s: len(e) for s, e in read.splits.items()}, "rows_read": read.read_counts,
+        "validation": read.validation.to_manifest(),
+        **({"validation_split": read.held_out} if read.held_out else {}),
+        "counts": counts, "token_lengths": lengths, "rejects": len(read.report.rejects),
         "settings": settings_record(settings, tokenizer),
-        "tokenizer": tokenizer_name, "inputs": input_hashes(inputs), "request": request,
+        "tokenizer": tokenizer_name, "inputs": input_hashes(source.input_files(read.hub_splits)), "request": request,
         "retrievers": {m: r.metadata() for m, r in cache.items()},
         **({"answer_format": source.answer_format} if source.answer_format != DEFAULT_ANSWER_FORMAT else {}),
     })
@@ -526,6 +269,112 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
     write_json(out / "manifest.json", manifest)
     output.complete()
     return manifest
+
+
+@dataclass
+class _Read:
+    """A hub's examples as a build reads them: the validated ``splits`` (with a held-out validation
+    split), what was read per split, the validation report, the hub's own split files, the held-out
+    record, the parse report and the API database."""
+
+    splits: dict
+    read_counts: dict
+    validation: object
+    hub_splits: list
+    held_out: dict | None
+    report: ParseReport
+    database: list
+
+
+def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage: str, progress: bool) -> _Read:
+    """Read and validate the hub's splits (leakage policy, duplicates) and hold out the validation split.
+
+    Raises:
+        RatuneError: the hub has no example file (the kind's own error names it); as
+            :func:`ratune.sources.validate.validate_splits`.
+    """
+    report, splits = ParseReport(), {}
+    for split in SPLITS:
+        if source.examples_file(split).exists():
+            splits[split] = source.load_examples(split, lenient=lenient, report=report)
+    if not splits:
+        source.load_examples(SPLITS[0])  # every kind's error names the missing file and how to make it
+        raise RatuneError(f"{source.root}: no example files for hub {source.name}")
+    read_counts = {s: len(e) for s, e in splits.items()}
+    database = source.load_api_database()
+    splits, validation = validate_splits(splits, database, train_path=source.examples_file("train"),
+                                         eval_path=source.examples_file("eval"), leakage=leakage)
+    hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
+    held_out = _hold_out_validation(splits, settings)
+    if progress:
+        print(validation.summary())
+        if held_out:
+            near = held_out["near_duplicates"]
+            print(f"validation split: {held_out['n']} of the training examples ({held_out['by']}, seed "
+                  f"{held_out['seed']}); near-duplicates of training: validation {near['validation']:.1%}"
+                  + (f", eval {near['eval']:.1%}" if "eval" in near else ""))
+    return _Read(splits=splits, read_counts=read_counts, validation=validation, hub_splits=hub_splits,
+                 held_out=held_out, report=report, database=database)
+
+
+def _build_mode(out: Path, mode: str, splits: dict, *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
+                counts: dict, lengths: dict) -> None:
+    """Build and save one train-time mode's rows for every split (``OUT/{mode}/``); fills ``counts``
+    and ``lengths``."""
+    from datasets import Dataset, DatasetDict
+
+    dd = {}
+    for split, examples in splits.items():
+        docs = retrieve_for_mode(mode, examples, hub=source, apibench_dir=source.root, top_k=settings.top_k,
+                                 retriever_cache=cache, dense_model=settings.dense_model,
+                                 bm25_backend=settings.bm25_backend)
+        forced = 0
+        if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
+            docs, forced = force_gold_documents(examples, docs)
+        rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings,
+                             answer_format=source.answer_format)
+        require_rows(c, split=split, mode=mode, settings=settings)
+        if settings.force_gold and mode in RETRIEVED_MODES:
+            c["forced_gold"] = forced
+        counts.setdefault(split, {})[mode] = c
+        lengths.setdefault(split, {})[mode] = percentiles([r["n_prompt_tokens"] + r["n_completion_tokens"]
+                                                            for r in rows])
+        dd[split] = Dataset.from_list(rows)
+    DatasetDict(dd).save_to_disk(str(out / mode))
+
+
+def _build_mixture(out: Path, mixture, read: _Read, *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
+                   counts: dict, lengths: dict, utility_keep: dict | None, utility_meta: dict | None,
+                   progress: bool) -> dict:
+    """Build and save a mixture's mode (``OUT/mix-NAME/``); returns its record (definition, realised
+    shares, utility filter)."""
+    from datasets import Dataset, DatasetDict
+
+    record, dd = mixture.metadata(), {}
+    for split, examples in read.splits.items():
+        top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=source, apibench_dir=source.root, top_k=1,
+                                 retriever_cache=cache, dense_model=settings.dense_model,
+                                 bm25_backend=settings.bm25_backend)
+        docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
+                                     database=read.database)
+        if utility_keep is not None and split == "train":
+            docs, drawn, filtered = apply_utility_filter(mixture, [e.line for e in examples], docs, drawn,
+                                                         utility_keep)
+            record["utility_filter"] = {**(utility_meta or {}), **filtered}
+        rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
+                             components=drawn, answer_format=source.answer_format)
+        require_rows(c, split=split, mode=mixture.mode, settings=settings)
+        counts.setdefault(split, {})[mixture.mode] = c
+        lengths.setdefault(split, {})[mixture.mode] = percentiles(
+            [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
+        record.setdefault("realised", {})[split] = {
+            "drawn": realised_shares(drawn), "kept": realised_shares([r["doc_component"] for r in rows])}
+        dd[split] = Dataset.from_list(rows)
+    DatasetDict(dd).save_to_disk(str(out / mixture.mode))
+    if progress:
+        shares = record["realised"].get("train", next(iter(record["realised"].values())))["drawn"]
+        print(f"{mixture.mode}: " + ", ".join(f"{k} {100 * v['share']:.1f} %" for k, v in shares.items()))
+    return record
 
 
 def cli_build(args) -> int:

@@ -1,0 +1,90 @@
+"""The settings of ``ratune data build`` (one definition per option: its flag, a sweep file's and the
+demo's ``data:`` keys and the command a sweep runs derive from :data:`BUILD_OPTIONS`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ratune.args import input_dir, registered
+from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
+from ratune.data.labels import ANSWER_TOKENIZATIONS
+from ratune.options import Option
+from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVED_MODES, RETRIEVERS
+from ratune.sources.validate import HOLDOUT_KINDS
+
+# The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
+# ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
+# dense_ft, the finetuned bi-encoder (needs BuildSettings.dense_model). The paper's own retrieved
+# documents (gpt_index, released_bm25) exist for eval questions only. force_gold applies to
+# RETRIEVED_MODES, whose documents are a ranking's top_k.
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Settings that change the built rows (all recorded in the manifest).
+
+    Attributes:
+        max_length: maximum tokens per row, prompt (chat template included) + answer + EOS.
+            The paper uses 2048 (appendix); the CPU demo uses less.
+        max_document_tokens: budget per document before the length check; None = no budget.
+        top_k: documents per prompt for the bm25 and dense modes (the paper uses top-1).
+        force_gold: for the retrieved modes (RETRIEVED_MODES) on the *train* split, put the gold
+            document in place of the lowest-ranked one when the retriever missed it (RAFT-style:
+            the model always sees the right API among the retrieved ones while training; eval rows
+            are never changed). Counted per split and mode as ``forced_gold``.
+        dense_model: the finetuned retriever folder (``ratune retrieval train``) of the
+            ``dense_ft`` mode and of a mixture's ``dense_ft`` top1 component.
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings, so the same rows; recorded in
+            the manifest's retriever metadata).
+        validation_fraction: hold out this share of the training examples as a ``validation``
+            split (built like eval rows; never trained on); None: no validation split.
+        validation_by: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`): ``api_stratified``
+            (every validation API is also trained on) or ``api_grouped`` (none is).
+        validation_seed: the held-out split's seed.
+        answer_tokenization: how the answer is tokenized behind its prompt
+            (:data:`ratune.data.labels.ANSWER_TOKENIZATIONS`).
+    """
+
+    max_length: MaxLength = 2048
+    max_document_tokens: Count | None = None
+    top_k: Count = 1
+    force_gold: bool = False
+    dense_model: str | None = None
+    bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
+    validation_fraction: OpenFraction | None = None
+    validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
+    validation_seed: Seed = 0
+    answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
+
+    def __post_init__(self):
+        check_fields(self)  # the bounds of the annotations, before any work starts
+
+
+#: The modes that need a finetuned retriever folder (``--dense-model``).
+_FINETUNED = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
+
+#: Every option of :class:`BuildSettings`, in the order a sweep writes them (ratune/options.py):
+#: ``ratune data build``'s flags, a sweep file's and the demo's ``data:`` keys and the data command
+#: a sweep runs derive from them. ``max_length`` and ``top_k`` are always written.
+BUILD_OPTIONS: tuple[Option, ...] = (
+    Option("max_length", "--max-length", command="always", help="tokens per row: prompt, answer and EOS (the paper uses 2048)"),
+    Option("max_document_tokens", "--max-document-tokens", help="document budget in tokens"),
+    Option("top_k", "--top-k", command="always", help="documents per prompt for the retrieved modes"),
+    Option("dense_model", "--dense-model", cli={"metavar": "DIR", "type": input_dir},
+           help=f"finetuned retriever folder (`ratune retrieval train`) for the {_FINETUNED} mode / top1 retriever"),
+    Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS),
+           help="BM25 implementation (same rankings; bm25s is faster)"),
+    Option("validation_fraction", "--validation-fraction",
+           help="hold out this share of the training examples as a validation split, for choices made "
+                "without the test questions (default none)"),
+    Option("validation_by", "--validation-by",
+           help="api_stratified: every validation API is also trained on; api_grouped: none is (unseen APIs)"),
+    Option("validation_seed", "--validation-seed", help="the validation split's seed"),
+    Option("answer_tokenization", "--answer-tokenization",
+           help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
+                "its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the boundary"),
+    Option("force_gold", "--force-gold",
+           help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
+                "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
+)
