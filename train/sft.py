@@ -60,6 +60,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -653,16 +654,82 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
 
 
 def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str | None, config_path: str | None) -> Path:
-    """The body of :func:`train`, under the run folder's lock."""
+    """The body of :func:`train`, under the run folder's lock: check everything, set up the data,
+    the model and the trainer, train, save, check the saves."""
+    plan = _preflight(config, resume_from=resume_from, on_unfinished=on_unfinished, config_path=config_path)
+    import torch
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import SFTTrainer
+
+    set_seed(config.seed)
+    columns, stats = load_training_rows(config, plan.tokenizer)
+    # share of processed positions that are real / carry loss, under this run's batching
+    stats["token_shares"] = shares_for_rows(columns, micro_batch_size=plan.per_device, packing=config.packing,
+                                            max_length=config.max_length, seed=config.seed,
+                                            padding_free=config.padding_free)
+    check_save_schedule(config, stats["examples"], plan.nproc)
+    # The training arguments come before the model: under ZeRO-3 they register DeepSpeed's config,
+    # so from_pretrained loads the model partitioned (deepspeed.zero.Init) instead of holding the
+    # whole model on every rank first. DeepSpeed on CPU: its gloo process group must exist before
+    # the training arguments are built.
+    args = _training_arguments(config, plan, use_cpu=init_deepspeed_on_cpu(config) or not torch.cuda.is_available())
+    model, load_base, partitioned_load = _setup_model(config, plan.model_path)
+    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
+        stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
+    # accelerate runs the trained model's forward under bf16 autocast (not under DeepSpeed, which
+    # casts the weights instead); the save checks run the reloaded model under the same autocast
+    autocast_dtype = torch.bfloat16 if config.bf16 and not config.deepspeed else None
+    save_checks: list[dict] = []
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
+                         processing_class=plan.tokenizer,
+                         callbacks=_callbacks(config, plan, load_base, autocast_dtype, save_checks))
+    facts = distributed_facts(trainer)
+    check_distributed(facts, expected_processes=plan.nproc, deepspeed=plan.ds_settings)
+    manifest = _run_manifest(config, plan, trainer, model, stats=stats, facts=facts,
+                             partitioned_load=partitioned_load, autocast_dtype=autocast_dtype)
+    main_process = trainer.is_world_process_zero()
+    if main_process:
+        write_text(plan.out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
+        write_json(plan.out / "manifest.json", manifest)
+
+    result = trainer.train(resume_from_checkpoint=plan.resume)
+
+    final = _save_final(config, plan, trainer, load_base, autocast_dtype, save_checks, main_process)
+    if main_process:
+        _finish(config, plan.out, final, trainer, result, manifest, save_checks)
+    trainer.accelerator.wait_for_everyone()
+    return final
+
+
+@dataclass
+class _Plan:
+    """What the preflight of a training run settled: processes and batching, DeepSpeed settings,
+    the hub record, the model folder and tokenizer, the run folder, what it resumes from, the
+    training rows' sha256 and the config file."""
+
+    nproc: int
+    per_device: int
+    accumulation: int
+    ds_settings: dict | None
+    hub_record: dict
+    model_path: Path
+    tokenizer: object
+    out: Path
+    resume: str | None
+    rows_sha256: str | None
+    config_path: str | None
+
+
+def _preflight(config: TrainConfig, *, resume_from: str | None, on_unfinished: str | None,
+               config_path: str | None) -> _Plan:
+    """Every check before the heavy imports, any folder or any model: launcher, GPU launch,
+    attention, loggers, QLoRA, batching, the data's chat template and hub, the tokenizer, the data,
+    the model files; then the run folder and the resume point."""
     check_launcher()  # before the heavy imports: a wrong launcher fails in a second
     check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
     check_attention(config.attn_implementation)  # a missing flash-attn fails before any data or model (QLoRA too)
     check_report_to(config.report_to)
-    import torch
-    from datasets import Dataset
-    from transformers import set_seed
-    from trl import SFTConfig, SFTTrainer
-
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
         require_qlora()  # before any folder is made or model loaded
@@ -689,25 +756,19 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
     data_dir = Path(config.data_dir)
     rows_sha256 = check_same_data(out, data_dir, config.train_retriever) if resume is not None \
         else train_rows_sha256(data_dir, config.train_retriever)
-    set_seed(config.seed)
+    return _Plan(nproc=nproc, per_device=per_device, accumulation=accumulation, ds_settings=ds_settings,
+                 hub_record=hub_record, model_path=model_path, tokenizer=tokenizer, out=out, resume=resume,
+                 rows_sha256=rows_sha256, config_path=config_path)
 
-    columns, stats = load_training_rows(config, tokenizer)
-    # share of processed positions that are real / carry loss, under this run's batching
-    stats["token_shares"] = shares_for_rows(columns, micro_batch_size=per_device, packing=config.packing,
-                                            max_length=config.max_length, seed=config.seed,
-                                            padding_free=config.padding_free)
-    check_save_schedule(config, stats["examples"], nproc)
-    dataset = Dataset.from_dict(columns)
 
-    # The training arguments come before the model: under ZeRO-3 they register DeepSpeed's config,
-    # so from_pretrained loads the model partitioned (deepspeed.zero.Init) instead of holding the
-    # whole model on every rank first. DeepSpeed on CPU: its gloo process group must exist before
-    # the training arguments are built.
-    use_cpu = init_deepspeed_on_cpu(config) or not torch.cuda.is_available()
-    args = SFTConfig(
-        output_dir=str(out / TRAINER_DIR),
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=accumulation,
+def _training_arguments(config: TrainConfig, plan: _Plan, *, use_cpu: bool):
+    """TRL's ``SFTConfig`` of the run."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(plan.out / TRAINER_DIR),
+        per_device_train_batch_size=plan.per_device,
+        gradient_accumulation_steps=plan.accumulation,
         learning_rate=config.learning_rate,
         num_train_epochs=config.num_epochs,
         max_steps=config.max_steps if config.max_steps is not None else -1,
@@ -736,6 +797,10 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
         save_only_model=False,
     )
 
+
+def _setup_model(config: TrainConfig, model_path: Path):
+    """``(model, load_base, partitioned_load)``: the base (4-bit for QLoRA) with its LoRA adapter
+    when asked, the function that loads a fresh base, and whether ZeRO-3 loaded it partitioned."""
     def load_base():
         if config.load_in_4bit:
             return _load_4bit(model_path, config)
@@ -750,57 +815,56 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
         model = get_peft_model(model, LoraConfig(
             r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
             target_modules=config.lora.target_modules, task_type="CAUSAL_LM"))
+    return model, load_base, partitioned_load
 
-    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
-        stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
 
-    # accelerate runs the trained model's forward under bf16 autocast (not under DeepSpeed, which
-    # casts the weights instead); the save checks run the reloaded model under the same autocast
-    autocast_dtype = torch.bfloat16 if config.bf16 and not config.deepspeed else None
-    save_checks: list[dict] = []
+def _callbacks(config: TrainConfig, plan: _Plan, load_base, autocast_dtype, save_checks: list) -> list:
+    """The trainer's callbacks: the checkpoints' file modes, TensorBoard, the save checks."""
     callbacks = [checkpoint_modes_callback()]
     if "tensorboard" in config.report_to:
         from transformers.integrations import TensorBoardCallback
 
         tensorboard = TensorBoardCallback()
-        tensorboard.logging_dir = str(out / "tensorboard")  # rank 0 opens its writer at train begin
+        tensorboard.logging_dir = str(plan.out / "tensorboard")  # rank 0 opens its writer at train begin
         callbacks.append(tensorboard)
     if config.verify_saves:
-        callbacks.append(checks.make_save_callback(tokenizer, adapter=config.lora.enabled, load_base=load_base,
+        callbacks.append(checks.make_save_callback(plan.tokenizer, adapter=config.lora.enabled, load_base=load_base,
                                                    autocast_dtype=autocast_dtype, record=save_checks))
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=callbacks)
-    facts = distributed_facts(trainer)
-    check_distributed(facts, expected_processes=nproc, deepspeed=ds_settings)
+    return callbacks
 
+
+def _run_manifest(config: TrainConfig, plan: _Plan, trainer, model, *, stats: dict, facts: dict,
+                  partitioned_load: bool, autocast_dtype) -> dict:
+    """The run manifest written before training (completed by :func:`_finish`)."""
     manifest = base_manifest(TRAIN_STAGE)
     manifest.update({
-        "config_path": config_path, "config": config.model_dump(), "model_path": str(model_path),
-        "num_processes": nproc, "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
-        "global_batch_size": per_device * accumulation * nproc, "seed": config.seed, "data": stats,
-        "resumed_from": resume, "distributed": {**facts, "partitioned_load": partitioned_load},
+        "config_path": plan.config_path, "config": config.model_dump(), "model_path": str(plan.model_path),
+        "num_processes": plan.nproc, "per_device_batch_size": plan.per_device,
+        "gradient_accumulation_steps": plan.accumulation,
+        "global_batch_size": plan.per_device * plan.accumulation * plan.nproc, "seed": config.seed, "data": stats,
+        "resumed_from": plan.resume, "distributed": {**facts, "partitioned_load": partitioned_load},
         "device": device_facts(trainer.args.device), "host": host_facts(),
         "compute": {"dtype": config.dtype, "autocast": "bfloat16" if autocast_dtype else None,
                     "deepspeed_bf16": bool(config.deepspeed and config.bf16),
                     "attn_implementation": checks.attn_implementation_of(model)},
-        **hub_record,  # "hub": its name; "catalog": the data manifest's record (catalog hubs only)
+        **plan.hub_record,  # "hub": its name; "catalog": the data manifest's record (catalog hubs only)
     })
-    data_manifest = data_dir / "manifest.json"
+    data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
-        manifest["train_rows_sha256"] = rows_sha256
+        manifest["train_rows_sha256"] = plan.rows_sha256
         # the evaluator renders prompts with the document budget and chat template the model was trained with
         manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"],
                               "chat_template": config.chat_template}
-    main_process = trainer.is_world_process_zero()
-    if main_process:
-        write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
-        write_json(out / "manifest.json", manifest)
+    return manifest
 
-    result = trainer.train(resume_from_checkpoint=resume)
 
-    # Final saves. trainer.save_model gathers ZeRO-3 partitions (all ranks call it; rank 0 writes).
-    device = trainer.args.device
+def _save_final(config: TrainConfig, plan: _Plan, trainer, load_base, autocast_dtype, save_checks: list,
+                main_process: bool) -> Path:
+    """Save the adapter and/or the model (merged for LoRA; none for QLoRA), each checked to reload to
+    the trained model; returns the final model's folder. trainer.save_model gathers ZeRO-3
+    partitions (all ranks call it; rank 0 writes)."""
+    out, tokenizer, device = plan.out, plan.tokenizer, trainer.args.device
     reference = checks.prompt_logits(trainer.model, tokenizer, device=device, autocast_dtype=autocast_dtype) \
         if config.verify_saves else None
 
@@ -821,7 +885,7 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
         def write_merged(tmp):
             if main_process:  # the saved adapter merged into a fresh base: what a user rebuilds from adapter/
                 with checks.plain_loading():  # rank 0 alone: no ZeRO-3 partitioning of the fresh base
-                    merged["model"] = merge_adapter(load_base(), out / "adapter", base=model_path)
+                    merged["model"] = merge_adapter(load_base(), out / "adapter", base=plan.model_path)
                 merged["model"].save_pretrained(str(tmp), safe_serialization=True)
                 tokenizer.save_pretrained(str(tmp))
         _save_folder(final, write_merged, main_process, trainer)
@@ -831,22 +895,24 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
     else:
         _save_folder(final, lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
         verify(final, adapter=False)
-
-    if main_process:
-        manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
-        manifest["throughput"] = throughput(trainer.state.log_history, result.metrics)
-        manifest["steps"] = trainer.state.global_step
-        manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
-        write_json(final / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
-        write_json(out / "manifest.json", manifest)
-        write_json(out / "log_history.json", trainer.state.log_history)
-        from ratune.train.curves import plot_training_curves
-
-        plot_training_curves(trainer.state.log_history, out / "training_curves.png",
-                             title=f"{out.name}: {config.train_retriever}, lr {config.learning_rate:g}")
-        _run_output(config).complete(out)
-    trainer.accelerator.wait_for_everyone()
     return final
+
+
+def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manifest: dict, save_checks: list) -> None:
+    """Rank 0: the run manifest completed (result, throughput, steps, save checks) in the run folder
+    and the final model's, the log history, the training curves, and ``.complete``."""
+    manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
+    manifest["throughput"] = throughput(trainer.state.log_history, result.metrics)
+    manifest["steps"] = trainer.state.global_step
+    manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
+    write_json(final / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
+    write_json(out / "manifest.json", manifest)
+    write_json(out / "log_history.json", trainer.state.log_history)
+    from ratune.train.curves import plot_training_curves
+
+    plot_training_curves(trainer.state.log_history, out / "training_curves.png",
+                         title=f"{out.name}: {config.train_retriever}, lr {config.learning_rate:g}")
+    _run_output(config).complete(out)
 
 
 def throughput(log_history: list[dict], metrics: dict) -> dict:
