@@ -92,6 +92,20 @@ class HubScoring(ABC):
         """``ratune eval score``'s text: counts and percentages per metric."""
 
 
+def _lines_of(scorer, path, questions: str) -> list[dict]:
+    """A response file whose every question_id is a line of ``questions`` (1..n of ``scorer``).
+
+    Raises:
+        InputError: naming the file, the line and the question_id.
+    """
+    responses = load_responses(path)
+    for r in responses:
+        if not scorer.has_question(r["question_id"]):
+            raise InputError(os.fspath(path), r["line"], "question_id",
+                             f"question_id {r['question_id']} is not a line of {questions} (1..{scorer.n_questions})")
+    return responses
+
+
 class APIBenchScoring(HubScoring):
     """The official ``gorilla`` metric (headline) and ``strict`` (docs/scoring.md)."""
 
@@ -127,13 +141,7 @@ class CatalogScoring(HubScoring):
         super().require_metric(metric, fix)
 
     def load_responses(self, path, *, hub_check=True):
-        responses = load_responses(path)
-        for r in responses:
-            if not self.scorer.has_question(r["question_id"]):
-                raise InputError(os.fspath(path), r["line"], "question_id",
-                                 f"question_id {r['question_id']} is not a line of catalog {self.scorer.hub}'s eval "
-                                 f"pairs (1..{self.scorer.n_questions})")
-        return responses
+        return _lines_of(self.scorer, path, f"catalog {self.scorer.hub}'s eval pairs")
 
     def cell_fields(self, scored):
         args_n = {k: scored["arguments"][f"{k}_n"] for k in ("required_present", "values_equal")}
@@ -165,13 +173,7 @@ class ToolSetScoring(HubScoring):
         super().require_metric(metric, fix)
 
     def load_responses(self, path, *, hub_check=True):
-        responses = load_responses(path)
-        for r in responses:
-            if not self.scorer.has_question(r["question_id"]):
-                raise InputError(os.fspath(path), r["line"], "question_id",
-                                 f"question_id {r['question_id']} is not a line of tool set {self.scorer.hub}'s eval "
-                                 f"rows (1..{self.scorer.n_questions})")
-        return responses
+        return _lines_of(self.scorer, path, f"tool set {self.scorer.hub}'s eval rows")
 
     def cell_fields(self, scored):
         return {"metric": TOOL_SET_METRIC, "hub_kind": self.hub.kind, "tool_set": self.hub.manifest_record(),
