@@ -4,15 +4,13 @@ paired by entry id (:func:`ratune.eval.compare.compare_bfcl_cells`)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from pathlib import Path
 from typing import Sequence
 
 from ratune.errors import RatuneError
 from ratune.eval.bfcl import CATEGORIES
-from ratune.eval.bfcl_run import SUMMARY_COLUMNS, finished_categories, summary_chart, summary_markdown, summary_rows
+from ratune.eval.bfcl_run import finished_categories, summary_chart, summary_csv, summary_markdown, summary_rows
 from ratune.eval.compare import compare_bfcl_cells
 from ratune.eval.report import report_output
 from ratune.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
@@ -55,11 +53,7 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
     with output.writing() as folder:
         write_json(folder / "bfcl.json", report)
         write_text(folder / "bfcl.md", summary_markdown(rows) + comparisons_markdown(comparisons))
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        write_text(folder / "bfcl.csv", buf.getvalue())
+        write_text(folder / "bfcl.csv", summary_csv(rows))
         summary_chart(rows, folder / "bfcl.png")
     return report
 

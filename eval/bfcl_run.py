@@ -363,13 +363,18 @@ def _write_summary(folder: Path, finished: dict[str, dict]) -> None:
     """summary.md, summary.csv and summary.png (one bar per category, with its interval)."""
     rows = summary_rows(finished)
     write_text(folder / "summary.md", summary_markdown(rows))
+    write_text(folder / "summary.csv", summary_csv(rows))
+
+    summary_chart(rows, folder / "summary.png")
+
+
+def summary_csv(rows: list[dict]) -> str:
+    """The summary rows as CSV text (:data:`SUMMARY_COLUMNS`)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_text(folder / "summary.csv", buf.getvalue())
-
-    summary_chart(rows, folder / "summary.png")
+    return buf.getvalue()
 
 
 def summary_chart(rows: list[dict], path: Path) -> None:

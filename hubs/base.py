@@ -201,6 +201,21 @@ class Hub(ABC):
     card_tags: ClassVar[tuple[str, ...]] = ()
 
 
+@dataclass(frozen=True)
+class FolderHub(Hub, ABC):
+    """A hub read from the folder that names it (a catalog, a tool set)."""
+
+    folder: Path = Path()
+
+    @property
+    def root(self) -> Path:
+        return self.folder
+
+    @property
+    def ref(self) -> str:
+        return str(self.folder)
+
+
 #: The kinds of hub, in the order ``--hub`` text is tried (:func:`register_hub_kind`).
 HUB_KINDS: dict[str, type[Hub]] = {}
 

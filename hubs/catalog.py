@@ -10,7 +10,7 @@ from ratune.catalog.folder import read_catalog_manifest
 from ratune.catalog.pairs import PAIRS_MANIFEST, SPLIT_FILES, load_pairs, pairs_dir
 from ratune.catalog.schema import APIS_FILE, load_catalog
 from ratune.errors import RatuneError
-from ratune.hubs.base import Hub, register_hub_kind
+from ratune.hubs.base import FolderHub, register_hub_kind
 from ratune.io import read_json_object, sha256_file
 from ratune.sources.apibench import HUBS, Answer, Example, ParseReport
 
@@ -22,15 +22,13 @@ CATALOG_LAYOUT = "catalog"
 
 @register_hub_kind
 @dataclass(frozen=True)
-class CatalogHub(Hub):
+class CatalogHub(FolderHub):
     """A catalog folder (``ratune catalog import``, docs/catalogs.md), named by its path: documents
     ``apis.jsonl`` (:func:`~ratune.catalog.schema.load_catalog`), examples the split files
     ``pairs/{train,eval}.jsonl`` of ``ratune catalog pairs``, read back with
     :func:`~ratune.catalog.pairs.load_pairs` into :class:`~ratune.sources.apibench.Example` records
     (``line`` the 1-based line of the split file; the answer's ``domain`` and ``api_provider`` the
     document's ``domain`` and ``provider``; layout ``"catalog"``)."""
-
-    folder: Path = Path()
 
     kind: ClassVar[str] = CATALOG
     scorer: ClassVar[str] = CATALOG
@@ -53,14 +51,6 @@ class CatalogHub(Hub):
             raise RatuneError(f"{path}: the catalog is named {name!r}, an APIBench hub's name; re-import it with "
                               "another --name")
         return cls(name=name, folder=path)
-
-    @property
-    def root(self) -> Path:
-        return self.folder
-
-    @property
-    def ref(self) -> str:
-        return str(self.folder)
 
     @property
     def api_database_file(self) -> Path:

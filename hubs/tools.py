@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ratune.errors import RatuneError
-from ratune.hubs.base import Hub, register_hub_kind
+from ratune.hubs.base import FolderHub, register_hub_kind
 from ratune.registry import EXPERIMENT_SETTINGS
 from ratune.sources.apibench import Answer, Example, ParseReport
 from ratune.sources.formats import PythonCallsFormat
@@ -22,12 +22,10 @@ TOOL_SET_LAYOUT = "tool_set"
 
 @register_hub_kind
 @dataclass(frozen=True)
-class ToolSetHub(Hub):
+class ToolSetHub(FolderHub):
     """A tool-set folder, named by its path. Each example's ``tools`` are the tools its row offers
     (what ``oracle`` shows), ``calls`` its answer, ``api`` the first tool it calls (the first it
     offers when it calls none) and ``answer.api_call`` the answer as text."""
-
-    folder: Path = Path()
 
     kind: ClassVar[str] = TOOL_SET_KIND
     scorer: ClassVar[str] = TOOL_SET_KIND
@@ -42,14 +40,6 @@ class ToolSetHub(Hub):
     @classmethod
     def from_ref(cls, text: str, apibench_dir=None) -> "ToolSetHub":
         return cls(name=read_tool_set_manifest(text)["name"], folder=Path(text))
-
-    @property
-    def root(self) -> Path:
-        return self.folder
-
-    @property
-    def ref(self) -> str:
-        return str(self.folder)
 
     @property
     def api_database_file(self) -> Path:
