@@ -167,7 +167,11 @@ def terminate_like_ctrl_c():
     ``finally`` blocks and leave the lock file behind. The hard stop stays SIGKILL, which each
     supervisor sends after its grace period (Slurm's KillWait, the sweep's
     :data:`ratune.sweep.local.CHILD_GRACE_S`). The ignoring handler is Python's own, so a program
-    started while unwinding gets the default handlers back."""
+    started while unwinding gets the default handlers back.
+
+    A library that catches everything (multiprocess's ``__init__`` has a bare ``except:`` around an
+    import) can swallow the Terminated and fail differently; any exception that leaves the body
+    after a signal is re-raised as the Terminated it hid, so the exit stays 128 + signal."""
     import signal
     import threading
 
@@ -181,7 +185,10 @@ def terminate_like_ctrl_c():
     def again(signum, frame):
         pass  # already unwinding (see above): SIGKILL is the hard stop
 
+    received = []
+
     def terminated(signum, frame):
+        received.append(signum)
         for s in ours:
             signal.signal(s, again)
         raise Terminated(signum)
@@ -190,6 +197,12 @@ def terminate_like_ctrl_c():
         signal.signal(s, terminated)
     try:
         yield
+    except Terminated:
+        raise
+    except BaseException as exc:
+        if received:
+            raise Terminated(received[0]) from exc
+        raise
     finally:
         for s in ours:
             signal.signal(s, signal.SIG_DFL)

@@ -191,6 +191,31 @@ def test_a_second_signal_while_unwinding_does_not_cut_the_unwinding_short(tmp_pa
     assert proc.stderr.rstrip().endswith("ratune: terminated (SIGTERM); rerun the same command to continue where it stopped")
 
 
+def test_a_signal_a_library_swallowed_still_ends_the_run_as_terminated(tmp_path):
+    """multiprocess's __init__ wraps an import in a bare `except:`; a SIGHUP that lands inside it is
+    swallowed and the fallback fails with ModuleNotFoundError. The run still exits 128 + signal with
+    the terminated line, not a traceback and status 1."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "swallowed.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "from ratune.boundary import run_guarded\n"
+                      "def body():\n"
+                      "    try:\n"
+                      "        os.kill(os.getpid(), signal.SIGHUP)\n"
+                      "        time.sleep(30)\n"
+                      "    except:\n"
+                      "        from version import __version__\n"
+                      "sys.exit(run_guarded(body))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)])
+    assert proc.returncode == 128 + signal.SIGHUP, proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1] == ("ratune: terminated (SIGHUP); rerun the same command to "
+                                                     "continue where it stopped")
+
+
 @pytest.mark.parametrize("raised, status", [("SIGHUP", 129), ("SIGINT", 130)])
 def test_the_last_line_cannot_replace_the_exit_status_when_the_terminal_is_gone(monkeypatch, raised, status):
     """After SIGHUP writing to the closed terminal fails with EIO; the exit status stays 128 + signal."""
