@@ -225,7 +225,7 @@ def profile_micro_batches(config, model_path: Path, threads: int, top: int = 12)
     from trl.trainer.utils import add_fused_lm_head
 
     from ratune.models import load_tokenizer
-    from ratune.train.sft import load_training_rows
+    from ratune.train.preflight import load_training_rows
 
     torch.set_num_threads(threads)
     tokenizer = load_tokenizer(model_path)

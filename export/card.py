@@ -72,7 +72,7 @@ def recipe_of(manifest: dict | None) -> dict:
     cfg = manifest.get("config", {})
     lora = cfg.get("lora", {}) or {}
     recipe = {
-        # the hub's name: the run manifest's (train/sft.py check_data_hub), else the config's (older runs)
+        # the hub's name: the run manifest's (train/preflight.py check_data_hub), else the config's (older runs)
         "train_retriever": cfg.get("train_retriever"), "hub": manifest.get("hub", cfg.get("hub")),
         "learning_rate": cfg.get("learning_rate"), "lr_scheduler": cfg.get("lr_scheduler"),
         "warmup_ratio": cfg.get("warmup_ratio"), "weight_decay": cfg.get("weight_decay"),

@@ -12,7 +12,7 @@ renamed to ``DIR``, under ``DIR``'s lock)::
                                       data file hashes, versions, measured Table 2 row
     ratune_export.json                the same facts, machine-readable
 
-A run trained on an API catalog (its run manifest records ``catalog``, :func:`ratune.train.sft.check_data_hub`)
+A run trained on an API catalog (its run manifest records ``catalog``, :func:`ratune.train.preflight.check_data_hub`)
 gets a card that names the catalog (its name, that it is the user's own APIs imported with ``ratune
 catalog import``, the import source's kind and sha256) and carries no APIBench dataset metadata.
 

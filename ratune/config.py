@@ -61,7 +61,7 @@ OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 #: A TCP port.
 Port = Annotated[int, Field(ge=1, le=65535)]
 #: What a training run does with an unfinished earlier run in its output folder: ``resume`` from
-#: its latest checkpoint (start over when it saved none), or ``restart`` (train/sft.py
+#: its latest checkpoint (start over when it saved none), or ``restart`` (train/resume.py
 #: ``prepare_unfinished``; a sweep's ``on_unfinished``, ``ratune train --on-unfinished``).
 OnUnfinished = Literal["resume", "restart"]
 ON_UNFINISHED = get_args(OnUnfinished)

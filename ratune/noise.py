@@ -15,7 +15,7 @@ import warnings
 
 #: (logger name, message prefix, why it is noise). DeepSpeed 0.19.8's accelerator autodetection
 #: (deepspeed/accelerator/real_accelerator.py) warns whenever torch sees no CUDA; ratune refuses a
-#: GPU launch without CUDA itself (train/sft.py check_cuda_launch), so on a CPU run it says nothing.
+#: GPU launch without CUDA itself (train/launch.py check_cuda_launch), so on a CPU run it says nothing.
 NOISY_LOG_RECORDS = (
     ("DeepSpeed", "Setting accelerator to CPU", "a CPU run is intended; GPU launches without CUDA are refused"),
 )

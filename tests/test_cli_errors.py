@@ -327,7 +327,7 @@ def test_a_mode_without_a_train_split(tmp_path, tiny_model_dir, capsys):
     ('{"zero_optimization": {"stage": 3', "not valid JSON"),
 ])
 def test_deepspeed_json_that_is_not_a_config(tmp_path, capsys, content, what):
-    from ratune.train.sft import deepspeed_settings
+    from ratune.train.launch import deepspeed_settings
 
     ds = tmp_path / "ds.json"
     ds.write_text(content)

@@ -187,7 +187,7 @@ def test_launchers_that_start_one_process_are_refused(tmp_path, tiny_model_dir, 
 
 
 def test_distributed_fallbacks_are_errors():
-    from ratune.train.sft import check_distributed, deepspeed_settings
+    from ratune.train.launch import check_distributed, deepspeed_settings
 
     z3 = deepspeed_settings(str(ROOT / "configs/deepspeed/zero3.json"))
     assert z3 == {"path": str(ROOT / "configs/deepspeed/zero3.json"), "zero_stage": 3}
@@ -206,7 +206,7 @@ def test_distributed_fallbacks_are_errors():
 
 
 def test_zero3_without_gathered_saves_is_refused(tmp_path):
-    from ratune.train.sft import deepspeed_settings
+    from ratune.train.launch import deepspeed_settings
 
     ds = json.loads((ROOT / "configs/deepspeed/zero3.json").read_text())
     ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False

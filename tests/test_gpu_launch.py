@@ -60,7 +60,7 @@ def no_cuda(monkeypatch):
 
 
 def test_gpu_accelerate_configs_without_cuda_are_refused_in_one_line(no_cuda):
-    from ratune.train.sft import check_cuda_launch
+    from ratune.train.launch import check_cuda_launch
 
     torch = no_cuda
     for name, evidence in GPU_LAUNCHES.items():
@@ -78,7 +78,7 @@ def test_gpu_accelerate_configs_without_cuda_are_refused_in_one_line(no_cuda):
 
 
 def test_cpu_launches_and_plain_python_are_never_refused(no_cuda):
-    from ratune.train.sft import check_cuda_launch, gpu_launch_evidence
+    from ratune.train.launch import check_cuda_launch, gpu_launch_evidence
 
     for name in CPU_LAUNCHES:
         env = _accelerate_env(["--config_file", str(ROOT / "configs" / "accelerate" / name)])
@@ -96,7 +96,7 @@ def test_cpu_launches_and_plain_python_are_never_refused(no_cuda):
 def test_gpu_launch_with_cuda_passes_and_a_cuda_build_gets_the_driver_hint(monkeypatch):
     import torch
 
-    from ratune.train.sft import check_cuda_launch
+    from ratune.train.launch import check_cuda_launch
 
     env = _accelerate_env(["--config_file", str(ROOT / "configs" / "accelerate" / "8gpu_zero3.yaml")])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -111,7 +111,7 @@ def test_gpu_launch_with_cuda_passes_and_a_cuda_build_gets_the_driver_hint(monke
 def test_device_facts_name_the_gpu(monkeypatch):
     import torch
 
-    from ratune.train.sft import device_facts
+    from ratune.train.launch import device_facts
 
     assert device_facts(torch.device("cpu")) == {"type": "cpu", "torch": torch.__version__,
                                                  "cuda_build": torch.version.cuda}

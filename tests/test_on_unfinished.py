@@ -1,4 +1,4 @@
-"""``ratune train --on-unfinished resume|restart`` (train/sft.py ``prepare_unfinished``): what a
+"""``ratune train --on-unfinished resume|restart`` (train/resume.py ``prepare_unfinished``): what a
 sweep passes for every cell it trains, so that an unfinished run is resumed or restarted by the
 training itself, under its run folder's lock, and never deleted by a launcher script."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from ratune.errors import RatuneError
 from ratune.manifest import COMPLETE_MARKER, claim_folder
-from ratune.train.sft import prepare_unfinished
+from ratune.train.resume import prepare_unfinished
 
 
 def _run(tmp_path, *, checkpoint: bool, complete: bool = False, ratune: bool = True):
@@ -246,7 +246,7 @@ def test_resuming_after_the_data_build_changed_is_refused(tmp_path):
     import hashlib
     import json
 
-    from ratune.train.sft import check_same_data, train_rows_sha256
+    from ratune.train.resume import check_same_data, train_rows_sha256
 
     data, run = tmp_path / "data", tmp_path / "run"
     (data / "none" / "train").mkdir(parents=True)
@@ -276,7 +276,7 @@ def test_resume_latest_takes_the_highest_step_and_ignores_other_names(tmp_path):
     """checkpoint-105 after checkpoint-21 (numeric, not text order); a stray checkpoint-old is no
     checkpoint (before, its name failed int() with a traceback)."""
     from ratune.train.layout import checkpoint_folders
-    from ratune.train.sft import _resolve_resume
+    from ratune.train.resume import resolve_resume
 
     run = tmp_path / "run"
     for name in ("checkpoint-21", "checkpoint-105", "checkpoint-old", "checkpoint-7"):
@@ -284,7 +284,7 @@ def test_resume_latest_takes_the_highest_step_and_ignores_other_names(tmp_path):
         (run / "trainer" / name / "trainer_state.json").write_text("{}")  # complete saves
     (run / "trainer" / "checkpoint-9").write_text("a file, not a checkpoint")
     assert [p.name for p in checkpoint_folders(run)] == ["checkpoint-7", "checkpoint-21", "checkpoint-105"]
-    assert _resolve_resume(run, "latest") == str(run / "trainer" / "checkpoint-105")
+    assert resolve_resume(run, "latest") == str(run / "trainer" / "checkpoint-105")
     assert checkpoint_folders(tmp_path / "none") == []
     with pytest.raises(RatuneError, match="--resume-from latest, but there is no checkpoint to resume"):
-        _resolve_resume(tmp_path / "empty", "latest")
+        resolve_resume(tmp_path / "empty", "latest")

@@ -686,7 +686,7 @@ def test_train_into_a_user_folder_says_it_is_not_ratunes(tmp_path, tiny_model_di
     """A non-empty output_dir ratune did not make is refused as such (the message was "exists from an
     earlier run; pass --resume-from latest", wrong for a user's folder); the user's file stays."""
     from ratune.train.config import TrainConfig
-    from ratune.train.sft import _prepare_output_dir
+    from ratune.train.resume import prepare_output_dir
 
     user = tmp_path / "mine"
     user.mkdir()
@@ -696,5 +696,5 @@ def test_train_into_a_user_folder_says_it_is_not_ratunes(tmp_path, tiny_model_di
                       output_dir=str(user))
     with pytest.raises(RatuneError, match=rf"^{user}: not a ratune train output \(it has no .ratune-output marker\); "
                                           "ratune does not write into folders it did not make"):
-        _prepare_output_dir(cfg, None)
+        prepare_output_dir(cfg, None)
     assert _snapshot(user) == {"notes.txt": b"mine\n"}

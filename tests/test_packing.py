@@ -35,7 +35,7 @@ TOL = 1e-5
 
 
 def _rows(tokenizer) -> list[dict]:
-    """Rows exactly as train/sft.py builds them: tokenize_row + labels -100 on the prompt."""
+    """Rows exactly as train/preflight.py load_training_rows builds them: tokenize_row + labels -100 on the prompt."""
     from ratune.data.labels import tokenize_row
 
     words = "load the pretrained model from torch hub and run it on the image".split()

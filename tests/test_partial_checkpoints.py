@@ -83,12 +83,12 @@ def test_eval_refuses_a_partial_checkpoint_and_curves_pass_it_over(killed_in_sav
 
 
 def test_a_named_partial_checkpoint_is_refused_with_what_it_lacks(killed_in_save):
-    from ratune.train.sft import _resolve_resume
+    from ratune.train.resume import resolve_resume
 
     _, killed, _ = killed_in_save
     with pytest.raises(RatuneError, match=r"checkpoint-4: a partial Trainer checkpoint \(no trainer_state\.json: "
                                           r"its save was cut short\)"):
-        _resolve_resume(killed, str(killed / "trainer" / "checkpoint-4"))
+        resolve_resume(killed, str(killed / "trainer" / "checkpoint-4"))
 
 
 def test_resume_passes_over_the_partial_checkpoint_to_the_same_weights(killed_in_save, tmp_path, capsys):
@@ -115,14 +115,14 @@ def test_resume_passes_over_the_partial_checkpoint_to_the_same_weights(killed_in
 
 def test_only_partial_checkpoints_restart_the_run(tmp_path, capsys):
     from ratune.manifest import claim_folder
-    from ratune.train.sft import _resolve_resume, prepare_unfinished
+    from ratune.train.resume import prepare_unfinished, resolve_resume
 
     run = tmp_path / "run"
     (run / "trainer" / "checkpoint-2").mkdir(parents=True)
     (run / "trainer" / "checkpoint-2" / "model.safetensors").write_bytes(b"x")
     claim_folder(run, "train")
     with pytest.raises(RatuneError, match=r"--resume-from latest, but there is no checkpoint to resume \(1 partial\)"):
-        _resolve_resume(run, "latest")
+        resolve_resume(run, "latest")
     assert prepare_unfinished(run, "resume") is None and not run.exists()
     assert "it saved no complete checkpoint to resume" in capsys.readouterr().err
 

@@ -133,7 +133,7 @@ def test_training_rows_follow_the_configured_mode_no_stale_cache(built, smol_tok
     """Training re-tokenizes the built chats of its own mode with its own tokenizer every run
     (there is no tokenized cache to go stale)."""
     from ratune.train.config import TrainConfig
-    from ratune.train.sft import load_training_rows
+    from ratune.train.preflight import load_training_rows
 
     phrase = smol_tokenizer("Use this API documentation", add_special_tokens=False)["input_ids"]
 
@@ -158,7 +158,7 @@ def test_training_rows_follow_the_configured_mode_no_stale_cache(built, smol_tok
 def test_training_refuses_rows_longer_than_max_length(built, smol_tokenizer):
     from ratune.errors import RatuneError
     from ratune.train.config import TrainConfig
-    from ratune.train.sft import load_training_rows
+    from ratune.train.preflight import load_training_rows
 
     cfg = TrainConfig(model="m", data_dir=str(built), train_retriever="oracle", output_dir="o", max_length=300)
     with pytest.raises(RatuneError, match=r"tokens > max_length 300; rebuild the data"):

@@ -299,14 +299,15 @@ def recorded_loads(monkeypatch):
 
 @pytest.mark.parametrize("trust", [False, True])
 def test_config_trust_remote_code_reaches_the_loaders(trust, tmp_path, tiny_model_dir, recorded_loads, monkeypatch):
+    import ratune.train.preflight as preflight
     import ratune.train.sft as sft
     from ratune.io import write_json
     from ratune.train.config import TrainConfig
     from ratune.export.checkpoint import export_checkpoint
 
     # training: the config's value (default False) goes to tokenizer and model loading
-    monkeypatch.setattr(sft, "check_training_data", lambda config: None)  # no data: rows are replaced below
-    monkeypatch.setattr(sft, "load_training_rows",
+    monkeypatch.setattr(preflight, "check_training_data", lambda config: None)  # no data: rows are replaced below
+    monkeypatch.setattr(preflight, "load_training_rows",
                         lambda config, tokenizer: ({"input_ids": [[1, 2]], "labels": [[-100, 2]]}, {"examples": 1}))
     extra = {"trust_remote_code": True} if trust else {}
     cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(tmp_path / "data"), train_retriever="none",

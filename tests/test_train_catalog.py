@@ -131,7 +131,7 @@ def test_a_catalog_config_on_apibench_data_is_refused(catalog, tmp_path):
     """The other way round, on a data manifest as ``ratune data build --hub torchhub`` writes it
     (no ``catalog`` record); a config made in Python has no file to name."""
     from ratune.train.config import TrainConfig
-    from ratune.train.sft import check_data_hub
+    from ratune.train.preflight import check_data_hub
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text(json.dumps({"command": "data build", "hub": "torchhub"}))

@@ -146,7 +146,8 @@ def test_first_step_loss_is_the_mean_cross_entropy_of_its_labels(tmp_path, tiny_
 
     from ratune.sources.prompt import use_chat_template
     from ratune.models import load_tokenizer
-    from ratune.train.sft import load_training_rows, train
+    from ratune.train.preflight import load_training_rows
+    from ratune.train.sft import train
 
     data = _make_data(tmp_path / "data")
     # one micro-batch of 8 holds all 8 rows, so step 1 sees every row whatever the shuffled order

@@ -42,7 +42,7 @@ class TrainConfig(BaseModel):
             hub (``torchhub``, the default; ``huggingface``, ``tensorflowhub``) or the path of a
             catalog folder (``ratune catalog import``; checked with
             :func:`ratune.hubs.check_hub_ref` when the config is validated). Training refuses
-            data whose manifest names another hub (:func:`ratune.train.sft.check_data_hub`), so a
+            data whose manifest names another hub (:func:`ratune.train.preflight.check_data_hub`), so a
             catalog-built ``data_dir`` needs ``hub: CATALOG_DIR``; the run manifest records the
             hub's name and, for a catalog, the data manifest's ``catalog`` record, and
             ``ratune export`` names the catalog on the model card (docs/catalogs.md).
