@@ -49,7 +49,7 @@ from ratune.output import StageOutput
 from ratune.registry import DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS, TRAIN_MODES, unknown_name
 from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
-from ratune.sources.formats import DEFAULT_ANSWER_FORMAT
+from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
 from ratune.sources.validate import hold_out, near_duplicate_rate, validate_splits
 
@@ -115,6 +115,7 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     needs_model = [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
     if needs_model:
         require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
+    get_answer_format(source.choose_answer_format(settings.answer_format)).check_tokenizer(tokenizer)
     final = Path(out_dir)
     output = StageOutput(final, DATA_BUILD_STAGE, replace=True, action="overwrite")
     output.check()  # a user's folder: refused, --overwrite or not
@@ -145,6 +146,7 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
             **({"dense_model": str(Path(settings.dense_model).resolve())} if settings.dense_model else {}),
             **({"answer_tokenization": settings.answer_tokenization}
                if settings.answer_tokenization != ANSWER_TOKENIZATIONS[0] else {}),
+            **({"answer_format": settings.answer_format} if settings.answer_format else {}),
             **({"validation_fraction": settings.validation_fraction, "validation_by": settings.validation_by,
                 "validation_seed": settings.validation_seed} if settings.validation_fraction else {})}
 
@@ -251,6 +253,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
         with atomic_write(out / "rejects.jsonl") as fh:
             for path, line, fieldname, reason in read.report.rejects:
                 fh.write(json.dumps({"file": path, "line": line, "field": fieldname, "reason": reason}) + "\n")
+    answer_format = source.choose_answer_format(settings.answer_format)
     manifest = base_manifest(DATA_BUILD_STAGE)
     manifest.update({
         "hub": source.name, "modes": [*modes, *(m.mode for m in mixtures)], "mixtures": mixture_records,
@@ -261,7 +264,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
         "settings": settings_record(settings, tokenizer),
         "tokenizer": tokenizer_name, "inputs": input_hashes(source.input_files(read.hub_splits)), "request": request,
         "retrievers": {m: r.metadata() for m, r in cache.items()},
-        **({"answer_format": source.answer_format} if source.answer_format != DEFAULT_ANSWER_FORMAT else {}),
+        **({"answer_format": answer_format} if answer_format != DEFAULT_ANSWER_FORMAT else {}),
     })
     record = source.manifest_record()
     if record is not None:  # a hub with nothing beyond its name and files (APIBench) adds no key
@@ -332,7 +335,7 @@ def _build_mode(out: Path, mode: str, splits: dict, *, source: Hub, tokenizer, s
         if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
             docs, forced = force_gold_documents(examples, docs)
         rows, c = build_rows(examples, docs, mode=mode, tokenizer=tokenizer, settings=settings,
-                             answer_format=source.answer_format)
+                             answer_format=source.choose_answer_format(settings.answer_format))
         require_rows(c, split=split, mode=mode, settings=settings)
         if settings.force_gold and mode in RETRIEVED_MODES:
             c["forced_gold"] = forced
@@ -362,7 +365,7 @@ def _build_mixture(out: Path, mixture, read: _Read, *, source: Hub, tokenizer, s
                                                          utility_keep)
             record["utility_filter"] = {**(utility_meta or {}), **filtered}
         rows, c = build_rows(examples, docs, mode=mixture.mode, tokenizer=tokenizer, settings=settings,
-                             components=drawn, answer_format=source.answer_format)
+                             components=drawn, answer_format=source.choose_answer_format(settings.answer_format))
         require_rows(c, split=split, mode=mixture.mode, settings=settings)
         counts.setdefault(split, {})[mixture.mode] = c
         lengths.setdefault(split, {})[mixture.mode] = percentiles(

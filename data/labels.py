@@ -13,7 +13,9 @@ followed by EOS, also when pad == EOS.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Mapping
 
 from ratune.errors import RatuneError
 from ratune.sources.prompt import encode_prompt, prompt_text, template_of
@@ -69,7 +71,8 @@ def _eos_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
-def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | None = None) -> list[int]:
+def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | None = None,
+                          tools=None) -> list[int]:
     """The tokens of ``text`` (no EOS) as they come after the prompt: the tail of the prompt text +
     ``text`` tokenized together, behind the prompt text's own tokens.
 
@@ -77,7 +80,7 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | No
         AnswerMerge: when the prompt's tokens are not a prefix of the joined text's (a merge across
             the boundary; LLaMA's vocabulary has none across a space).
     """
-    head_text = prompt_text(tokenizer, user_turn, system)
+    head_text = prompt_text(tokenizer, user_turn, system, tools)
     head = tokenizer(head_text, add_special_tokens=False)["input_ids"]
     full = tokenizer(head_text + text, add_special_tokens=False)["input_ids"]
     if full[:len(head)] != head:
@@ -94,10 +97,11 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | No
     return list(full[len(head):])
 
 
-def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | None = None,
+def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | None = None, tools=None,
                  answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
-    """Tokenize a (user turn, answer) pair, behind ``system`` when given, into ids and the
-    completion-only loss mask (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
+    """Tokenize a (user turn, answer) pair, behind ``system`` when given (``tools``: the JSON
+    schemas given to the chat template), into ids and the completion-only loss mask
+    (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
 
     Raises:
         NoTrainableTokens: when ``completion`` is empty (the row would train only on EOS).
@@ -105,13 +109,21 @@ def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | No
     """
     if not completion.strip():
         raise NoTrainableTokens("the answer is empty: nothing to learn")
-    prompt = encode_prompt(tokenizer, user_turn, system)
+    prompt = encode_prompt(tokenizer, user_turn, system, tools)
     template = template_of(tokenizer)
     if answer_tokenization == "separate":
         answer = completion_ids(tokenizer, (template.answer_prefix if template is not None else "") + completion)
     elif template is not None and template.answer_prefix:
-        answer = (answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion, system)
+        answer = (answer_ids_in_context(tokenizer, user_turn, template.answer_prefix + completion, system, tools)
                   + [_eos_id(tokenizer)])
     else:
         answer = completion_ids(tokenizer, completion)
     return TokenizedRow(input_ids=prompt + answer, completion_mask=[0] * len(prompt) + [1] * len(answer))
+
+
+def tokenize_built_row(tokenizer, row: Mapping, *, answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
+    """:func:`tokenize_row` of a row ``ratune data build`` wrote: its ``user_turn`` and ``completion``,
+    and its ``system`` and ``tools`` (JSON text) where the answer format writes them."""
+    tools = row.get("tools")
+    return tokenize_row(tokenizer, row["user_turn"], row["completion"], system=row.get("system"),
+                        tools=None if tools is None else json.loads(tools), answer_tokenization=answer_tokenization)

@@ -4,6 +4,7 @@ module docstring says the policy)."""
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 from ratune.data.labels import AnswerMerge, tokenize_row
@@ -40,10 +41,11 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
     fmt = get_answer_format(answer_format)
     rows, shortened_n, dropped = [], 0, []
     for i, (ex, docs) in enumerate(zip(examples, docs_per_example)):
-        completion = fmt.completion(ex, abstain=components is not None and components[i] == "irrelevant")
         prompt = fmt.prompt(ex, docs, max_document_tokens=settings.max_document_tokens, count_tokens=count)
+        completion = fmt.completion(ex, abstain=components is not None and components[i] == "irrelevant",
+                                    tokenizer=tokenizer, prompt=prompt)
         try:
-            row = tokenize_row(tokenizer, prompt.user_turn, completion, system=prompt.system,
+            row = tokenize_row(tokenizer, prompt.user_turn, completion, system=prompt.system, tools=prompt.tools,
                                answer_tokenization=settings.answer_tokenization)
         except AnswerMerge as exc:
             raise AnswerMerge(f"{ex.hub} {ex.split} example line {ex.line}: {exc}") from None
@@ -58,6 +60,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
             "hub": ex.hub, "split": ex.split, "line": ex.line, "train_retriever": mode,
             "instruction": ex.instruction, "user_turn": prompt.user_turn, "completion": completion,
             **({"system": prompt.system} if prompt.system is not None else {}),
+            **({"tools": json.dumps(prompt.tools, ensure_ascii=False)} if prompt.tools is not None else {}),
             "gold_api_call": document_name(ex.api), "document_api_calls": [document_name(d) for d in docs],
             "shortened": bool(prompt.shortened), "n_prompt_tokens": row.n_prompt_tokens,
             "n_completion_tokens": row.n_completion_tokens,

@@ -11,6 +11,7 @@ from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed,
 from ratune.data.labels import ANSWER_TOKENIZATIONS
 from ratune.options import Option
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVED_MODES, RETRIEVERS
+from ratune.sources.formats import ANSWER_FORMATS
 from ratune.sources.validate import HOLDOUT_KINDS
 
 # The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
@@ -44,6 +45,8 @@ class BuildSettings:
         validation_seed: the held-out split's seed.
         answer_tokenization: how the answer is tokenized behind its prompt
             (:data:`ratune.data.labels.ANSWER_TOKENIZATIONS`).
+        answer_format: how prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`);
+            None: the hub's own (:meth:`ratune.hubs.Hub.choose_answer_format` checks the choice).
     """
 
     max_length: MaxLength = 2048
@@ -56,6 +59,7 @@ class BuildSettings:
     validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
     validation_seed: Seed = 0
     answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
+    answer_format: str | None = None
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
@@ -84,6 +88,9 @@ BUILD_OPTIONS: tuple[Option, ...] = (
     Option("answer_tokenization", "--answer-tokenization",
            help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
                 "its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the boundary"),
+    Option("answer_format", "--answer-format", cli=registered("answer format", ANSWER_FORMATS),
+           help="how prompts and answers are written (default: the hub's; a tool set takes python_calls or "
+                "tool_calls, the chat template's own tool calling: docs/function_calling.md)"),
     Option("force_gold", "--force-gold",
            help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
                 "lowest-ranked one when the retriever missed it (counted as forced_gold)"),

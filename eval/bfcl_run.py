@@ -17,9 +17,11 @@ Output folder::
     bfcl/result/<model>/...     the result files ``bfcl generate`` would write (every category here)
     summary.md, summary.csv, summary.png, manifest.json
 
-Prompts: :func:`ratune.sources.bfcl.encode_bfcl_prompt` (BFCL's prompting messages through the
-checkpoint's chat template); greedy, stopped at the end of the call list (the ``python_calls``
-answer format, sources/formats.py).
+Prompts: :func:`ratune.sources.bfcl.encode_bfcl_prompt` through the checkpoint's chat template, in
+the ``python_calls`` answer format (BFCL's prompting messages; greedy, stopped at the end of the call
+list) or ``tool_calls`` (the functions as ``tools=``; to EOS), sources/formats.py. BFCL's checker
+and the result files get each answer as a Python call list (:meth:`AnswerFormat.bfcl_text`); the
+responses keep the model's text.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ from ratune.options import values_from_args
 from ratune.output import StageOutput
 from ratune.sources.bfcl import (BfclEntry, answer_path, bfcl_data_dir, bfcl_venv, bfcl_version, encode_bfcl_prompt,
                                  load_bfcl, question_path)
-from ratune.sources.formats import PythonCallsFormat
+from ratune.sources.formats import AnswerFormat, PythonCallsFormat, ToolCallsFormat, answer_format_of, get_answer_format
 from ratune.sources.prompt import require_chat_template, use_chat_template
-from ratune.train.layout import Checkpoint, trained_chat_template
+from ratune.train.layout import Checkpoint, trained_answer_format, trained_chat_template
 
 #: The stage name in OUT's owner marker (:class:`ratune.output.StageOutput`).
 BFCL_STAGE = "eval bfcl"
@@ -162,7 +164,8 @@ def evaluate_bfcl(out: str | os.PathLike, *, checkpoint: str | None = None,
             else:
                 scoring[category] = plan.generate(cell / "responses.jsonl", category, progress=progress)
         results.update(_score_into(folder, output, request, scoring, plan))
-        write_result_files(folder / "bfcl", [(c, row["id"], row["text"]) for c in request.entries
+        readers = {c: _reader(request, c, plan) for c in request.entries}
+        write_result_files(folder / "bfcl", [(c, row["id"], readers[c].bfcl_text(row["text"])) for c in request.entries
                                              for row in read_done(folder / c / "responses.jsonl", key="id", kind=str
                                                                   ).values()], venv=request.venv)
         finished = finished_categories(folder)
@@ -184,8 +187,11 @@ class _Generation:
         self.tokenizer = use_chat_template(load_tokenizer(source.folder, trust_remote_code=settings.trust_remote_code),
                                            template)
         require_chat_template(self.tokenizer, source=str(source.folder), hint="give --chat-template")
+        self.answer_format = bfcl_answer_format(settings.answer_format, trained_answer_format(request.described_by))
+        self.answer_format.check_tokenizer(self.tokenizer)
+        self.answer_format = self.answer_format.reading(self.tokenizer)
         self.positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-        self.prompts = {c: [encode_bfcl_prompt(self.tokenizer, e) for e in entries]
+        self.prompts = {c: [encode_bfcl_prompt(self.tokenizer, e, self.answer_format) for e in entries]
                         for c, entries in request.entries.items()}
         for category, prompts in self.prompts.items():
             too_long = [(e.id, len(p)) for e, p in zip(request.entries[category], prompts)
@@ -195,7 +201,7 @@ class _Generation:
                                   f"model's {self.positions} positions (the first: {too_long[0][0]}, "
                                   f"{too_long[0][1]} tokens); leave the category out (--categories)")
         self.generation = {"batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
-                           "answer_format": PythonCallsFormat.name, "stop_at_answer_end": not settings.full_answers,
+                           **self.answer_format.record(), "stop_at_answer_end": not settings.full_answers,
                            "greedy": True,
                            "backend": settings.backend, "device": request.device, "dtype": request.dtype,
                            "chat_template": template}
@@ -214,7 +220,7 @@ class _Generation:
             return backend_batches(settings.backend, self.model, self.tokenizer, todo_prompts,
                                    batch_size=settings.batch_size, max_new_tokens=settings.max_new_tokens,
                                    stop_after_api_call=not settings.full_answers, max_positions=self.positions,
-                                   answer_format=PythonCallsFormat.name)
+                                   answer_format=self.answer_format.name)
 
         order = {e.id: i for i, e in enumerate(entries)}
         start = time.perf_counter()
@@ -231,6 +237,35 @@ class _Generation:
         capped = [e.id for e, p in zip(self.request.entries[category], self.prompts[category])
                   if self.positions is not None and self.positions - len(p) < self.settings.max_new_tokens]
         return {"max_positions": self.positions, "capped": capped}
+
+
+#: The answer formats BFCL's entries (a question and a function list) can be written in.
+BFCL_ANSWER_FORMATS = (PythonCallsFormat.name, ToolCallsFormat.name)
+
+
+def bfcl_answer_format(asked: str | None, trained: str | None) -> AnswerFormat:
+    """The format BFCL prompts are written in: ``asked`` (``--answer-format``), else ``trained``
+    (the checkpoint's training rows') when it is one of :data:`BFCL_ANSWER_FORMATS`, else
+    ``python_calls`` (BFCL's own prompting).
+
+    Raises:
+        RatuneError: ``asked`` is not one of :data:`BFCL_ANSWER_FORMATS`.
+    """
+    if asked is not None and asked not in BFCL_ANSWER_FORMATS:
+        raise RatuneError(f"--answer-format {asked}: BFCL's entries are function lists, written as "
+                          f"{' or '.join(BFCL_ANSWER_FORMATS)}")
+    return get_answer_format(asked or (trained if trained in BFCL_ANSWER_FORMATS else PythonCallsFormat.name))
+
+
+def _reader(request: BfclRequest, category: str, plan: _Generation | None) -> AnswerFormat:
+    """What turns a category's answers into the call list BFCL's checker reads: the generating run's
+    format, or for ``--responses`` the one the earlier run's identity records."""
+    if plan is not None:
+        return plan.answer_format
+    source = request.responses / category / "identity.json"
+    earlier = read_json_object(source) if source.is_file() else {}
+    generation = earlier.get("generation") if isinstance(earlier.get("generation"), dict) else {}
+    return answer_format_of(generation, PythonCallsFormat.name)
 
 
 def _identity(request: BfclRequest, category: str, plan: _Generation | None) -> dict:
@@ -278,8 +313,9 @@ def _score_into(folder: Path, output: StageOutput, request: BfclRequest, scoring
     then write each one's verdicts.jsonl and metrics.json and mark it complete."""
     if not scoring:
         return {}
-    scores = score_texts([(c, row["id"], row["text"]) for c, (rows, _) in scoring.items() for row in rows],
-                         venv=request.venv)
+    readers = {c: _reader(request, c, plan) for c in scoring}
+    scores = score_texts([(c, row["id"], readers[c].bfcl_text(row["text"])) for c, (rows, _) in scoring.items()
+                          for row in rows], venv=request.venv)
     results = {}
     for category, (rows, timing) in scoring.items():
         verdicts = [v for v in scores.verdicts if v.category == category]

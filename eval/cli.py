@@ -13,7 +13,7 @@ from pathlib import Path
 from ratune.hubs import hub_name, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.curve import curve_markdown, evaluate_curve
-from ratune.eval.hub_scoring import scoring_for
+from ratune.eval.hub_scoring import recorded_answer_format, scoring_for
 from ratune.eval.report import make_cell, report_output, table2_markdown, write_table2
 from ratune.eval.results import finished_cells
 from ratune.eval.robustness import experiment_rows, experiments_markdown
@@ -124,7 +124,8 @@ def cli_score(args) -> int:
     metric = getattr(args, "metric", None) or "both"
     if metric not in METRIC_CHOICES:
         raise RatuneError(f"unknown metric {metric!r}: expected gorilla, strict or both")
-    scoring = scoring_for(resolve_hub(args.hub, getattr(args, "apibench", None)))
+    hub = resolve_hub(args.hub, getattr(args, "apibench", None))
+    scoring = scoring_for(hub, answer_format=recorded_answer_format(args.responses, hub))
     if metric != "both":
         scoring.require_metric(metric)
     responses = scoring.load_responses(args.responses, hub_check=not getattr(args, "no_hub_check", False))

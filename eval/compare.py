@@ -21,7 +21,7 @@ from ratune.config import Seed
 from ratune.sources.apibench import HUBS, resolve_apibench_dir
 from ratune.hubs import hub_argument_type, recorded_hub_kind, resolve_hub
 from ratune.errors import RatuneError
-from ratune.eval.hub_scoring import scoring_for
+from ratune.eval.hub_scoring import recorded_answer_format, scoring_for
 from ratune.eval.scoring.scorer import METRICS
 from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
                                wilson_interval)
@@ -132,9 +132,11 @@ def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: s
     paths, scored = [], []
     for given in (responses_a, responses_b):
         path = resolve_responses_path(given)
-        responses = scoring.load_responses(path, hub_check=hub_check)
+        recorded = recorded_answer_format(path, scoring.hub)  # a cell in another format is read in it
+        side = scoring if recorded is None else scoring_for(scoring.hub, answer_format=recorded)
+        responses = side.load_responses(path, hub_check=hub_check)
         paths.append(path)
-        scored.append(scoring.score(responses)["per_question"])
+        scored.append(side.score(responses)["per_question"])
     try:
         result = compare_outcomes(scored[0], scored[1], metric=metric, resamples=resamples, seed=seed)
     except RatuneError as err:

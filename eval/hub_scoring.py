@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from pathlib import Path
 from functools import cached_property
 from typing import ClassVar
 
@@ -23,6 +24,8 @@ from ratune.eval.scoring.responses import check_hub_matches, check_question_ids,
 from ratune.eval.scoring.scorer import Scorer
 from ratune.eval.stats import count_rates
 from ratune.eval.tool_scorer import TOOL_SET_METRIC, ToolSetScorer
+from ratune.io import read_json_object
+from ratune.sources.formats import answer_format_of, get_answer_format
 
 
 class HubScoring(ABC):
@@ -32,14 +35,17 @@ class HubScoring(ABC):
     Args:
         hub: the hub whose eval questions are scored.
         examples: its eval examples when the caller has loaded them already.
+        answer_format: the :class:`~ratune.sources.formats.AnswerFormat` the answers are written in,
+            reading with the model's tokenizer (None: the hub's own).
     """
 
     #: The metrics with correct / hallucination / error blocks, the headline metric first.
     metrics: ClassVar[tuple[str, ...]]
 
-    def __init__(self, hub: Hub, examples=None):
+    def __init__(self, hub: Hub, examples=None, answer_format=None):
         self.hub = hub
         self._examples = examples
+        self.answer_format = answer_format or get_answer_format(hub.answer_format)
 
     @cached_property
     def scorer(self):
@@ -164,7 +170,7 @@ class ToolSetScoring(HubScoring):
 
     def _make_scorer(self, hub, examples):
         examples = hub.load_examples("eval") if examples is None else examples
-        return ToolSetScorer(hub.name, [t["name"] for t in hub.load_api_database()], examples)
+        return ToolSetScorer(hub.name, [t["name"] for t in hub.load_api_database()], examples, self.answer_format)
 
     def require_metric(self, metric, fix="use"):
         if metric == "gorilla":
@@ -192,12 +198,31 @@ HUB_SCORINGS: dict[str, type[HubScoring]] = {"apibench": APIBenchScoring, "catal
                                              "tool_set": ToolSetScoring}
 
 
-def scoring_for(hub: Hub, examples=None) -> HubScoring:
-    """The :class:`HubScoring` of ``hub`` (``examples``: its eval examples, when loaded already).
+def recorded_answer_format(responses_path: str | os.PathLike, hub: Hub):
+    """The answer format a cell's answers were written in, by the ``identity.json`` beside its
+    responses (a response file or its cell folder; ``ratune eval run``'s generation record), when
+    it is not the hub's own; else None.
+
+    Raises:
+        InputError: a torn identity.json.
+    """
+    path = Path(responses_path)
+    identity = (path if path.is_dir() else path.parent) / "identity.json"
+    if not identity.is_file():
+        return None
+    generation = read_json_object(identity).get("generation")
+    if not isinstance(generation, dict) or generation.get("answer_format", hub.answer_format) == hub.answer_format:
+        return None
+    return answer_format_of(generation, hub.answer_format)
+
+
+def scoring_for(hub: Hub, examples=None, answer_format=None) -> HubScoring:
+    """The :class:`HubScoring` of ``hub`` (``examples``: its eval examples, when loaded already;
+    ``answer_format``: see :class:`HubScoring`).
 
     Raises:
         RatuneError: the hub names a scorer that is not registered; the scorer's own errors.
     """
     if hub.scorer not in HUB_SCORINGS:
         raise RatuneError(f"hub {hub.name}: scorer {hub.scorer!r} is not one of {', '.join(HUB_SCORINGS)}")
-    return HUB_SCORINGS[hub.scorer](hub, examples)
+    return HUB_SCORINGS[hub.scorer](hub, examples, answer_format)

@@ -69,7 +69,8 @@ from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
-from ratune.train.layout import Checkpoint, resolve_checkpoint, trained_chat_template, trained_document_budget
+from ratune.train.layout import (Checkpoint, resolve_checkpoint, trained_answer_format, trained_chat_template,
+                                 trained_document_budget)
 
 # The test-time settings (Table 2 columns, in column order), the experiment settings and the
 # retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
@@ -269,9 +270,13 @@ class _EvalRun:
         run_manifest = source.folder / "ratune_manifest.json"
         if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
             inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)
-        answer_format = get_answer_format(hub_source.answer_format)
+        # the format the training rows were written in (run manifest), reading the tokenizer's answers
+        answer_format = get_answer_format(hub_source.choose_answer_format(
+            settings.answer_format or trained_answer_format(described_by)))
+        answer_format.check_tokenizer(tokenizer)
+        answer_format = answer_format.reading(tokenizer)
         return cls(request=request, settings=settings, name=name, all_examples=all_examples,
-                   scoring=scoring_for(hub_source, all_examples), tokenizer=tokenizer, budget=budget,
+                   scoring=scoring_for(hub_source, all_examples, answer_format), tokenizer=tokenizer, budget=budget,
                    positions=checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code),
                    inputs=inputs, generation=_generation_record(settings, request, budget, chat_template, answer_format),
                    answer_format=answer_format, progress=progress)
@@ -296,7 +301,7 @@ class _EvalRun:
 
         rendered = [self.answer_format.prompt(e, docs[i], max_document_tokens=self.budget, count_tokens=count)
                     for i, e in enumerate(examples)]
-        return [encode_prompt(self.tokenizer, p.user_turn, p.system) for p in rendered]
+        return [encode_prompt(self.tokenizer, p.user_turn, p.system, p.tools) for p in rendered]
 
     def batches(self, todo):
         """Generated answers to ``todo`` prompts, batch by batch (the model loads on first use)."""
@@ -357,7 +362,7 @@ def _generation_record(settings: EvalSettings, request: "EvalRequest", budget, c
     if settings.backend != "hf":  # cells made before backends existed keep their identity
         generation["backend"] = settings.backend
     if answer_format.name != DEFAULT_ANSWER_FORMAT:  # APIBench and catalog cells keep their identity
-        generation["answer_format"] = answer_format.name
+        generation.update(answer_format.record())  # tool_calls: with the response template that reads it
     return generation
 
 

@@ -14,6 +14,7 @@ from typing import Literal, Sequence
 from ratune.args import input_dir, registered
 from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
 from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
+from ratune.sources.formats import ANSWER_FORMATS
 from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
@@ -51,6 +52,9 @@ class EvalSettings:
         chat_template: a template of :data:`ratune.sources.prompt.CHAT_TEMPLATES` for the prompts;
             None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
             the tokenizer's own. A named one is recorded in each cell's identity.
+        answer_format: how prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`);
+            None = the one the checkpoint's training rows were written in (its run manifest), else
+            the hub's own. Recorded in each cell's identity when not ``apibench``.
         device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
             (:func:`resolve_placement`).
         dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
@@ -70,6 +74,7 @@ class EvalSettings:
     dense_model: str | None = None
     bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
     chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
+    answer_format: Literal[tuple(ANSWER_FORMATS)] | None = None
     device: Literal[DEVICES] = "auto"
     dtype: Literal[DTYPES] = "auto"
     retriever_cache: dict = field(default_factory=dict)
@@ -110,6 +115,9 @@ EVAL_OPTIONS: tuple[Option, ...] = (
     Option("chat_template", "--chat-template", config=False,
            help="prompt chat template (default: the one the checkpoint was trained with, from its run "
                 "manifest; give it for a model trained elsewhere whose tokenizer has none)"),
+    Option("answer_format", "--answer-format", config=False,
+           help="how prompts and answers are written (default: the checkpoint's training rows', from its run "
+                "manifest, else the hub's; tool_calls for a model from elsewhere with tool calling)"),
 )
 
 
@@ -120,7 +128,8 @@ class BfclSettings:
     correct answer, in SmolLM2's tokens, passes 128 in 21 of BFCL's 2,351 Python AST entries (10 of
     parallel_multiple's 200) and 256 in one (docs/function_calling.md); a model that answers in the
     call format stops at the end of its list well before. ``full_answers``: no cut at the end of the
-    call list."""
+    call list. ``answer_format``: ``python_calls`` (BFCL's prompting messages) or ``tool_calls``; None:
+    the checkpoint's training rows' when it is one of these, else ``python_calls``."""
 
     batch_size: Count = 8
     max_new_tokens: Count = 256
@@ -130,6 +139,7 @@ class BfclSettings:
     dtype: Literal[DTYPES] = "auto"
     trust_remote_code: bool = False
     chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
+    answer_format: Literal[tuple(ANSWER_FORMATS)] | None = None
     full_answers: bool = False
 
     def __post_init__(self):

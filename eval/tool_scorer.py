@@ -1,6 +1,6 @@
 """The eval stage's scorer for a tool set's eval rows (docs/function_calling.md, "Scoring a tool
-set"): the answer's first call list (:meth:`ratune.sources.formats.PythonCallsFormat.parse_calls`)
-against the row's calls.
+set"): the answer's calls, read by its answer format's ``parse_calls`` (``python_calls``: the first
+call list; ``tool_calls``: the template's tool calls), against the row's calls.
 
 ``strict``: ``correct`` when the calls equal the row's as a multiset (same names, same arguments;
 ``1`` equals ``1.0``), ``hallucination`` when a call names no tool of the tool set, else ``error``
@@ -11,7 +11,6 @@ that decode (``format_adherence``) and that make at least one call (``call_rate`
 from __future__ import annotations
 
 import json
-import platform
 from typing import Sequence
 
 from ratune.errors import RatuneError
@@ -44,12 +43,13 @@ class ToolSetScorer:
         hub: the tool set's name.
         tool_names: every tool name of the tool set (a call to another is a hallucination).
         examples: its eval examples (``line``, ``calls``).
+        answer_format: what reads the answers (``parse_calls``); None: ``python_calls``.
     """
 
-    def __init__(self, hub: str, tool_names: Sequence[str], examples: Sequence):
+    def __init__(self, hub: str, tool_names: Sequence[str], examples: Sequence, answer_format=None):
         self.hub, self.tool_names = hub, set(tool_names)
         self._gold = {e.line: sorted(call_key(c) for c in e.calls) for e in examples}
-        self._format = PythonCallsFormat()
+        self._format = answer_format or PythonCallsFormat()
 
     @property
     def n_questions(self) -> int:
@@ -101,4 +101,4 @@ class ToolSetScorer:
         return {"hub": self.hub, "n": n, "strict": strict,
                 "calls": {"format_adherence": rate(decoded), "call_rate": rate(calling), "decoded_n": decoded,
                           "calling_n": calling},
-                "parser": {"python_ast": platform.python_version()}, "per_question": per_question}
+                "parser": self._format.parser_record(), "per_question": per_question}

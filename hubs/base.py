@@ -36,6 +36,20 @@ class Hub(ABC):
     choices_text: ClassVar[str]
     #: How its rows' prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`).
     answer_format: ClassVar[str] = DEFAULT_ANSWER_FORMAT
+    #: The other formats its rows can be written in (``ratune data build --answer-format``).
+    other_answer_formats: ClassVar[tuple[str, ...]] = ()
+
+    def choose_answer_format(self, name: str | None) -> str:
+        """``name`` (None: :attr:`answer_format`) when this hub's rows can be written in it.
+
+        Raises:
+            RatuneError: a format the hub's examples cannot be written in.
+        """
+        allowed = (self.answer_format, *self.other_answer_formats)
+        if name is not None and name not in allowed:
+            raise RatuneError(f"--answer-format {name}: hub {self.name} ({self.kind}) writes its rows as "
+                              f"{' or '.join(allowed)}")
+        return name or self.answer_format
 
     @classmethod
     @abstractmethod

@@ -12,7 +12,7 @@ from ratune.errors import RatuneError
 from ratune.hubs.base import FolderHub, register_hub_kind
 from ratune.registry import EXPERIMENT_SETTINGS
 from ratune.sources.apibench import Answer, Example, ParseReport
-from ratune.sources.formats import PythonCallsFormat
+from ratune.sources.formats import PythonCallsFormat, ToolCallsFormat
 from ratune.sources.toolset import (SPLIT_FILES, TOOL_SET_KIND, TOOLS_FILE, is_tool_set, load_rows, load_tools,
                                     read_tool_set_manifest)
 
@@ -31,6 +31,7 @@ class ToolSetHub(FolderHub):
     scorer: ClassVar[str] = TOOL_SET_KIND
     choices_text: ClassVar[str] = "a tool-set folder (ratune tools import)"
     answer_format: ClassVar[str] = PythonCallsFormat.name
+    other_answer_formats: ClassVar[tuple[str, ...]] = (ToolCallsFormat.name,)
     card_tags: ClassVar[tuple[str, ...]] = ("function-calling",)
 
     @classmethod

@@ -180,24 +180,29 @@ def bfcl_messages(entry: BfclEntry) -> list[dict]:
     Raises:
         RatuneError: an entry with more than one turn (a multi-turn category).
     """
+    return bfcl_chat(entry, PythonCallsFormat())[0]
+
+
+def bfcl_chat(entry: BfclEntry, answer_format) -> tuple[list[dict], tuple | None]:
+    """A single-turn entry as ``answer_format`` shows it: ``(messages, tools)``
+    (:meth:`~ratune.sources.formats.AnswerFormat.chat`; ``python_calls``: :func:`bfcl_messages`).
+
+    Raises:
+        RatuneError: an entry with more than one turn (a multi-turn category).
+    """
     if len(entry.question) != 1:
         raise RatuneError(f"BFCL entry {entry.id}: {len(entry.question)} turns; only single-turn entries are prompted here")
-    system = PythonCallsFormat.system_prompt(entry.functions)
-    messages = [dict(message) for message in entry.question[0]]
-    if messages and messages[0]["role"] == "system":
-        messages[0]["content"] = system + "\n\n" + messages[0]["content"]
-    else:
-        messages.insert(0, {"role": "system", "content": system})
-    return messages
+    return answer_format.chat(entry.question[0], entry.functions)
 
 
-def encode_bfcl_prompt(tokenizer, entry: BfclEntry) -> list[int]:
-    """Token ids of :func:`bfcl_messages` (:func:`ratune.sources.prompt.encode_messages`).
+def encode_bfcl_prompt(tokenizer, entry: BfclEntry, answer_format=None) -> list[int]:
+    """Token ids of :func:`bfcl_chat` in ``answer_format`` (None: ``python_calls``, BFCL's own
+    prompting messages; :func:`ratune.sources.prompt.encode_messages`).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
-    return encode_messages(tokenizer, bfcl_messages(entry))
+    return encode_messages(tokenizer, *bfcl_chat(entry, answer_format or PythonCallsFormat()))
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:

@@ -2,28 +2,33 @@
 is complete (generation stops there when only scoring needs it) and what calling nothing looks like.
 
 ``apibench`` is the paper's ``<<<domain>>>: ... <<<api_call>>>: ...`` answer (sources/prompt.py
-renders it); ``python_calls`` is BFCL's prompting answer, ``[f(a=1), g(b='x')]``, ``[]`` for no call.
+renders it); ``python_calls`` is BFCL's prompting answer, ``[f(a=1), g(b='x')]``, ``[]`` for no call;
+``tool_calls`` is the chat template's own tool calling (``tools=``, assistant ``tool_calls``).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import platform
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 from ratune.errors import RatuneError
-from ratune.sources.prompt import ABSTAIN_API_CALL, abstain_answer, format_answer, render_user_turn
+from ratune.sources.prompt import (ABSTAIN_API_CALL, abstain_answer, assistant_text, format_answer, render_user_turn,
+                                   require_tool_template)
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """A rendered prompt: the ``user_turn``, the ``system`` turn before it (None: none) and
-    whether a document was ``shortened`` to fit its budget."""
+    """A rendered prompt: the ``user_turn``, the ``system`` turn before it (None: none), the
+    ``tools`` given to the chat template as ``tools=`` (None: not given) and whether a document
+    was ``shortened`` to fit its budget."""
 
     user_turn: str
     system: str | None = None
+    tools: tuple[dict, ...] | None = None
     shortened: bool = False
 
 
@@ -42,13 +47,52 @@ class AnswerFormat(ABC):
         """The prompt of ``example`` (a :class:`~ratune.sources.apibench.Example`) with ``docs`` shown."""
 
     @abstractmethod
-    def completion(self, example, *, abstain: bool = False) -> str:
-        """The answer text ``example`` is trained on; :attr:`no_call`'s answer when ``abstain``."""
+    def completion(self, example, *, abstain: bool = False, tokenizer=None, prompt: Prompt | None = None) -> str:
+        """The answer text ``example`` is trained on; :attr:`no_call`'s answer when ``abstain``. A
+        format whose answer the chat template writes (``tool_calls``) needs the ``tokenizer`` and
+        the row's ``prompt``."""
 
     @abstractmethod
     def answer_end(self, text: str) -> int | None:
         """The offset in generated ``text`` after which nothing is needed for scoring, or None
         while the answer is incomplete. Any continuation of ``text`` gives the same offset."""
+
+    def parser_record(self) -> dict:
+        """What reads this format's answers, with its version (a scored cell's ``parser``)."""
+        return {}
+
+    def record(self) -> dict:
+        """The format as a generation record holds it (:func:`answer_format_of` reads it back)."""
+        return {"answer_format": self.name}
+
+    def restored(self, record: Mapping) -> "AnswerFormat":
+        """This format as :meth:`record` wrote it (itself by default)."""
+        return self
+
+    def chat(self, messages: Sequence[Mapping], functions: Sequence[Mapping]) -> tuple[list[dict], tuple | None]:
+        """A function-calling chat (BFCL's entries) as this format shows it: ``(messages, tools)``,
+        ``tools`` given to the chat template as ``tools=`` (None: not given).
+
+        Raises:
+            RatuneError: a format without function lists (``apibench``).
+        """
+        raise RatuneError(f"the {self.name} answer format does not show function lists; use python_calls or "
+                          "tool_calls")
+
+    def bfcl_text(self, text: str) -> str:
+        """An answer as BFCL's prompting decoder reads it (a Python call list)."""
+        return text
+
+    def reading(self, tokenizer) -> "AnswerFormat":
+        """This format reading answers as ``tokenizer``'s chat template writes them (itself by default)."""
+        return self
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """Refuse a tokenizer (its chat template) this format cannot be written with; any by default.
+
+        Raises:
+            RatuneError: naming the way out.
+        """
 
     def finish(self, text: str, *, stop: bool) -> str:
         """The stored answer for generated ``text``: cut at :meth:`answer_end` when ``stop`` (and the
@@ -71,7 +115,7 @@ class APIBenchFormat(AnswerFormat):
                                                 count_tokens=count_tokens)
         return Prompt(user_turn=user_turn, shortened=shortened)
 
-    def completion(self, example, *, abstain=False):
+    def completion(self, example, *, abstain=False, tokenizer=None, prompt=None):
         return format_answer(abstain_answer(example.answer) if abstain else example.answer)
     #: The last field scoring needs (the answer writes domain, api_call, api_provider first).
     last_needed_field: ClassVar[str] = "<<<api_provider>>>:"
@@ -130,7 +174,7 @@ class PythonCallsFormat(AnswerFormat):
             system = f"{system}\n\n{example.system}"
         return Prompt(user_turn=example.instruction, system=system)
 
-    def completion(self, example, *, abstain=False):
+    def completion(self, example, *, abstain=False, tokenizer=None, prompt=None):
         return self.no_call if abstain else self.render_calls(example.calls)
 
     @staticmethod
@@ -170,6 +214,20 @@ class PythonCallsFormat(AnswerFormat):
                     return i + 1 if char == "]" else None
         return None
 
+    def parser_record(self) -> dict:
+        return {"python_ast": platform.python_version()}
+
+    def chat(self, messages, functions):
+        """:meth:`system_prompt` over ``functions`` in front of the chat's own system message (a
+        blank line between), else as a system message of its own; no ``tools=``."""
+        system = self.system_prompt(functions)
+        messages = [dict(message) for message in messages]
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = system + "\n\n" + messages[0]["content"]
+        else:
+            messages.insert(0, {"role": "system", "content": system})
+        return messages, None
+
     def parse_calls(self, text: str) -> list[dict] | None:
         """The first call list in ``text`` as ``[{"name", "arguments"}]`` (``[]`` for ``[]``), or None
         when there is none or it is not a list of calls with keyword arguments whose values are
@@ -205,6 +263,116 @@ class PythonCallsFormat(AnswerFormat):
             args = ", ".join(f"{key}={python_literal(value)}" for key, value in call["arguments"].items())
             rendered.append(f"{call['name']}({args})")
         return "[" + ", ".join(rendered) + "]"
+
+
+class ToolCallsFormat(AnswerFormat):
+    """The chat template's own tool calling (TRL's ``tools`` column): the tools shown go to the
+    template as ``tools=``, in OpenAI's ``{"type": "function", "function": schema}`` form, and the
+    answer is an assistant message with ``tool_calls`` as the template writes it; calling nothing
+    is the text :attr:`no_call`. A template that ignores tools (SmolLM2's) is refused: build with
+    ``--chat-template chatml_tools``. Answers are read back by a transformers ``response_template``
+    (:meth:`parse_calls`); generation stops at EOS.
+
+    Args:
+        response_template: the tokenizer's ``response_template`` (None: answers cannot be read).
+    """
+
+    name = "tool_calls"
+    no_call = "None of the given functions can be used."
+
+    def __init__(self, response_template: Mapping | None = None):
+        self.response_template = response_template
+
+    def reading(self, tokenizer) -> "ToolCallsFormat":
+        """This format reading answers with ``tokenizer``'s ``response_template``.
+
+        Raises:
+            RatuneError: the tokenizer has none (its template's answers could not be scored).
+        """
+        template = getattr(tokenizer, "response_template", None)
+        if not template:
+            raise RatuneError(f"{getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}: the tool_calls answer "
+                              "format reads answers with the tokenizer's response_template and this tokenizer has "
+                              "none; use --chat-template chatml_tools (it brings one)")
+        return ToolCallsFormat(template)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        require_tool_template(tokenizer)
+
+    def prompt(self, example, docs, *, max_document_tokens=None, count_tokens=None):
+        """The instruction as the user turn, the row's own system message, ``docs`` as the tools."""
+        return Prompt(user_turn=example.instruction, system=example.system,
+                      tools=tuple({"type": "function", "function": dict(doc)} for doc in docs))
+
+    def completion(self, example, *, abstain=False, tokenizer=None, prompt=None):
+        """The assistant message as the template writes it behind ``prompt`` (EOS and after cut).
+
+        Raises:
+            RatuneError: the tokenizer's template ignores tools or does not write tool calls.
+        """
+        if tokenizer is None or prompt is None:
+            raise TypeError("the tool_calls format renders answers through the tokenizer's chat template")
+        self.check_tokenizer(tokenizer)
+        if abstain or not example.calls:
+            message = {"role": "assistant", "content": self.no_call}
+        else:
+            message = {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in example.calls]}
+        return assistant_text(tokenizer, prompt.user_turn, prompt.system, prompt.tools, message)
+
+    def answer_end(self, text: str) -> int | None:
+        return None  # the answer ends at EOS, where generation stops anyway
+
+    def parser_record(self) -> dict:
+        from importlib.metadata import version
+
+        return {"transformers_parse_response": version("transformers")}
+
+    def record(self) -> dict:
+        return {"answer_format": self.name, "response_template": self.response_template}
+
+    def restored(self, record):
+        return ToolCallsFormat(record.get("response_template"))
+
+    def chat(self, messages, functions):
+        """The messages as they are; ``functions`` as the tools, in OpenAI's form."""
+        return [dict(m) for m in messages], tuple({"type": "function", "function": dict(fn)} for fn in functions)
+
+    def bfcl_text(self, text: str) -> str:
+        """The calls as a Python call list (``[]`` for a text answer); the text itself when a call
+        does not decode (BFCL counts it as not decoded)."""
+        calls = self.parse_calls(text)
+        return text if calls is None else PythonCallsFormat.render_calls(calls)
+
+    def parse_calls(self, text: str) -> list[dict] | None:
+        """The answer's calls as ``[{"name", "arguments"}]`` (``[]``: a text answer, no call), or None
+        when a call does not decode (bad JSON, no name, arguments not an object).
+
+        Raises:
+            RatuneError: this instance has no response template (see :meth:`reading`).
+        """
+        from transformers.utils.chat_parsing import parse_response
+
+        if self.response_template is None:
+            raise RatuneError("the tool_calls format needs the tokenizer's response_template to read answers")
+        try:
+            message = parse_response(text, dict(self.response_template), prefix="")
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return None
+        calls = []
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else None
+            name, arguments = (fn.get("name"), fn.get("arguments", {})) if isinstance(fn, dict) else (None, None)
+            if isinstance(arguments, str):  # a template that writes arguments as a JSON string
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    return None
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                return None
+            calls.append({"name": name, "arguments": arguments})
+        return calls
 
 
 def dotted_name(node: ast.AST) -> str | None:
@@ -249,9 +417,19 @@ def python_literal(value) -> str:
 
 
 #: The answer formats by name.
-ANSWER_FORMATS: dict[str, AnswerFormat] = {f.name: f() for f in (APIBenchFormat, PythonCallsFormat)}
+ANSWER_FORMATS: dict[str, AnswerFormat] = {f.name: f() for f in (APIBenchFormat, PythonCallsFormat, ToolCallsFormat)}
 #: The format of APIBench hubs and of every build made before formats existed.
 DEFAULT_ANSWER_FORMAT = APIBenchFormat.name
+
+
+def answer_format_of(record: Mapping, default: str) -> AnswerFormat:
+    """The answer format a generation record (:meth:`AnswerFormat.record`) names, ``default`` where
+    it names none (cells from before formats were recorded).
+
+    Raises:
+        RatuneError: an unknown name.
+    """
+    return get_answer_format(record.get("answer_format") or default).restored(record)
 
 
 def get_answer_format(name: str) -> AnswerFormat:

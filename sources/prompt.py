@@ -64,6 +64,52 @@ GORILLA_V0_TEMPLATE = (
 )
 
 
+#: ChatML with tools, for tokenizers whose own template ignores ``tools=`` (SmolLM2's): the tool
+#: list and the call syntax in a system turn, answers ``<tool_call>\n{"name": ..., "arguments": {...}}
+#: \n</tool_call>`` one per call, as Qwen2.5's template writes them (Hermes' function-calling format).
+CHATML_TOOLS_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{{- messages[0]['content'] + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- elif messages[0]['role'] == 'system' -%}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "{{- '<|im_start|>assistant' -}}"
+    "{%- if message.get('content') -%}{{- '\\n' + message['content'] -}}{%- endif -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set fn = call['function'] if call.get('function') else call -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' + (fn['arguments'] | tojson)"
+    " + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif message['role'] != 'system' -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+#: How :data:`CHATML_TOOLS_TEMPLATE`'s answers are read back: a transformers ``response_template``
+#: (``transformers.utils.chat_parsing``): each ``<tool_call>`` body as JSON, the rest as content.
+CHATML_TOOLS_RESPONSE = {
+    "start_anchor": "<|im_start|>assistant\n",
+    "defaults": {"role": "assistant"},
+    "fields": {
+        "content": {},
+        "tool_calls": {"open": "<tool_call>", "close": "</tool_call>", "content": "json", "repeats": True,
+                       "transform": {"type": "function", "function": "{content}"}},
+    },
+}
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A chat template ratune can give a tokenizer (``chat_template:`` in a training config,
@@ -76,12 +122,15 @@ class ChatTemplate:
             (gorilla_v0: one space, ``ASSISTANT: {answer}``). A non-empty prefix is tokenized in
             context, after the prompt text (:func:`ratune.data.labels.tokenize_row`).
         summary: one line for docs and help texts.
+        response_template: how answers are read back into messages (a transformers
+            ``response_template``; set as the tokenizer's), for a template that renders tool calls.
     """
 
     name: str
     jinja: str
     answer_prefix: str
     summary: str
+    response_template: dict | None = None
 
 
 #: The one registry of template names: the train config's ``chat_template`` values and the
@@ -90,6 +139,9 @@ CHAT_TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (
     ChatTemplate("chatml", CHATML_TEMPLATE, "", "ChatML, no system turn: <|im_start|>user ... <|im_start|>assistant"),
     ChatTemplate("gorilla_v0", GORILLA_V0_TEMPLATE, " ",
                  "the paper's FastChat format: {system}\\nUSER: ...\\nASSISTANT: {answer}</s>"),
+    ChatTemplate("chatml_tools", CHATML_TOOLS_TEMPLATE, "",
+                 "ChatML with a tool list and <tool_call> answers (Qwen2.5's layout), for the tool_calls answer format",
+                 response_template=CHATML_TOOLS_RESPONSE),
 )}
 #: The template names, in registry order.
 CHAT_TEMPLATE_NAMES = tuple(CHAT_TEMPLATES)
@@ -235,6 +287,8 @@ def use_chat_template(tokenizer, name: str | None):
     if name not in CHAT_TEMPLATES:
         raise RatuneError(unknown_name("chat template", name, CHAT_TEMPLATE_NAMES))
     tokenizer.chat_template = CHAT_TEMPLATES[name].jinja
+    if CHAT_TEMPLATES[name].response_template is not None:  # saved with the tokenizer, read by parse_response
+        tokenizer.response_template = CHAT_TEMPLATES[name].response_template
     return tokenizer
 
 
@@ -284,15 +338,73 @@ def with_bos(tokenizer, ids: Sequence[int]) -> list[int]:
     return ids if ids[:1] == [bos] else [bos] + ids
 
 
-def prompt_text(tokenizer, user_turn: str, system: str | None = None) -> str:
-    """The prompt as text: the tokenizer's chat template applied to :func:`chat_messages`, with
-    the generation prompt appended (no BOS: that is added to the ids by :func:`encode_prompt`)."""
-    return tokenizer.apply_chat_template(chat_messages(user_turn, system), add_generation_prompt=True, tokenize=False)
+def prompt_text(tokenizer, user_turn: str, system: str | None = None, tools: Sequence[dict] | None = None) -> str:
+    """The prompt as text: the tokenizer's chat template applied to :func:`chat_messages` (and
+    ``tools``, the ``tool_calls`` format's JSON schemas), with the generation prompt appended (no
+    BOS: that is added to the ids by :func:`encode_prompt`)."""
+    return tokenizer.apply_chat_template(chat_messages(user_turn, system), add_generation_prompt=True, tokenize=False,
+                                         **_tools_kwargs(tools))
 
 
-def encode_prompt(tokenizer, user_turn: str, system: str | None = None) -> list[int]:
+def _tools_kwargs(tools: Sequence[dict] | None) -> dict:
+    return {} if tools is None else {"tools": list(tools)}
+
+
+#: A tool no real tool list holds: :func:`require_tool_template` looks for its name in the prompt.
+_PROBE_TOOL = {"type": "function", "function": {"name": "ratune_probe_tool", "description": "",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def require_tool_template(tokenizer) -> None:
+    """Refuse a chat template that ignores ``tools=`` or does not write an assistant's
+    ``tool_calls`` (SmolLM2's own, chatml, gorilla_v0), in one line naming the way out.
+
+    Raises:
+        RatuneError: naming the tokenizer and ``--chat-template chatml_tools``.
+    """
+    template = template_of(tokenizer)
+    name = f"chat template {template.name}" if template else (
+        f"{getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}'s own chat template")
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "ratune_probe_tool", "arguments": {}}}]}
+    try:
+        shown = "ratune_probe_tool" in prompt_text(tokenizer, "x", None, [_PROBE_TOOL])
+        problem = "does not write tool calls" if shown else "ignores tools="
+        if shown and "ratune_probe_tool" in assistant_text(tokenizer, "x", None, [_PROBE_TOOL], call):
+            return
+    except RatuneError:
+        raise
+    except Exception as exc:  # a template that raises on tools or tool_calls (jinja's own errors)
+        problem = f"fails on a tool list or a tool call ({type(exc).__name__}: {exc})"
+    raise RatuneError(f"{name} {problem}: the tool_calls answer format needs a template with tool calling; "
+                      "build with --chat-template chatml_tools")
+
+
+def assistant_text(tokenizer, user_turn: str, system: str | None, tools: Sequence[dict] | None,
+                   message: dict) -> str:
+    """The text the chat template writes for assistant ``message`` behind the prompt: the chat with
+    the answer, less the prompt's text (:func:`prompt_text`) in front and the end of the turn (the
+    last EOS text and what follows it) behind; EOS is the answer's last token in a training row.
+
+    Raises:
+        RatuneError: the chat with the answer does not start with the prompt's text.
+    """
+    head = prompt_text(tokenizer, user_turn, system, tools)
+    full = tokenizer.apply_chat_template(chat_messages(user_turn, system) + [message], tokenize=False,
+                                         **_tools_kwargs(tools))
+    if not full.startswith(head):
+        raise RatuneError(f"{getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}: its chat template writes "
+                          "the prompt differently once the answer follows it, so no answer is a continuation of "
+                          "the prompt; use --chat-template chatml_tools")
+    text = full[len(head):]
+    eos = tokenizer.eos_token
+    return text[:text.rindex(eos)] if eos and eos in text else text.rstrip("\n")
+
+
+def encode_prompt(tokenizer, user_turn: str, system: str | None = None,
+                  tools: Sequence[dict] | None = None) -> list[int]:
     """Token ids of the prompt: the tokenizer's chat template applied to the single user turn (behind
-    ``system`` when given), with the generation prompt (the assistant header) appended, behind exactly one BOS when the
+    ``system`` when given; ``tools`` passed as ``tools=``), with the generation prompt (the assistant header) appended, behind exactly one BOS when the
     tokenizer adds BOS to plain text (:func:`with_bos`; LLaMA, for chatml and gorilla_v0 alike).
 
     Used by training (labels start right after these ids) and by generation (the model continues
@@ -301,10 +413,10 @@ def encode_prompt(tokenizer, user_turn: str, system: str | None = None) -> list[
     Raises:
         ValueError: when the tokenizer has no chat template.
     """
-    return encode_messages(tokenizer, chat_messages(user_turn, system))
+    return encode_messages(tokenizer, chat_messages(user_turn, system), tools)
 
 
-def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+def encode_messages(tokenizer, messages: list[dict], tools: Sequence[dict] | None = None) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template with the generation prompt,
     behind exactly one BOS (:func:`with_bos`); :func:`encode_prompt` for one user turn.
 
@@ -313,5 +425,6 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template: ratune trains and evaluates single-turn chats")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                        **_tools_kwargs(tools))
     return with_bos(tokenizer, ids)

@@ -10,9 +10,11 @@ from ratune.sources.formats import ANSWER_FORMATS, PythonCallsFormat, get_answer
 
 
 def test_the_registry_names_each_format_once():
-    assert list(ANSWER_FORMATS) == ["apibench", "python_calls"]
-    assert (ANSWER_FORMATS["apibench"].no_call, ANSWER_FORMATS["python_calls"].no_call) == ("NO_API_FITS", "[]")
-    with pytest.raises(RatuneError, match=r"^unknown answer format 'json': expected one of apibench, python_calls$"):
+    assert list(ANSWER_FORMATS) == ["apibench", "python_calls", "tool_calls"]
+    assert [f.no_call for f in ANSWER_FORMATS.values()] == ["NO_API_FITS", "[]",
+                                                            "None of the given functions can be used."]
+    with pytest.raises(RatuneError, match=r"^unknown answer format 'json': expected one of apibench, python_calls, "
+                                          r"tool_calls$"):
         get_answer_format("json")
 
 

@@ -97,7 +97,7 @@ def test_template_names_have_one_owner():
     from ratune.cli import build_parser
     from ratune.train.config import TrainConfig
 
-    assert CHAT_TEMPLATE_NAMES == ("chatml", "gorilla_v0")
+    assert CHAT_TEMPLATE_NAMES == ("chatml", "gorilla_v0", "chatml_tools")
     literal, none = typing.get_args(TrainConfig.model_fields["chat_template"].annotation)
     assert typing.get_args(literal) == CHAT_TEMPLATE_NAMES and none is type(None)
     parser = build_parser()
@@ -144,7 +144,7 @@ def test_data_build_without_a_template_is_one_line_naming_the_flag(apibench, lla
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"ratune: error: {llama1_dir}: the tokenizer has no chat template")
-    assert "give --chat-template" in err and "chatml or gorilla_v0" in err
+    assert "give --chat-template" in err and "chatml or gorilla_v0 or chatml_tools" in err
     assert not (tmp_path / "d").exists()  # refused before the output folder is made
 
 

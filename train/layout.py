@@ -210,20 +210,34 @@ def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
     return None
 
 
-def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
-    """The chat template name the checkpoint was trained with, from its run manifest (a run
-    folder's ``manifest.json`` or a model folder's ``ratune_manifest.json``): ``prompt.chat_template``,
-    else the training config's ``chat_template``; None when not recorded (the tokenizer's own)."""
+def _run_manifest_of(checkpoint: str | os.PathLike) -> dict | None:
+    """The run manifest a checkpoint was trained under: a run folder's ``manifest.json`` or a model
+    folder's ``ratune_manifest.json``; None when there is none (a model from elsewhere)."""
     path = Path(checkpoint)
     for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
         if manifest.exists():
-            data = read_json_object(manifest)  # a torn manifest: InputError naming it
-            prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
-            if "chat_template" in prompt:
-                return prompt["chat_template"]
-            config = data.get("config") if isinstance(data.get("config"), dict) else {}
-            return config.get("chat_template")
+            return read_json_object(manifest)  # a torn manifest: InputError naming it
     return None
+
+
+def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
+    """The chat template name the checkpoint was trained with, from its run manifest:
+    ``prompt.chat_template``, else the training config's ``chat_template``; None when not recorded
+    (the tokenizer's own)."""
+    data = _run_manifest_of(checkpoint) or {}
+    prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
+    if "chat_template" in prompt:
+        return prompt["chat_template"]
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    return config.get("chat_template")
+
+
+def trained_answer_format(checkpoint: str | os.PathLike) -> str | None:
+    """The answer format the checkpoint's training rows were written in (its run manifest's
+    ``prompt.answer_format``, copied from the data manifest); None: not recorded, the hub's own."""
+    data = _run_manifest_of(checkpoint) or {}
+    prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
+    return prompt.get("answer_format")
 
 
 def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:

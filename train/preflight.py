@@ -1,13 +1,17 @@
-"""Checks of a training run's data, schedule, loggers and QLoRA before any folder is made or
-model loaded (:mod:`ratune.train.sft`), and the training rows, tokenized and checked as they load.
+"""What a training run (:mod:`ratune.train.sft`) checks about its data, loggers, QLoRA and save
+schedule, and its training rows, tokenized and checked as they load.
+
+Before any folder is made or model loaded:
 
 - the data: complete, the config's mode built with a train split (:func:`check_training_data`),
   built with the config's chat template (:func:`check_data_chat_template`) from the config's hub
-  (:func:`check_data_hub`); every row within max_length with a trainable token
-  (:func:`load_training_rows`);
-- the save schedule writes at least one checkpoint (:func:`check_save_schedule`);
+  (:func:`check_data_hub`);
 - each ``report_to`` logger's package is installed (:func:`check_report_to`);
 - QLoRA can run here: bitsandbytes and CUDA (:func:`require_qlora`).
+
+Then, before the model is loaded: every row within max_length with a trainable token
+(:func:`load_training_rows`), and a save schedule that writes at least one checkpoint
+(:func:`check_save_schedule`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 from pathlib import Path
 
 from ratune.config import key_line
-from ratune.data.labels import AnswerMerge, NoTrainableTokens, built_answer_tokenization, tokenize_row
+from ratune.data.labels import AnswerMerge, NoTrainableTokens, built_answer_tokenization, tokenize_built_row
 from ratune.errors import RatuneError
 from ratune.hubs import manifest_hub_record, resolve_hub
 from ratune.io import read_json, read_json_object
@@ -152,8 +156,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
     input_ids, labels, real, trainable = [], [], 0, 0
     for i, row in enumerate(split):
         try:
-            tok = tokenize_row(tokenizer, row["user_turn"], row["completion"], system=row.get("system"),
-                               answer_tokenization=answer_tokenization)
+            tok = tokenize_built_row(tokenizer, row, answer_tokenization=answer_tokenization)
         except (NoTrainableTokens, AnswerMerge) as exc:
             raise RatuneError(f"{data_dir}/{config.train_retriever} row {i} (line {row['line']}): {exc}") from None
         if len(tok.input_ids) > config.max_length:

@@ -331,9 +331,12 @@ def _run_manifest(config: TrainConfig, plan: _Plan, trainer, model, *, stats: di
     if data_manifest.exists():
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
         manifest["train_rows_sha256"] = plan.rows_sha256
-        # the evaluator renders prompts with the document budget and chat template the model was trained with
-        manifest["prompt"] = {"max_document_tokens": read_json(data_manifest)["settings"]["max_document_tokens"],
-                              "chat_template": config.chat_template}
+        # the evaluator renders prompts with the document budget, chat template and answer format the model
+        # was trained with
+        built = read_json(data_manifest)
+        manifest["prompt"] = {"max_document_tokens": built["settings"]["max_document_tokens"],
+                              "chat_template": config.chat_template,
+                              **({"answer_format": built["answer_format"]} if "answer_format" in built else {})}
     return manifest
 
 
