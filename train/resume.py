@@ -23,10 +23,18 @@ from ratune.train.layout import (TRAINER_DIR, checkpoint_folders, complete_check
 
 
 def is_main_process() -> bool:
+    """Whether this process is rank 0 (``RANK``; a run without a launcher is)."""
     return int(os.environ.get("RANK", "0")) == 0
 
 
 def prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
+    """The run folder ``config.output_dir``, made, and claimed as a ratune train output on a fresh
+    run. Only the main process checks it: a fresh run (``resume_from`` None) refuses a folder
+    holding anything (naming it when ratune did not make it).
+
+    Raises:
+        RatuneError: the folder holds an earlier run or files ratune did not write.
+    """
     output = run_output(config)
     out = output.out
     # only the main process checks: the others would see the folder it has just started writing
@@ -117,6 +125,14 @@ def check_same_data(out: Path, data_dir: Path, mode: str) -> str | None:
 
 
 def resolve_resume(out: Path, resume_from: str | None) -> str | None:
+    """The checkpoint folder a run resumes from: None for a fresh run, the highest complete
+    checkpoint for ``latest`` (partial ones passed over), else ``resume_from`` checked to be a
+    complete checkpoint.
+
+    Raises:
+        RatuneError: ``latest`` with no complete checkpoint, a path that does not exist or a
+            partial checkpoint.
+    """
     if resume_from is None:
         return None
     if resume_from == "latest":
