@@ -1,0 +1,85 @@
+"""Choosing a checkpoint on a learning curve by a declared rule (docs/pipeline.md): each rule of
+:data:`SELECTION_RULES` turns one checkpoint's curve rows (one per test setting) into a score, and
+:func:`choose_checkpoint` takes the highest, ties to the earlier step. Meant for curves on the
+validation questions; the chosen checkpoint's test questions are read once after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Callable, Sequence
+
+from ratune.errors import RatuneError
+from ratune.registry import unknown_name
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """A way to score a checkpoint from its curve rows.
+
+    Attributes:
+        name: the rule's name (``--rule``, a sweep's ``selection.rule``).
+        summary: one line for help texts, reports and docs.
+        aggregate: the score of a checkpoint from its settings' correct counts.
+        setting: the one test setting the rule reads (None: every setting of the curve).
+    """
+
+    name: str
+    summary: str
+    aggregate: Callable[[Sequence[int]], float]
+    setting: str | None = None
+
+
+#: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``worst_case``
+#: the rule of a mixture, which should hold up under every retriever it may meet.
+SELECTION_RULES: dict[str, SelectionRule] = {r.name: r for r in (
+    SelectionRule("zero_shot", "most correct answers at 0_shot", min, setting="0_shot"),
+    SelectionRule("worst_case", "most correct answers in the checkpoint's worst setting", min),
+    SelectionRule("mean", "most correct answers on average over the settings", fmean),
+)}
+
+
+def get_selection_rule(name: str) -> SelectionRule:
+    """The rule called ``name``.
+
+    Raises:
+        RatuneError: an unknown name, listing the known ones.
+    """
+    if name not in SELECTION_RULES:
+        raise RatuneError(unknown_name("selection rule", name, tuple(SELECTION_RULES)))
+    return SELECTION_RULES[name]
+
+
+def choose_checkpoint(rows: Sequence[dict], rule: str, *, metric: str = "strict") -> dict:
+    """The checkpoint ``rule`` chooses on curve ``rows`` (:func:`ratune.eval.curve.curve_row`) by
+    ``metric``'s correct counts: the highest score, ties to the earlier step.
+
+    Returns:
+        ``{"rule", "summary", "metric", "setting", "step", "epoch", "score", "scores": [{"step",
+        "epoch", "score"}]}`` (``scores`` by step).
+    Raises:
+        RatuneError: an unknown rule; no rows; the rule's setting missing at a step; a metric the
+            curve does not have (a catalog has no ``gorilla``).
+    """
+    chosen_rule = get_selection_rule(rule)
+    if not rows:
+        raise RatuneError("no learning-curve rows to choose a checkpoint from")
+    by_step: dict[int, list[dict]] = {}
+    for row in rows:
+        by_step.setdefault(row["step"], []).append(row)
+    scores = []
+    for step in sorted(by_step):
+        part = by_step[step]
+        if chosen_rule.setting is not None:
+            part = [r for r in part if r["setting"] == chosen_rule.setting]
+            if not part:
+                raise RatuneError(f"selection rule {rule}: the curve has no {chosen_rule.setting} cell at step {step}; "
+                                  f"evaluate the curve with --settings {chosen_rule.setting}")
+        counts = [r[f"{metric}_correct"] for r in part]
+        if any(c is None for c in counts):
+            raise RatuneError(f"selection rule {rule}: the curve has no {metric} metric (a catalog or tool set is "
+                              "scored by strict only)")
+        scores.append({"step": step, "epoch": part[0]["epoch"], "score": chosen_rule.aggregate(counts)})
+    best = max(scores, key=lambda s: (s["score"], -s["step"]))
+    return {"rule": rule, "summary": chosen_rule.summary, "metric": metric, "setting": chosen_rule.setting,
+            "step": best["step"], "epoch": best["epoch"], "score": best["score"], "scores": scores}
