@@ -25,6 +25,7 @@ from ratune.eval.scoring.scorer import Scorer
 from ratune.eval.stats import count_rates
 from ratune.eval.tool_scorer import TOOL_SET_METRIC, ToolSetScorer
 from ratune.io import read_json_object
+from ratune.sources.apibench import load_api_database
 from ratune.sources.formats import answer_format_of, get_answer_format
 
 
@@ -118,6 +119,8 @@ class APIBenchScoring(HubScoring):
     metrics = ("gorilla", "strict")
 
     def _make_scorer(self, hub, examples):
+        if examples and examples[0].split != "eval":  # held-out training questions, numbered 1..n
+            return Scorer(hub.name, load_api_database(hub.api_database_file), [e.api for e in examples])
         return Scorer.from_apibench(hub.name, hub.root)
 
     def load_responses(self, path, *, hub_check=True):

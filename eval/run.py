@@ -1,44 +1,6 @@
 """The eval stage: generate answers for eval questions under each test-time retrieval setting,
-store them in the shape of the paper's released response files, and score them.
-
-Output folder (one per checkpoint)::
-
-    {setting}/responses.jsonl   {"question_id", "text", "model", "setting"} per line, appended and
-                                flushed per batch; a rerun continues after the last complete line
-    {setting}/metrics.json      n, accuracy / hallucination / error (gorilla metric, fractions,
-                                each with a 95 % Wilson interval ``*_ci``), the strict metric, parser and package versions, settings;
-                                on a catalog the top-level rates are its strict metric's (``"metric": "strict"``),
-                                with its argument score and no gorilla block (eval/catalog_scorer.py)
-    {setting}/identity.json     checkpoint, questions and generation settings (device and dtype
-                                included); a rerun with different ones is refused instead of
-                                mixing answers
-    {setting}/.complete         written last
-    .ratune-output              the folder is a ratune eval output (ratune.manifest.output_stage):
-                                a non-empty folder without it is refused, never written into
-    manifest.json               versions, git commit, checkpoint, input hashes, generation
-                                settings, and the sha256 of each finished cell's metrics.json
-
-Placement: on a machine where torch sees a CUDA GPU the model generates there in bfloat16, else
-on the CPU in float32 (``--device``, ``--dtype`` override; :func:`resolve_placement`).
-
-Checkpoints (:func:`resolve_checkpoint`): a run folder's ``model/``, a model folder, or a run that
-saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``): that adapter is merged into the
-UNQUANTIZED base its run manifest names, in the eval dtype
-(:func:`ratune.models.load_adapter_merged`), so eval measures the model ``ratune export
---merge-lora`` writes, on any machine (no bitsandbytes or CUDA needed). It is not the 4-bit base
-the adapter was trained on; the train-time save check measured the adapter on that one.
-A run's Trainer checkpoint, ``RUN/trainer/checkpoint-STEP`` (full weights, or a LoRA adapter put
-on the run's base), evaluates with the run's prompt settings and records its step in each cell's
-identity and metrics (``step``, ``train_step``): a learning curve is an eval per checkpoint.
-
-Length: prompt plus answer stay within the model's positions for both backends
-(:func:`ratune.eval.generate.generation_limits`); the questions that got fewer than
-``max_new_tokens`` new tokens are listed in ``metrics.json`` (``generation_limit.capped``), and a
-prompt that fills the positions alone is an error before the model is loaded.
-
-The prompt is rendered by the hub's answer format (:mod:`ratune.sources.formats`), as the
-training-set builder renders it, with the document budget and the chat template the checkpoint was
-trained with (its run manifest; :func:`trained_chat_template`).
+store them in the shape of the paper's released response files, and score them. Output folder,
+checkpoints, placement and length policy: docs/pipeline.md#eval.
 """
 
 from __future__ import annotations
@@ -69,12 +31,10 @@ from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
 from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
+from ratune.eval.questions import questions, split_refusal
 from ratune.train.layout import (Checkpoint, resolve_checkpoint, trained_answer_format, trained_chat_template,
                                  trained_document_budget)
 
-# The test-time settings (Table 2 columns, in column order), the experiment settings and the
-# retriever of each are ratune/registry.py TEST_SETTINGS / EXPERIMENT_SETTINGS; without
-# --settings the eval runs DEFAULT_SETTINGS (the paper's columns but released_bm25, plus dense).
 
 
 def _device_name(device: str) -> str:
@@ -165,25 +125,11 @@ def _setting_plan(setting: str, examples: list, *, source, settings: EvalSetting
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, *, hub, apibench_dir, out_dir: str | os.PathLike,
                         settings: EvalSettings, model_name: str | None = None, progress: bool = True) -> dict:
-    """Generate and score one checkpoint under each test setting into ``out_dir``, an output
-    (:class:`ratune.output.StageOutput`) whose lock is held throughout.
+    """Generate and score one checkpoint under each test setting into ``out_dir`` (a
+    :class:`ratune.output.StageOutput`, locked throughout); every check that needs no model runs
+    before a cell is written. ``hub``: an APIBench hub name, a catalog folder or a
+    :class:`~ratune.hubs.Hub`; ``model_name``: ``--model-name``. Returns ``{setting: metrics}``.
 
-    Every check that needs no model runs before a cell is written (:func:`resolve_eval_request`,
-    the checkpoint's chat template and every prompt's length); the model is loaded once,
-    when the first cell has questions left to answer (:func:`load_for_generation`). Each cell is
-    generated (:func:`ratune.eval.resume.append_responses`, resumable) and scored (:func:`_cell_metrics`).
-
-    Args:
-        hub: an APIBench hub name, a catalog folder, or a :class:`~ratune.hubs.Hub`.
-            A catalog's cells are scored by its strict metric and argument score
-            (:mod:`ratune.eval.catalog_scorer`; no ``gorilla`` block: that metric is APIBench's),
-            and its top-level ``accuracy`` / ``hallucination`` / ``error`` are the strict ones
-            (``"metric": "strict"`` says so).
-        model_name: the model's name in each response line and in metrics.json (``--model-name``;
-            a sweep passes its cell's name). Default: the run folder's name with ``-stepSTEP`` for
-            a Trainer checkpoint, else the folder's name.
-    Returns:
-        ``{setting: metrics}`` (each as written to ``{setting}/metrics.json``).
     Raises:
         RatuneError: unknown setting, a setting the hub does not have (``gpt_index`` and
             ``released_bm25`` replay the paper's documents, APIBench only; ``constraints_*`` are
@@ -243,6 +189,7 @@ class _EvalRun:
     generation: dict
     answer_format: object
     progress: bool
+    split_record: dict | None = None
     model: object = None
 
     @classmethod
@@ -255,7 +202,11 @@ class _EvalRun:
         budget = settings.max_document_tokens
         if budget is None:
             budget = trained_document_budget(described_by)
-        all_examples = hub_source.load_examples("eval")
+        for setting in settings.settings:
+            refusal = split_refusal(setting, settings.split)
+            if refusal:
+                raise RatuneError(refusal)
+        all_examples, split_record = questions(hub_source, settings.split, described_by)
         if settings.n_questions is not None:
             all_examples = all_examples[:settings.n_questions]
         name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None
@@ -279,7 +230,7 @@ class _EvalRun:
                    scoring=scoring_for(hub_source, all_examples, answer_format), tokenizer=tokenizer, budget=budget,
                    positions=checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code),
                    inputs=inputs, generation=_generation_record(settings, request, budget, chat_template, answer_format),
-                   answer_format=answer_format, progress=progress)
+                   answer_format=answer_format, progress=progress, split_record=split_record)
 
     def identity(self, setting: str, examples: list) -> dict:
         """What a cell was computed from (a rerun with anything else is refused)."""
@@ -292,6 +243,8 @@ class _EvalRun:
             identity["adapter_base"] = source.base
         if source.step is not None:  # a Trainer checkpoint: the point of the learning curve
             identity["step"] = source.step
+        if self.split_record is not None:  # validation questions: which build held them out
+            identity.update(self.split_record)
         return identity
 
     def prompts(self, examples: list, docs: list) -> list[list[int]]:
@@ -328,7 +281,8 @@ class _EvalRun:
                                      desc=f"{self.name} {setting}", progress=self.progress)
         metrics = _cell_metrics(self.scoring.score(responses), scoring=self.scoring, responses=responses,
                                 head={"hub": self.request.hub.name, "model": self.name, "setting": setting,
-                                      "retriever": retriever.metadata()},
+                                      "retriever": retriever.metadata(),
+                                      **({"split": settings.split} if settings.split != "eval" else {})},
                                 generation=self.generation, device=self.request.device, inputs=self.inputs,
                                 positions=self.positions,
                                 capped=[e.line for e, n in zip(examples, limits) if n < settings.max_new_tokens])
@@ -378,11 +332,8 @@ class EvalRequest:
 
 
 def resolve_eval_request(checkpoint: str | os.PathLike, hub, apibench_dir, settings: EvalSettings) -> EvalRequest:
-    """The one preflight of an eval request (``ratune eval run``; each checkpoint of a learning
-    curve): every refusal of an impossible combination, before any file is read or written and
-    before any model loads. An unknown setting, backend, device or dtype is refused where the
-    :class:`~ratune.eval.settings.EvalSettings` are made; a sweep and the demo refuse a cell's
-    settings its hub lacks when planning (:meth:`ratune.hubs.Hub.check_settings`).
+    """The one preflight of an eval request: every refusal of an impossible combination, before any
+    file is read or written and before any model loads.
 
     Raises:
         RatuneError: a setting the hub does not have; a finetuned-retriever setting without its

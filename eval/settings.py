@@ -28,6 +28,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+#: The questions an eval asks: the hub's test questions, or those held out of the training data.
+EVAL_SPLITS = ("eval", "validation")
+
+
 @dataclass
 class EvalSettings:
     """How a checkpoint is evaluated.
@@ -55,6 +59,10 @@ class EvalSettings:
         answer_format: how prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`);
             None = the one the checkpoint's training rows were written in (its run manifest), else
             the hub's own. Recorded in each cell's identity when not ``apibench``.
+        split: the questions (:data:`EVAL_SPLITS`): ``eval``, the hub's test questions, or
+            ``validation``, the questions held out of the training data the checkpoint was trained
+            on (``ratune data build --validation-fraction``), numbered 1..n in the data manifest's
+            order; recorded in each cell's identity when not ``eval``.
         device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
             (:func:`resolve_placement`).
         dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
@@ -75,6 +83,7 @@ class EvalSettings:
     bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
     chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
     answer_format: Literal[tuple(ANSWER_FORMATS)] | None = None
+    split: Literal[EVAL_SPLITS] = "eval"
     device: Literal[DEVICES] = "auto"
     dtype: Literal[DTYPES] = "auto"
     retriever_cache: dict = field(default_factory=dict)
@@ -115,6 +124,10 @@ EVAL_OPTIONS: tuple[Option, ...] = (
     Option("chat_template", "--chat-template", config=False,
            help="prompt chat template (default: the one the checkpoint was trained with, from its run "
                 "manifest; give it for a model trained elsewhere whose tokenizer has none)"),
+    Option("split", "--split",
+           help="eval: the hub's test questions (default); validation: the questions held out of the data the "
+                "checkpoint was trained on (data build --validation-fraction), for choices made without the test "
+                "questions"),
     Option("answer_format", "--answer-format", config=False,
            help="how prompts and answers are written (default: the checkpoint's training rows', from its run "
                 "manifest, else the hub's; tool_calls for a model from elsewhere with tool calling)"),

@@ -50,3 +50,56 @@ def test_refusals_name_the_way_out():
         choose_checkpoint(_rows({10: {"0_shot": 1}}, gorilla=False), "zero_shot", metric="gorilla")
     with pytest.raises(RatuneError, match="no learning-curve rows"):
         choose_checkpoint([], "mean")
+
+
+def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apibench_tiny, smol_tokenizer_dir,
+                                                                  tiny_model_dir, monkeypatch):
+    """``--split validation`` asks the questions the checkpoint's data build held out, numbered 1..n,
+    scored against their own gold APIs; the cells record which build and lines; a curve of them
+    feeds a selection rule. The paper's documents (eval questions only) and a model without a run
+    manifest are refused."""
+    import json
+
+    from ratune.cli import main
+    from ratune.eval.curve import evaluate_curve
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.hubs import resolve_hub
+    from ratune.sources.prompt import format_answer
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    data = tmp_path / "data"
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out", str(data),
+                 "--tokenizer", str(smol_tokenizer_dir), "--modes", "none", "--validation-fraction", "0.34",
+                 "--validation-by", "api_grouped"]) == 0
+    held = json.loads((data / "manifest.json").read_text())["validation_split"]["lines"]
+    assert len(held) == 4  # two whole APIs, two examples each: not the first four eval questions' APIs
+    train(TrainConfig(model=str(tiny_model_dir), data_dir=str(data), train_retriever="none",
+                      output_dir=str(tmp_path / "run"), max_length=512, global_batch_size=2, max_steps=2,
+                      save_steps=1, warmup_ratio=0.0, lr_scheduler="constant", torch_threads=1))
+    gold = {e.instruction: format_answer(e.answer)
+            for e in resolve_hub("torchhub", apibench_tiny).load_examples("train") if e.line in held}
+
+    def answers(backend, model, tokenizer, prompts, **kw):  # the gold answer of each held-out question
+        texts = [tokenizer.decode(p) for p in prompts]
+        return [[(j, next(a for q, a in gold.items() if q in text)) for j, text in enumerate(texts)]]
+
+    monkeypatch.setattr("ratune.eval.run.backend_batches", answers)
+    settings = EvalSettings(settings=("0_shot", "oracle"), split="validation", batch_size=4, max_new_tokens=8,
+                            torch_threads=1)
+    rows = evaluate_curve(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "curve",
+                          settings=settings, progress=False)
+    assert [(r["step"], r["setting"], r["n"], r["strict_correct"]) for r in rows] == [
+        (1, "0_shot", 4, 4), (1, "oracle", 4, 4), (2, "0_shot", 4, 4), (2, "oracle", 4, 4)]
+    cell = tmp_path / "curve" / "step2" / "oracle"
+    identity = json.loads((cell / "identity.json").read_text())
+    assert (identity["split"], identity["lines"], identity["questions"]) == ("validation", held, [1, 2, 3, 4])
+    assert json.loads((cell / "metrics.json").read_text())["split"] == "validation"
+    assert choose_checkpoint(rows, "worst_case")["step"] == 1  # a tie: the earlier step
+    with pytest.raises(RatuneError, match="test setting gpt_index: the paper's documents exist for its eval "
+                                          "questions only, not for validation questions"):
+        evaluate_checkpoint(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "g",
+                            settings=EvalSettings(settings=("gpt_index",), split="validation"), progress=False)
+    with pytest.raises(RatuneError, match="has no run manifest naming the data it was trained on"):
+        evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "m",
+                            settings=EvalSettings(settings=("0_shot",), split="validation"), progress=False)

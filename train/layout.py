@@ -232,6 +232,14 @@ def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
     return config.get("chat_template")
 
 
+def trained_data_dir(checkpoint: str | os.PathLike) -> Path | None:
+    """The data build the checkpoint was trained on (its run manifest's ``config.data_dir``); None
+    when not recorded (a model from elsewhere)."""
+    data = _run_manifest_of(checkpoint) or {}
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    return Path(config["data_dir"]) if isinstance(config.get("data_dir"), str) else None
+
+
 def trained_answer_format(checkpoint: str | os.PathLike) -> str | None:
     """The answer format the checkpoint's training rows were written in (its run manifest's
     ``prompt.answer_format``, copied from the data manifest); None: not recorded, the hub's own."""
