@@ -1,27 +1,6 @@
 """``ratune eval bfcl``: a checkpoint's answers to BFCL's questions, generated here and scored by BFCL's own
-checker in its own venv (eval/bfcl.py), with BFCL result files for ``bfcl evaluate`` by hand
-(docs/function_calling.md, "Scoring any checkpoint on BFCL").
-
-Output folder::
-
-    {category}/identity.json    what the category is computed from (checkpoint or responses folder,
-                                entries, bfcl-eval version, generation settings); a rerun with
-                                others is refused instead of mixing answers
-    {category}/responses.jsonl  {"id", "text", "model"} per entry, appended and fsynced per batch;
-                                a rerun continues after the last complete line
-    {category}/verdicts.jsonl   BFCL's verdict per entry: {"id", "correct", "decoded", "calls",
-                                "error_type", "error"}
-    {category}/metrics.json     n, accuracy with its 95 % Wilson interval, call rate, format
-                                adherence, versions, generation settings, checkpoint
-    {category}/.complete        written last
-    bfcl/result/<model>/...     the result files ``bfcl generate`` would write (every category here)
-    summary.md, summary.csv, summary.png, manifest.json
-
-Prompts: :func:`ratune.sources.bfcl.encode_bfcl_prompt` through the checkpoint's chat template, in
-the ``python_calls`` answer format (BFCL's prompting messages; greedy, stopped at the end of the call
-list) or ``tool_calls`` (the functions as ``tools=``; to EOS), sources/formats.py. BFCL's checker
-and the result files get each answer as a Python call list (:meth:`AnswerFormat.bfcl_text`); the
-responses keep the model's text.
+checker in its own venv (eval/bfcl.py). Output folder, prompts and metrics: docs/function_calling.md,
+"Scoring any checkpoint on BFCL".
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""BFCL's own decoder and checker over a batch of answer texts; run by BFCL's Python only.
+"""BFCL's own decoder and checker over a batch of answer texts; run by BFCL's Python only
+(docs/function_calling.md#the-bridge).
 
-``.bfcl-venv/bin/python -I bfcl_worker.py MODE MODEL IN OUT`` (started by eval/bfcl.py; ratune's Python,
-which lacks bfcl_eval, never imports it). OUT holds ``{"bfcl_version", "model", ...}`` and:
+``.bfcl-venv/bin/python -I bfcl_worker.py MODE MODEL IN OUT``; OUT holds ``{"bfcl_version", "model", ...}`` and:
 
 - ``score``: IN ``[{"category", "id", "text"}]``; OUT ``"results": [{"id", "category", "correct", "decoded",
-  "calls", "error", "error_type"}]`` in input order. Each entry goes through ``bfcl evaluate``'s own
-  per-entry functions (bfcl_eval/eval_checker/eval_runner.py), with MODEL's handler, the model name as
-  ``bfcl evaluate`` passes it (``/`` as ``_``) and BFCL's own prompts and answer keys.
-- ``prompts``: IN ``[category, ...]``; OUT ``"messages": {category: [[id, messages], ...]}``, the messages
-  MODEL's handler sends in prompting mode for each entry, as ``bfcl generate`` loads and prepares it
-  (bfcl_eval/model_handler/base_handler.py ``inference_single_turn_prompting``, up to the query).
+  "calls", "error", "error_type"}]`` in input order (``bfcl evaluate``'s per-entry functions).
+- ``prompts``: IN ``[category, ...]``; OUT ``"messages": {category: [[id, messages], ...]}``, as
+  ``bfcl generate`` prepares them in prompting mode.
 
 Errors: one line on stderr, exit 2.
 """

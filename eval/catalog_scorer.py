@@ -1,22 +1,6 @@
-"""The eval stage's scorer for a catalog hub: the catalog's strict metric and argument score, in
-the shape the eval stage writes for every hub.
-
-An APIBench hub is scored by :class:`ratune.eval.scoring.Scorer` (the official ``gorilla`` metric
-and ratune's ``strict`` one). A catalog (``ratune catalog import``, docs/catalogs.md) has no
-official metric: the ``gorilla`` metric's AST sub-tree rules are written for the three APIBench
-hubs' loader calls, so ratune does not pretend to compute it for a catalog. A catalog cell is
-scored by :class:`ratune.catalog.scoring.CatalogScorer` (docs/catalog_scoring.md):
-
-* ``strict``: correct / error / hallucination by the identity the catalog declares, counted as
-  the APIBench ``strict`` block is (``accuracy``, ``hallucination``, ``error`` fractions of n and
-  ``correct_n``, ``hallucination_n``, ``error_n``);
-* ``arguments``: among all n answers, those that name the gold API *and* give every required
-  argument (``required_present``), and those that name it with every literal value of the gold
-  call (``values_equal``), in the manner of BFCL's AST checker; fractions of n with their counts.
-
-A question is a line of the catalog's ``pairs/eval.jsonl``: its ``question_id`` is that 1-based
-line (:meth:`ratune.hubs.Hub.load_examples`), its gold API the pair's ``api_name`` and
-its gold call the pair's ``api_call``.
+"""The eval stage's scorer for a catalog hub: the catalog's strict metric and argument score
+(:class:`ratune.catalog.scoring.CatalogScorer`, docs/catalog_scoring.md), in the shape the eval
+stage writes for every hub (docs/catalogs.md#evaluation). A catalog has no ``gorilla`` metric.
 """
 
 from __future__ import annotations

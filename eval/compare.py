@@ -1,12 +1,5 @@
-"""Paired comparison of two response files scored on the same questions (``ratune compare``).
-
-Both files are scored with :class:`ratune.eval.scoring.Scorer` and paired by ``question_id``.
-The output is the per-question contingency (both right, only A, only B, neither), the exact
-McNemar p-value (two-sided sign test on the discordant questions), the accuracy of each with
-its 95 % Wilson score interval, and the accuracy difference A - B with a paired percentile
-bootstrap 95 % interval (fixed seed, stated number of resamples); see :mod:`ratune.eval.stats`.
-Files whose question_id sets differ are refused: an unpaired comparison would need a different
-test and is not what ablations need.
+"""Paired comparison of two response files scored on the same questions (``ratune compare``;
+docs/pipeline.md#reading-intervals-and-comparisons). Unpaired question sets are refused.
 """
 
 from __future__ import annotations
@@ -55,15 +48,9 @@ def resolve_responses_path(path: str | os.PathLike) -> Path:
 def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, metric: str = "gorilla",
                      resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
                      labels: tuple[str, str] = ("A", "B")) -> dict:
-    """Compare two scored outcome lists, paired by question_id.
-
-    Args:
-        per_question_a, per_question_b: ``[{"question_id", "gorilla", "strict"}]`` as in
-            :meth:`Scorer.score` (or metrics.json ``per_question``); a question is correct when
-            its ``metric`` outcome is ``"correct"``.
-        metric: ``gorilla`` or ``strict``.
-        resamples, seed: of the paired bootstrap.
-        labels: names of A and B used in the error message.
+    """Compare two scored outcome lists (``per_question`` of :meth:`Scorer.score`), paired by
+    question_id; a question is correct when its ``metric`` outcome is ``"correct"``. ``labels``
+    name A and B in errors.
 
     Returns:
         ``{"metric", "n", "a": {"correct_n", "accuracy", "accuracy_ci"}, "b": {...},
@@ -231,16 +218,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 
 def cli_compare(args) -> int:
-    """``ratune compare RESPONSES_A RESPONSES_B --hub HUB``: paired comparison of two files; two
-    category folders of ``ratune eval bfcl`` need no ``--hub`` (:func:`compare_bfcl_cells`).
-
-    ``args`` has ``responses_a``, ``responses_b`` (files or eval cell folders), ``hub``,
-    ``apibench`` (None: default folder), ``metric`` (gorilla|strict), ``resamples``, ``seed``,
-    ``json`` (bool) and optionally ``no_hub_check``. Prints :func:`format_compare` or, with
-    ``json``, the :func:`compare_files` dict.
-
-    Returns:
-        0.
+    """``ratune compare RESPONSES_A RESPONSES_B --hub HUB``: prints :func:`format_compare` or, with
+    ``--json``, the result dict; two category folders of ``ratune eval bfcl`` need no ``--hub``
+    (:func:`compare_bfcl_cells`). Returns 0.
 
     Raises:
         RatuneError / InputError: see :func:`compare_files`; resamples < 1.
@@ -277,16 +257,11 @@ def _compare_cli_files(args, resamples: int, seed: int) -> dict:
 
 def compare_with_released(cell: str | os.PathLike, setting: str, *, hub: str, apibench_dir=None,
                           resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, scorer=None) -> list[dict]:
-    """An eval cell against the released Gorilla-7B responses made with the same documents.
+    """An eval cell against each released Gorilla-7B file made with the same documents
+    (``TestSetting.released`` in ratune/registry.py), under both metrics: one :func:`compare_files`
+    result per (released model, metric) with ``"released"`` and ``"setting"`` added; [] when the
+    setting has no released counterpart.
 
-    ``setting``'s counterpart is ratune/registry.py ``TestSetting.released`` (``released_bm25``
-    -> the released ``bm25`` files); the cell (``{eval_dir}/{setting}`` or its responses file) is
-    compared, paired on the same questions, with each released model's file
-    (:data:`ratune.registry.RELEASED_MODELS`), under both metrics.
-
-    Returns:
-        one :func:`compare_files` result per (released model, metric), each with ``"released"``
-        (the model) and ``"setting"`` added; [] when the setting has no released counterpart.
     Raises:
         RatuneError: as :func:`compare_files` (a cell on a subset of the questions is unpaired and
             refused).
@@ -321,15 +296,9 @@ def released_markdown(results: list[dict]) -> str:
 
 
 def released_comparisons(cells: list[dict], apibench_dir=None) -> tuple[list[dict], list[dict]]:
-    """:func:`compare_with_released` for several eval cells.
-
-    Args:
-        cells: ``{"cell": label, "path": eval cell folder, "setting", "hub", "n"}`` each.
-    Returns:
-        ``(results, skipped)``: the comparisons, each with ``"cell"``; and ``{"cell", "setting",
-        "reason"}`` for cells with a released counterpart that cannot be paired with it (another
-        hub than APIBench's, or fewer questions than the released files hold).
-    """
+    """:func:`compare_with_released` for ``cells`` (``{"cell", "path", "setting", "hub", "n"}``
+    each): ``(results, skipped)``, skipped as ``{"cell", "setting", "reason"}`` where the released
+    files cannot be paired (another hub, fewer questions)."""
     apibench = resolve_apibench_dir(apibench_dir)
     scorers: dict = {}  # one per hub, for the question count and every comparison
     results, skipped = [], []

@@ -1,23 +1,6 @@
 """Constraint-aware evaluation (Gorilla, section 4.3 and Table 4): TorchHub requests that add an
 accuracy constraint, scored on the task *and* on whether the chosen API meets the constraint.
-
-How the constrained questions are made (deterministic, no randomness):
-
-1. Each TorchHub API record's top-1 accuracy is read from its ``performance.accuracy`` field by
-   :func:`top1_accuracy`. The records write it in many ways: ``top_1``, ``top1``, ``top-1``,
-   ``Top-1 Acc.`` (accuracy, percent) or ``top-1_error`` / ``Top-1 error`` (error: accuracy =
-   100 - error), either directly or under a key naming the model (``{"densenet121": {...}}``,
-   matched to the model named in the record's api_call). Records without such a number (54 of
-   94 have an accuracy block, and fewer a top-1 figure) get None. Parameter counts are given by
-   3 records only, so size constraints are not generated.
-2. An eval question gets a constraint when its gold API has a top-1 accuracy T and at least one
-   other API of the same domain has one below T: the instruction is extended with
-   ``" The model should have at least X% top-1 accuracy."`` where X = floor(T), so the gold API
-   meets it and a lower-accuracy sibling does not.
-3. Scoring: the task outcome is the usual metric on the unchanged gold (gorilla and strict); the
-   constraint is met when the API the answer names (by the strict metric's keys) has a known
-   top-1 accuracy >= X. ``both`` counts answers that are gorilla-correct and meet the
-   constraint. Rates are fractions of the constrained questions with 95 % Wilson intervals.
+How the questions are made and scored: docs/experiments.md#constraints.
 """
 
 from __future__ import annotations
@@ -60,7 +43,8 @@ def _top1_of(block: dict) -> float | None:
 
 
 def top1_accuracy(doc: dict) -> float | None:
-    """The top-1 accuracy (percent) an API record states, or None (see the module docstring)."""
+    """The top-1 accuracy (percent) an API record states, or None (formats read:
+    docs/experiments.md#constraints)."""
     perf = doc.get("performance")
     accuracy = perf.get("accuracy") if isinstance(perf, dict) else None
     if not isinstance(accuracy, dict):
@@ -95,14 +79,8 @@ class Constraint:
 
 
 def constrained_examples(examples: Sequence, database: Sequence[dict]) -> list[tuple[object, Constraint]]:
-    """The eval examples that get a constraint, each with its instruction extended.
-
-    Args:
-        examples: TorchHub eval :class:`ratune.sources.apibench.Example` objects.
-        database: the TorchHub API records.
-    Returns:
-        ``[(example with the constraint in its instruction, Constraint)]`` in input order.
-    """
+    """``[(example with the constraint in its instruction, Constraint)]`` for the TorchHub eval
+    ``examples`` that get one, given the hub's API records ``database``."""
     by_domain: dict[str, list[float]] = {}
     for doc in database:
         top1 = top1_accuracy(doc)
@@ -122,15 +100,9 @@ def constrained_examples(examples: Sequence, database: Sequence[dict]) -> list[t
 
 
 def constraint_metrics(scorer, responses: Sequence[dict], constraints: dict[int, Constraint]) -> dict:
-    """Task and constraint rates of answers to constrained questions.
-
-    Args:
-        scorer: the TorchHub :class:`ratune.eval.scoring.Scorer`.
-        responses: ``[{"question_id", "text"}]`` for the constrained questions.
-        constraints: ``{question_id: Constraint}``.
-    Returns:
-        ``{"n", "task_gorilla", "task_strict", "constraint_met", "both"}`` as fractions, with
-        ``*_n`` counts and ``*_ci`` 95 % Wilson intervals, and ``per_question``.
+    """Rates ``n``, ``task_gorilla``, ``task_strict``, ``constraint_met``, ``both`` (as
+    :func:`ratune.eval.stats.count_rates`) and ``per_question`` of answers to constrained questions
+    (``constraints``: ``{question_id: Constraint}``), by the TorchHub ``scorer``.
     """
     counts = {"task_gorilla": 0, "task_strict": 0, "constraint_met": 0, "both": 0}
     per_question = []

@@ -1,26 +1,6 @@
-"""Batched greedy generation for eval prompts (HF ``generate``).
-
-Prompts are sorted by length (longest first) and batched with **left** padding, so every
-sequence's last prompt token sits at the end of the batch and answers do not depend on batch
-composition; decoding is greedy and stops at the tokenizer's EOS (:func:`stop_token_ids`, the
-stop ids of the vLLM backend too). Both backends follow one length policy
-(:func:`generation_limits`): prompt plus answer never exceed the model's positions
-(``max_position_embeddings``), so a prompt near them gets fewer than ``max_new_tokens`` new tokens,
-and one that fills them is an error.
-
-With ``prefill="each"`` every prompt but its last token is first run through the model alone,
-without padding, and the key/value caches are then left-padded into one batch cache from which
-the batch decodes together. On CPU a padded batch prefill costs more than one prompt at a time
-(padding to the longest prompt, attention over the padded width), while decoding gains
-several-fold from batching (bench/eval_throughput.py measures both; docs/performance.md).
-``prefill="padded"`` runs the prompts through ``generate`` as one padded batch. The default,
-``"auto"``, is ``"each"`` on CPU and ``"padded"`` elsewhere, where a padded batch keeps an
-accelerator busy (not measured here: no GPU). Models whose cache is not a plain full-attention
-cache (sliding-window layers) always use ``"padded"``. When only scoring needs the answer,
-``stop_after_api_call`` stops a sequence as soon as its answer is complete in its answer format
-(sources/formats.py: an ``apibench`` answer's ``<<<api_provider>>>`` line, which comes after the
-api_call line; a ``python_calls`` list's closing bracket), which saves most of the generation time;
-a sequence that never completes one runs to ``max_new_tokens``, so its text is kept as generated.
+"""Batched greedy generation for eval prompts (HF ``generate``), with the stop ids, length limits
+and answer cut the vLLM backend shares. Batching and prefill modes: docs/performance.md#generation;
+stop ids and length policy: docs/pipeline.md#eval.
 """
 
 from __future__ import annotations
@@ -31,24 +11,15 @@ from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 
 def finish_answer(text: str, *, stop_after_api_call: bool, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
     """The stored answer for decoded generated text: cut where the answer is complete when
-    ``stop_after_api_call`` (:meth:`ratune.sources.formats.AnswerFormat.finish`), then stripped.
-
-    Every backend (HF here, vLLM in :mod:`ratune.eval.vllm_backend`) passes its decoded text
-    through this one function, so a backend that stops as soon as the answer is complete and one
-    that runs on and is cut afterwards store the same answer.
+    ``stop_after_api_call`` (:meth:`ratune.sources.formats.AnswerFormat.finish`), then stripped;
+    every backend stores its answers through this one function.
     """
     return get_answer_format(answer_format).finish(text, stop=stop_after_api_call)
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    """The token ids that end an answer, the same for every backend (HF ``generate`` in
-    :func:`generate_batches`, vLLM in :mod:`ratune.eval.vllm_backend`): the tokenizer's EOS alone,
-    the token training appends to every answer (:func:`ratune.data.labels.tokenize_row`).
-
-    Other end-of-sequence ids a model folder's ``generation_config.json`` may list (LLaMA-3
-    Instruct lists three) are not stop ids here: HF is given this list explicitly (which
-    overrides the folder's generation config) and vLLM is told to stop at exactly this list, so
-    neither backend stops where the other goes on.
+    """The token ids that end an answer in every backend: the tokenizer's EOS alone, the token
+    training appends to every answer (:func:`ratune.data.labels.tokenize_row`).
 
     Raises:
         RatuneError: the tokenizer has no EOS token.
@@ -73,20 +44,10 @@ def max_positions_of(config) -> int | None:
 
 def generation_limits(prompt_lengths: Sequence[int], *, max_new_tokens: int, max_positions: int | None,
                       names: Sequence[str] | None = None) -> list[int]:
-    """The new tokens each prompt may get: the length policy both backends follow.
+    """The new tokens each prompt may get: ``min(max_new_tokens, max_positions - n)`` for a prompt
+    of ``n`` tokens (``max_new_tokens`` when ``max_positions`` is None). ``names`` name the prompts
+    in errors (default ``prompt {index}``).
 
-    A sequence never runs past the model's positions: a prompt of ``n`` tokens gets
-    ``min(max_new_tokens, max_positions - n)`` new tokens (its answer is cut there, as vLLM cuts at
-    its ``max_model_len``; HF ``generate`` would go on past the trained positions). Without a
-    known ``max_positions`` every prompt gets ``max_new_tokens``.
-
-    Args:
-        prompt_lengths: token count of each prompt.
-        max_new_tokens: the generation limit.
-        max_positions: :func:`max_positions_of` the model's config, or None.
-        names: how errors name each prompt (default ``prompt {index}``).
-    Returns:
-        One limit per prompt, each at least 1.
     Raises:
         RatuneError: a prompt of ``max_positions`` tokens or more (no room for one new token),
             naming it, its length and the limit.
@@ -143,7 +104,7 @@ class RowLimitCriteria:
         return torch.tensor([generated >= n for n in self.limits], device=input_ids.device)
 
 
-#: How a batch's prompts are processed before decoding (see the module docstring).
+#: How a batch's prompts are processed before decoding (docs/performance.md#generation).
 PREFILL_MODES = ("auto", "each", "padded")
 
 
@@ -178,21 +139,8 @@ def _plain_cache(model) -> bool:
 
 def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens: int):
     """Run each prompt except its last token through ``model`` alone and write the key/value
-    caches, left-padded with zeros to ``width - 1`` positions, into one batch cache.
-
-    Args:
-        model: a causal LM with a full-attention cache (see :func:`_plain_cache`).
-        prompts: the batch's prompt ids (each at least 1 token, at most ``width``).
-        width: the batch's padded prompt width (its longest prompt).
-        max_new_tokens: the generation limit; sizes the cache.
-    Returns:
-        A ``StaticCache`` of ``width + max_new_tokens`` positions per layer, shape ``(batch,
-        kv_heads, width + max_new_tokens, head_dim)``, filled up to position ``width - 1``. It is
-        written in place at each decoding step (a ``DynamicCache`` copies itself with
-        ``torch.cat`` at every step: about 30 % of a batch-8 step on CPU). Passed to ``generate``
-        with the left-padded prompts and their attention mask, only the last prompt column is
-        run as a batch; the padded positions are masked out, and the position ids ``generate``
-        derives from the mask equal each prompt's own.
+    caches, left-padded with zeros to ``width - 1`` positions (``width``: the batch's longest
+    prompt), into one ``StaticCache`` of ``width + max_new_tokens`` positions for ``generate``.
     """
     import torch
     from transformers.cache_utils import StaticCache
@@ -222,25 +170,10 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
                      ) -> Iterator[list[tuple[int, str]]]:
     """Generate answers, yielding each finished batch as ``[(prompt index, text), ...]``.
 
-    Args:
-        model: a causal LM (eval mode is set here).
-        tokenizer: its tokenizer (pad token set; padding side is forced to left here).
-        prompts: token ids per prompt (from :func:`ratune.sources.prompt.encode_prompt`).
-        batch_size: prompts per ``generate`` call.
-        max_new_tokens: the generation limit per answer; a prompt near the model's positions gets
-            fewer (:func:`generation_limits`).
-        stop_after_api_call: stop once the answer is complete (the api_provider line of an
-            ``apibench`` answer, the closing bracket of ``python_calls``); cut the text there.
-        prefill: ``"each"`` (every prompt alone, then the batch decodes together), ``"padded"``
-            (one padded batch) or ``"auto"`` (``"each"`` on CPU); see the module docstring.
-            Batches of one prompt and models without a plain full-attention cache use
-            ``generate`` directly either way.
-        max_positions: the model's positions (prompt + answer); None: :func:`max_positions_of`
-            ``model.config``.
-        answer_format: a name in :data:`ratune.sources.formats.ANSWER_FORMATS`.
-    Yields:
-        Lists of ``(index into prompts, generated text without special tokens)``. Decoding stops
-        at :func:`stop_token_ids`.
+    ``prompts`` are token ids (:func:`ratune.sources.prompt.encode_prompt`); ``stop_after_api_call``
+    cuts each answer where it is complete in ``answer_format``; ``prefill`` is one of
+    :data:`PREFILL_MODES`; ``max_positions`` None: :func:`max_positions_of` ``model.config``.
+
     Raises:
         ValueError: an unknown ``prefill``.
         RatuneError: a prompt that leaves no room for an answer (:func:`generation_limits`), before

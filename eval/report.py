@@ -1,32 +1,6 @@
-"""The Table 2 report: train-time retrieval (rows) x test-time retrieval (columns).
-
-Gorilla's Table 2 tests a model finetuned without retrieval and one finetuned with oracle
-retrieval under 0-shot, BM25, GPT-Index and Oracle retrieval. ``table2.json`` is
-``{"hub", "model", "metric", "interval", "cells": [{"train_retriever", "test_retriever", "n",
-"accuracy", "accuracy_ci", "hallucination", "hallucination_ci", "error", "error_ci",
-"correct_n", "hallucination_n", "error_n", "strict": {same metric fields}}], "versions"}`` where
-each ``*_ci`` is ``[low, high]``, the 95 % Wilson score interval (fractions;
-:func:`ratune.eval.stats.wilson_interval`). ``table2.csv`` has one row per cell with the bounds
-in separate columns (``accuracy_low``, ``accuracy_high``, ...; ``strict_`` prefixed for the strict
-metric); ``table2.md`` shows each cell as ``73.3 [61-83] (h 10.0)``: accuracy % with its interval,
-then hallucination %; ``table2.png`` is a heatmap of accuracy. A cell that did not run shows as
-missing ("-"), never as zero.
-
-A catalog's table (``ratune catalog import``, docs/catalogs.md) has ``"metric": "strict"``: its
-cells carry no gorilla rates (that metric is APIBench's; :mod:`ratune.eval.catalog_scorer`), only
-``"strict"`` and ``"arguments"``, and ``table2.md`` shows the strict table and the argument score.
-
-Replicates (several training seeds of one cell, :func:`aggregate_replicates`): the cell's
-``accuracy``, ``hallucination``, ``error`` (and the strict ones) are the *mean* over seeds, with
-``{rate}_sd`` (sample standard deviation, n - 1 denominator; ``None`` for one seed),
-``{rate}_min`` / ``{rate}_max``, ``{rate}_runs`` (each seed's fraction) and ``{rate}_run_ci``
-(each seed's own Wilson interval), aligned with ``seeds``; ``n_seeds`` and ``n_runs`` (questions
-per run) say how many. ``{rate}_ci`` is ``None`` there: a mean over seeds has no single-run
-Wilson interval. ``table2.md`` shows such a cell as ``51.3 ±4.2 sd (3 seeds) (h 10.0)`` and notes
-the widest per-run interval under the table; ``table2.csv`` gets extra columns (``n_seeds``,
-``seeds``, ``accuracy_sd``, ``accuracy_min``, ``accuracy_max``, ...) with ``accuracy_low`` /
-``accuracy_high`` empty; ``table2.json`` records the seeds under ``"replicates"``. Tables without
-replicate cells are written exactly as before.
+"""The Table 2 report: train-time retrieval (rows) x test-time retrieval (columns). Files and
+fields: docs/pipeline.md#report; a catalog's table: docs/catalogs.md; seed replicates:
+docs/sweeps.md#seeds-and-chosen-pairs.
 """
 
 from __future__ import annotations
@@ -89,10 +63,8 @@ METRICS_KEYS = ("n", "accuracy", "hallucination", "error")
 
 
 def read_metrics(path: str | Path) -> dict:
-    """An eval cell's ``metrics.json``, checked to be a JSON object with :data:`METRICS_KEYS` and
-    the numbers :func:`make_cell` reads: ``n`` a count, the rates (top level and in the ``gorilla``
-    and ``strict`` blocks) fractions in [0, 1], the counts (``correct_n``, ...) and ``per_question``
-    at most ``n``.
+    """An eval cell's ``metrics.json``, checked to hold :data:`METRICS_KEYS` and sound numbers (rates
+    in [0, 1], counts and ``per_question`` at most ``n``).
 
     Raises:
         InputError: naming the file and the field: not JSON (a torn write), not an object, not a
@@ -131,18 +103,10 @@ def _check_rates(path, block: dict, prefix: str, n: int) -> None:
 
 
 def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
-    """A table cell from a metrics.json object of :mod:`ratune.eval.run`.
-
-    The gorilla metric goes in the top-level fields and the strict metric in ``"strict"``; each
-    has ``accuracy``, ``hallucination``, ``error`` (fractions), their counts (``correct_n``,
-    ``hallucination_n``, ``error_n``) and ``accuracy_ci``, ``hallucination_ci``, ``error_ci``:
-    ``[low, high]`` 95 % Wilson score intervals over the cell's ``n`` questions. Counts come from
-    the ``gorilla`` / ``strict`` blocks, else from ``per_question``, else from fraction * n.
-
-    A catalog's cell (``"metric": "strict"`` in its metrics, :mod:`ratune.eval.catalog_scorer`)
-    has no gorilla metric: its top-level rates are left out (the gorilla table shows no row for
-    it, never a number that is not the gorilla metric's), and its argument score is kept as
-    ``"arguments"`` (``required_present``, ``values_equal``: fractions of n, counts, intervals).
+    """A table cell (fields: docs/pipeline.md#report) from a metrics.json object of
+    :mod:`ratune.eval.run`. Counts come from the ``gorilla`` / ``strict`` blocks, else from
+    ``per_question``, else from fraction * n. A catalog's cell (``"metric": "strict"``) gets no
+    gorilla rates, and keeps its ``"arguments"``.
     """
     n = int(metrics["n"])
     per_question = metrics.get("per_question") or []
@@ -190,15 +154,9 @@ def _spread_block(blocks: Sequence[dict]) -> dict:
 
 
 def aggregate_replicates(runs: Sequence[dict], seeds: Sequence) -> dict:
-    """One table cell from replicate runs (cells of :func:`make_cell` that differ only in seed).
-
-    Each rate (gorilla at the top level, strict in ``"strict"``) becomes the mean over seeds with
-    ``{rate}_sd`` (sample standard deviation, n - 1; ``None`` for a single seed), ``{rate}_min``,
-    ``{rate}_max``, ``{rate}_runs`` (per-seed fractions) and ``{rate}_run_ci`` (per-seed 95 %
-    Wilson intervals), all in the order of ``seeds`` (sorted). ``{rate}_ci`` is ``None``: the
-    per-run intervals are the ones in ``{rate}_run_ci``. ``n`` is the questions per run (the
-    smallest when runs differ; all in ``n_runs``), ``n_seeds`` the number of runs. A rate missing
-    from any run is left out (missing, never zero).
+    """One table cell from replicate runs (cells of :func:`make_cell` that differ only in seed;
+    fields: docs/sweeps.md#seeds-and-chosen-pairs). ``n`` is the smallest run's; a rate missing
+    from any run is left out.
 
     Raises:
         ValueError: no runs, runs and seeds of different lengths, or runs of different
@@ -293,9 +251,7 @@ def _metric_tables(cells: list[dict], accuracy_text) -> list[str]:
     return out
 
 
-#: The metrics a table cell can hold, headline first, with their table titles: the official
-#: gorilla metric (the cell's top-level rates) and the strict one (its ``"strict"`` block). A
-#: catalog's cells have the strict metric only (:func:`make_cell`).
+#: The metrics a table cell can hold, headline first, with their table titles.
 METRIC_TITLES = {"gorilla": "gorilla (official)", "strict": "strict (exact API)"}
 
 
@@ -317,9 +273,8 @@ def metric_block(cell: dict | None, metric: str) -> dict:
 
 
 def cell_metrics(cells: Sequence[dict]) -> tuple[str, ...]:
-    """The metrics some scored cell holds, headline first (:data:`METRIC_TITLES` order); the
-    strict metric alone when none holds either. Every table, plot, worst case and export of a
-    report reads its metrics from here, so no stage tests the hub's kind."""
+    """The metrics some scored cell holds, headline first; the strict metric alone when none holds
+    either."""
     present = tuple(m for m in METRIC_TITLES if any(has_result(c) and "accuracy" in metric_block(c, m) for c in cells))
     return present or ("strict",)
 
@@ -350,12 +305,8 @@ def _arguments_table(cells: Sequence[dict]) -> list[str]:
 
 
 def table2_markdown(table: dict) -> str:
-    """Markdown: one table for the gorilla metric and one for the strict metric.
-
-    Each cell reads ``73.3 [61-83] (h 10.0)``: accuracy % with its 95 % Wilson score interval
-    in whole percent, then hallucination %; a cell that did not run, or ran on no question
-    (n = 0), is "-".
-    """
+    """Markdown: one table per metric, cells as ``73.3 [61-83] (h 10.0)``; "-" for a cell that did
+    not run or has n = 0."""
     cells = [with_intervals(c) for c in table["cells"]]
     if any("n_seeds" in c for c in cells):
         return _replicates_markdown(table, cells)
@@ -484,12 +435,8 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
 
 def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path,
                  replicates: dict | None = None) -> dict:
-    """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object.
-
-    Cells without interval fields (hand-made, or from an older make_cell) get them here, from
-    their counts or from fraction * n. ``replicates`` (for cells of :func:`aggregate_replicates`),
-    e.g. ``{"seeds": [1, 2, 3], ...}``, is stored as the table's ``"replicates"`` field.
-    """
+    """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object; ``replicates``
+    is stored as its ``"replicates"`` field."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = {"hub": hub, "model": model, "metric": cell_metrics(cells)[0], "interval": INTERVAL,

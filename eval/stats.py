@@ -1,21 +1,9 @@
-"""Uncertainty for reported figures: Wilson intervals, exact McNemar, paired bootstrap.
+"""Uncertainty for reported figures: Wilson intervals, exact McNemar, paired bootstrap
+(how to read them: docs/pipeline.md#reading-intervals-and-comparisons).
 
-Every accuracy, hallucination and error fraction ratune reports is a proportion k / n over the
-eval questions of one cell, so it carries n and a 95 % Wilson score interval
-(:func:`wilson_interval`). Two cells scored on the same questions are compared pairwise
-(:func:`contingency`, :func:`mcnemar_exact`, :func:`paired_bootstrap`): the per-question outcomes
-of two models are correlated, so an unpaired two-proportion test would be wrong (too
-conservative) and is never used.
-
-Sources:
-    E. B. Wilson (1927), "Probable inference, the law of succession, and statistical inference",
-    JASA 22(158):209-212; A. Agresti & B. A. Coull (1998), "Approximate is better than 'exact'
-    for interval estimation of binomial proportions", The American Statistician 52(2):119-126.
-    Q. McNemar (1947), "Note on the sampling error of the difference between correlated
-    proportions or percentages", Psychometrika 12(2):153-157; the exact (binomial) form is the
-    sign test on the discordant pairs, A. Agresti, "Categorical Data Analysis" (3rd ed.), §11.1.
-    B. Efron & R. J. Tibshirani (1993), "An Introduction to the Bootstrap", ch. 13 (percentile
-    intervals).
+Sources: Wilson (1927), JASA 22(158):209-212; Agresti & Coull (1998), Am. Stat. 52(2):119-126;
+McNemar (1947), Psychometrika 12(2):153-157, exact form: Agresti, "Categorical Data Analysis"
+(3rd ed.), §11.1; Efron & Tibshirani (1993), "An Introduction to the Bootstrap", ch. 13.
 """
 
 from __future__ import annotations
@@ -44,30 +32,11 @@ def _check_count(name: str, value) -> int:
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval for a proportion of ``k`` successes in ``n`` trials.
+    """The Wilson score interval (Wilson 1927) for ``k`` successes in ``n`` trials, computed by
+    scipy's ``binomtest(k, n).proportion_ci(method="wilson")``. Example: 44 of 60 -> [0.6099, 0.8287].
 
-    With p = k / n::
-
-        centre    = (p + z^2 / (2n)) / (1 + z^2 / n)
-        halfwidth = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / (4 n^2))
-        interval  = [centre - halfwidth, centre + halfwidth]
-
-    i.e. the set of true proportions q for which |p - q| <= z sqrt(q (1 - q) / n) (inverting
-    the score test; Wilson 1927). Unlike the Wald interval p +- z sqrt(p (1 - p) / n) it stays
-    inside [0, 1] and does not collapse to a point at k = 0 or k = n (Agresti & Coull 1998).
-    Example: 44 of 60 -> [0.6099, 0.8287] (73.3 % [61-83]). Computed by scipy's
-    ``binomtest(k, n).proportion_ci(method="wilson")``, which is this formula (equal to the closed
-    form above within 1e-15 for every k <= n <= 80, tests/test_stats.py).
-
-    Args:
-        k: successes, 0 <= k <= n.
-        n: trials. ``n == 0`` returns ``(0.0, 1.0)``: with no questions nothing is known about
-            the proportion, and the whole range is the honest interval (a report with an empty
-            cell then shows "[0-100]" instead of failing).
-        z: the normal quantile; the default gives a two-sided 95 % interval.
-
-    Returns:
-        ``(low, high)`` as fractions in [0, 1].
+    ``z`` is the normal quantile (default: two-sided 95 %). ``n == 0`` returns ``(0.0, 1.0)``
+    (nothing known: a report shows "[0-100]"). Returns ``(low, high)`` as fractions.
 
     Raises:
         ValueError: k or n not a non-negative integer, or k > n.
@@ -85,26 +54,9 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar test (the sign test on the discordant pairs).
-
-    ``b`` questions are right only under A, ``c`` only under B. Under the null hypothesis that
-    A and B are equally accurate, each of the m = b + c discordant questions is equally likely
-    to fall either way, so min(b, c) ~ Bin(m, 1/2) and::
-
-        p = min(1, 2 * P(X <= min(b, c))),  X ~ Bin(b + c, 1/2)
-          = min(1, 2 * sum_{i=0}^{min(b,c)} C(m, i) / 2^m)
-
-    (McNemar 1947; Agresti, Categorical Data Analysis, §11.1.) Questions both get right or
-    both get wrong carry no information about the difference and do not enter. Computed by
-    scipy's two-sided ``binomtest(min(b, c), b + c, 0.5)``, which for p = 1/2 is this sum (equal to
-    the exact-integer sum within 1e-12 relative for every b + c < 80, tests/test_stats.py).
-    Example: b = 11, c = 5 -> 2 * 6885 / 65536 = 0.2101.
-
-    Args:
-        b, c: the discordant counts (non-negative integers).
-
-    Returns:
-        The p-value in (0, 1]; ``b + c == 0`` gives 1.0 (no evidence of any difference).
+    """Two-sided exact McNemar p (McNemar 1947; Agresti §11.1): ``b`` questions right only under
+    A, ``c`` only under B; p = min(1, 2 P(X <= min(b, c))), X ~ Bin(b + c, 1/2), by scipy's
+    ``binomtest``. ``b + c == 0`` gives 1.0. Example: b = 11, c = 5 -> 0.2101.
 
     Raises:
         ValueError: b or c not a non-negative integer.
@@ -129,14 +81,8 @@ def _as_bools(name: str, values: Sequence) -> list[bool]:
 
 
 def contingency(a: Sequence[bool], b: Sequence[bool]) -> dict:
-    """The paired 2x2 table of two outcome lists (True = correct) over the same questions.
-
-    Args:
-        a, b: per-question correctness of A and B, in the same question order.
-
-    Returns:
-        ``{"both": , "only_a": , "only_b": , "neither": }`` counts (they sum to ``len(a)``;
-        ``only_a`` and ``only_b`` are McNemar's b and c).
+    """The paired 2x2 table of two per-question correctness lists in the same question order:
+    ``{"both", "only_a", "only_b", "neither"}`` counts (``only_a``/``only_b`` are McNemar's b, c).
 
     Raises:
         ValueError: different lengths or non-boolean entries.
@@ -152,23 +98,11 @@ def contingency(a: Sequence[bool], b: Sequence[bool]) -> dict:
 
 def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = DEFAULT_RESAMPLES,
                      seed: int = DEFAULT_SEED) -> tuple[float, float, float]:
-    """The accuracy difference A - B with a paired percentile-bootstrap 95 % interval.
+    """The accuracy difference A - B with a paired percentile-bootstrap 95 % interval (Efron &
+    Tibshirani 1993, ch. 13): ``resamples`` draws of question indices with replacement from
+    ``numpy.random.default_rng(seed)``, so a seed always gives the same interval.
 
-    With d_i = a_i - b_i in {-1, 0, 1} for the n questions, the difference is mean(d). Each of
-    ``resamples`` replicates draws n question indices with replacement (the pairs stay
-    together, so the correlation between A and B is kept) and computes mean(d) over them; the
-    interval is the 2.5th and 97.5th percentiles of the replicates (numpy's default linear
-    interpolation; Efron & Tibshirani 1993, ch. 13). Indices come from
-    ``numpy.random.default_rng(seed)`` in a fixed order, so a seed always gives the same
-    interval on the same data.
-
-    Args:
-        a, b: per-question correctness of A and B, same length and question order.
-        resamples: number of bootstrap replicates (>= 1).
-        seed: the generator seed.
-
-    Returns:
-        ``(diff, low, high)`` as fractions (positive: A is more accurate).
+    Returns ``(diff, low, high)`` as fractions (positive: A is more accurate).
 
     Raises:
         ValueError: empty or different-length lists, non-boolean entries, resamples < 1.
@@ -196,17 +130,8 @@ def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = D
 
 
 def rate_intervals(counts: dict, n: int, z: float = Z95) -> dict:
-    """Interval fields for a metrics block of counts.
-
-    Args:
-        counts: a dict with ``correct_n``, ``hallucination_n``, ``error_n`` (as in the blocks
-            of :meth:`ratune.eval.scoring.Scorer.score`); missing counts are skipped.
-        n: the number of questions.
-
-    Returns:
-        ``{"accuracy_ci": [low, high], "hallucination_ci": [...], "error_ci": [...]}`` (Wilson,
-        fractions), only for the counts present.
-    """
+    """``{"accuracy_ci", "hallucination_ci", "error_ci"}`` (Wilson, fractions) for the counts
+    ``correct_n``, ``hallucination_n``, ``error_n`` present in ``counts``, over ``n`` questions."""
     out = {}
     for outcome, field in RATE_FIELDS:
         k = counts.get(f"{outcome}_n")
@@ -216,12 +141,8 @@ def rate_intervals(counts: dict, n: int, z: float = Z95) -> dict:
 
 
 def count_rates(counts: dict[str, int], n: int, z: float = Z95) -> dict:
-    """Rates of named counts over ``n``: for each ``key``, ``key`` (fraction; 0.0 when n is 0),
-    ``key_n`` (the count) and ``key_ci`` (95 % Wilson interval, None when n is 0).
-
-    Used by the experiment metrics (document swap, constraints) so every rate carries its n and
-    interval the same way.
-    """
+    """For each ``key`` of ``counts``: ``key`` (fraction of ``n``; 0.0 when n is 0), ``key_n`` and
+    ``key_ci`` (95 % Wilson interval, None when n is 0)."""
     out = {}
     for key, k in counts.items():
         out[key] = k / n if n else 0.0

@@ -1,24 +1,6 @@
 """Document swap (Gorilla, section 4.4 and Figure 6): does the model follow the document it is
-given, or the API it memorised?
-
-For each eval question whose gold API shares its domain with at least one other API of the hub,
-the test-time document is *another* API's document of the same domain, drawn deterministically
-by :class:`ratune.retrieval.perturbed.SwapRetriever`.
-Questions whose domain has a single API are left out (counted). The model's answer is then
-classified with the strict metric's API keys (:meth:`ratune.eval.scoring.Scorer.names_api`; for a catalog,
-its identity rules: :meth:`ratune.eval.catalog_scorer.CatalogEvalScorer.names_api`):
-
-``follows_document``
-    the call names the swapped-in API (the model adapted to the document);
-``follows_memory``
-    the call names the question's gold API (the model ignored the document);
-``neither``
-    any other call, or no call.
-
-The rates are fractions of the swapped questions, each with a 95 % Wilson interval. The paper's
-claim is that a RAT model follows the document; a model finetuned without documents follows its
-memory. ``ratune eval run --settings swap`` runs it as a test setting (its own folder, never a
-Table 2 column).
+given, or the API it memorised? Outcomes ``follows_document``, ``follows_memory``, ``neither``:
+docs/experiments.md#document-swap.
 """
 
 from __future__ import annotations
@@ -29,19 +11,10 @@ from ratune.eval.stats import count_rates
 
 
 def follow_rates(scorer, responses: Sequence[dict], swapped: dict[int, dict]) -> dict:
-    """Classify answers to swapped prompts (see the module docstring).
-
-    Args:
-        scorer: the hub's scorer (:class:`ratune.eval.scoring.Scorer`, or
-            :class:`ratune.eval.catalog_scorer.CatalogEvalScorer` for a catalog): its
-            ``gold_api_call`` and ``names_api``.
-        responses: ``[{"question_id", "text"}]``.
-        swapped: ``{question_id: swapped-in document}``; questions not in it are left out.
-
-    Returns:
-        ``{"n", "left_out", "follows_document", "follows_memory", "neither"}`` (fractions of n),
-        the counts as ``*_n`` and 95 % Wilson intervals as ``*_ci``, plus ``per_question``
-        ``[{"question_id", "outcome", "swapped_api_call"}]``.
+    """Rates ``follows_document``, ``follows_memory``, ``neither`` (as
+    :func:`ratune.eval.stats.count_rates`), ``n``, ``left_out`` and ``per_question`` of answers to
+    swapped prompts; ``swapped`` is ``{question_id: swapped-in document}`` (others are left out) and
+    ``scorer`` the hub's (``gold_api_call``, ``names_api``).
     """
     counts = {"follows_document": 0, "follows_memory": 0, "neither": 0}
     per_question, left_out = [], 0

@@ -1,29 +1,6 @@
-"""AST scoring of APIBench responses: the official Gorilla metric and ratune's strict metric.
-
-Two metrics are computed for every response, both from the same extracted ``api_call`` string
-and the same tree-sitter parse (nothing is ever executed or eval'd):
-
-``gorilla``
-    The official APIBench AST evaluation (gorilla/eval/eval-scripts/ast_eval_{th,hf,tf}.py at
-    commit 6ea5797), reproduced quirk for quirk (docs/scoring.md): eval/scoring/gorilla.py.
-
-``strict``
-    Ours: the call is correct only when it names the question's own gold API (the eval line's
-    ``api_data.api_call``); hallucination when it names nothing the hub's API database knows;
-    error otherwise: eval/scoring/strict.py.
-
-The package, by section:
-
-* ``parse``: the tree-sitter parser stack (pinned versions, :func:`parser_versions`) and node
-  readers;
-* ``hub_rules``: each hub's rules, one :class:`HubRules` object per hub (:data:`HUB_RULES`): the
-  only place the metrics differ between hubs;
-* ``gorilla`` and ``strict``: the two metrics;
-* ``scorer``: :class:`Scorer`, both metrics for every response of one hub;
-* ``responses``: response files (:func:`load_responses`) and which hub they are for;
-* ``cli``: ``ratune eval score``.
-
-Every public name is importable from ``ratune.eval.scoring`` itself.
+"""AST scoring of APIBench responses: the official Gorilla metric (``gorilla``) and ratune's
+``strict`` metric. The metrics and the package's modules: docs/scoring.md. Every public name is
+importable from ``ratune.eval.scoring`` itself.
 """
 
 from ratune.eval.scoring.cli import add_score_arguments, format_table, summary

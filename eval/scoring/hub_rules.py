@@ -1,21 +1,7 @@
-"""Each APIBench hub's scoring rules, in one object per hub.
-
-The official Gorilla scripts are one script per hub (gorilla/eval/eval-scripts/ast_eval_{th,hf,
-tf}.py at commit 6ea5797) and differ in exactly three places, and ratune's strict metric in
-three more. Each is a member of :class:`HubRules`, so a hub's rules are read in one class and
-the metrics (eval/scoring/gorilla.py, eval/scoring/strict.py) never branch on a hub's name:
-
-* gorilla, the api_call cut (semantics §2): whether a text without the literal ``api_call`` is
-  parsed whole (:attr:`HubRules.parses_text_without_marker`);
-* gorilla, the reference arguments of each database entry (semantics §4):
-  :meth:`HubRules.reference_argument`;
-* the loader calls that identify a response file's hub (:attr:`HubRules.evidence`);
-* strict, what names an API (:meth:`HubRules.call_identity`, rules in docs/scoring.md), where a
-  loader call starts in a response (:meth:`HubRules.loader_pattern`, :meth:`HubRules.is_loader`),
-  and whether a database entry's secondary keys count as known APIs
-  (:attr:`HubRules.database_extra_keys`).
-
-"semantics §N" cites the specification of the official scripts, docs/scoring.md summarises it.
+"""Each APIBench hub's scoring rules, one :class:`HubRules` object per hub, so the metrics never
+branch on a hub's name (docs/scoring.md#where-the-code-is). "semantics §N" cites the
+specification of the official scripts (gorilla/eval/eval-scripts/ast_eval_{th,hf,tf}.py at commit
+6ea5797); docs/scoring.md summarises it.
 """
 
 from __future__ import annotations
