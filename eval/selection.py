@@ -5,12 +5,16 @@ validation questions; the chosen checkpoint's test questions are read once after
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 from typing import Callable, Sequence
 
 from ratune.errors import RatuneError
+from ratune.io import read_json_object
 from ratune.registry import unknown_name
+from ratune.train.layout import TRAINER_DIR
 
 
 @dataclass(frozen=True)
@@ -83,3 +87,39 @@ def choose_checkpoint(rows: Sequence[dict], rule: str, *, metric: str = "strict"
     best = max(scores, key=lambda s: (s["score"], -s["step"]))
     return {"rule": rule, "summary": chosen_rule.summary, "metric": metric, "setting": chosen_rule.setting,
             "step": best["step"], "epoch": best["epoch"], "score": best["score"], "scores": scores}
+
+
+def select_from_curve(curve_dir: str | os.PathLike, rule: str, *, metric: str = "strict") -> dict:
+    """:func:`choose_checkpoint` on a curve folder (``ratune eval run --all-checkpoints``) made on the
+    validation questions; adds ``checkpoint`` (the chosen Trainer checkpoint's folder) and ``curve``.
+
+    Raises:
+        RatuneError: no curve there; a curve of the eval (test) questions; see :func:`choose_checkpoint`.
+    """
+    from ratune.eval.curve import read_curve, step_folder
+
+    rows = read_curve(curve_dir)
+    chosen = choose_checkpoint(rows, rule, metric=metric)
+    cell = step_folder(curve_dir, chosen["step"]) / rows[0]["setting"] / "metrics.json"
+    split = read_json_object(cell).get("split", "eval") if cell.is_file() else None
+    if split != "validation":
+        raise RatuneError(f"{curve_dir}: a learning curve of the {split or 'unknown'} questions ({cell}); choose on "
+                          "the validation questions (ratune eval run --all-checkpoints --split validation), and read "
+                          "the test questions once, for the chosen checkpoint")
+    run = Path(read_json_object(Path(curve_dir) / "curve.json")["run"])
+    return {**chosen, "curve": str(Path(curve_dir).resolve()),
+            "checkpoint": str(run / TRAINER_DIR / f"checkpoint-{chosen['step']}")}
+
+
+def cli_select(args) -> int:
+    """``ratune eval select CURVE --rule R [--metric M] [--json]``: print the chosen checkpoint."""
+    import json
+
+    chosen = select_from_curve(args.curve, args.rule, metric=args.metric)
+    if args.json:
+        print(json.dumps(chosen, sort_keys=True))
+    else:
+        epoch = "" if chosen["epoch"] is None else f", epoch {chosen['epoch']:g}"
+        print(f"step {chosen['step']}{epoch}: {chosen['summary']} ({chosen['metric']}, score {chosen['score']:g}) "
+              f"by rule {chosen['rule']}\ncheckpoint: {chosen['checkpoint']}")
+    return 0

@@ -10,6 +10,7 @@
     ratune eval run         generate + score a checkpoint under test-time retrieval settings
     ratune eval score       score a response file (official gorilla metric and strict metric)
     ratune eval bfcl        generate + score a checkpoint on BFCL, offline, by BFCL's own checker
+    ratune eval select      choose a checkpoint on a validation learning curve by a declared rule
     ratune sweep            expand a sweep file into cells and run them (local or slurm)
     ratune report           the Table 2 matrix from a sweep folder or eval folders
     ratune export           safetensors + tokenizer + generation config + model card; --push-to-hub
@@ -234,6 +235,7 @@ def _add_eval(stages) -> None:
     from ratune.args import add_apibench_argument, bounded, input_dir, model_ref, output_dir, registered
     from ratune.config import Count
     from ratune.eval.scoring import add_score_arguments
+    from ratune.eval.selection import SELECTION_RULES
     from ratune.hubs import hub_choices_text
     from ratune.models import DEMO_MODEL_ALIAS
 
@@ -257,6 +259,14 @@ def _add_eval(stages) -> None:
     s = ev.add_parser("score", help="score a response file (gorilla and strict metrics)")
     add_score_arguments(s)
     s.set_defaults(func=_handler("ratune.eval.cli:cli_score"))
+    sel = ev.add_parser("select", help="choose a checkpoint on a learning curve of the validation questions by a rule")
+    sel.add_argument("curve", metavar="CURVE", type=input_dir,
+                     help="a curve folder: ratune eval run --all-checkpoints --split validation --out CURVE")
+    sel.add_argument("--rule", required=True, **registered("selection rule", tuple(SELECTION_RULES)),
+                     help="; ".join(f"{r.name}: {r.summary}" for r in SELECTION_RULES.values()))
+    sel.add_argument("--metric", choices=("strict", "gorilla"), default="strict", help="the counts compared")
+    sel.add_argument("--json", action="store_true", help="print the choice as one JSON object")
+    sel.set_defaults(func=_handler("ratune.eval.selection:cli_select"))
     from ratune.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
 
     bf = ev.add_parser("bfcl", help="generate answers to BFCL's questions and score them by BFCL's own checker "

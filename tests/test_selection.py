@@ -53,7 +53,7 @@ def test_refusals_name_the_way_out():
 
 
 def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apibench_tiny, smol_tokenizer_dir,
-                                                                  tiny_model_dir, monkeypatch):
+                                                                  tiny_model_dir, monkeypatch, capsys):
     """``--split validation`` asks the questions the checkpoint's data build held out, numbered 1..n,
     scored against their own gold APIs; the cells record which build and lines; a curve of them
     feeds a selection rule. The paper's documents (eval questions only) and a model without a run
@@ -82,7 +82,7 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
 
     def answers(backend, model, tokenizer, prompts, **kw):  # the gold answer of each held-out question
         texts = [tokenizer.decode(p) for p in prompts]
-        return [[(j, next(a for q, a in gold.items() if q in text)) for j, text in enumerate(texts)]]
+        return [[(j, next((a for q, a in gold.items() if q in text), "no answer")) for j, text in enumerate(texts)]]
 
     monkeypatch.setattr("ratune.eval.run.backend_batches", answers)
     settings = EvalSettings(settings=("0_shot", "oracle"), split="validation", batch_size=4, max_new_tokens=8,
@@ -96,6 +96,15 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
     assert (identity["split"], identity["lines"], identity["questions"]) == ("validation", held, [1, 2, 3, 4])
     assert json.loads((cell / "metrics.json").read_text())["split"] == "validation"
     assert choose_checkpoint(rows, "worst_case")["step"] == 1  # a tie: the earlier step
+    capsys.readouterr()
+    assert main(["eval", "select", str(tmp_path / "curve"), "--rule", "worst_case", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert (chosen["step"], chosen["checkpoint"]) == (1, str(tmp_path / "run" / "trainer" / "checkpoint-1"))
+    # a curve of the test questions is not chosen on
+    evaluate_curve(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "test_curve",
+                   settings=EvalSettings(settings=("0_shot",), n_questions=2, torch_threads=1), progress=False)
+    assert main(["eval", "select", str(tmp_path / "test_curve"), "--rule", "zero_shot"]) == 2
+    assert "a learning curve of the eval questions" in capsys.readouterr().err
     with pytest.raises(RatuneError, match="test setting gpt_index: the paper's documents exist for its eval "
                                           "questions only, not for validation questions"):
         evaluate_checkpoint(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "g",
