@@ -1,26 +1,7 @@
-"""The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode.
-
-The hub is an APIBench hub, a catalog or a tool-set folder (:func:`ratune.hubs.resolve_hub`); its
-documents and examples come from the :class:`~ratune.hubs.Hub`, the rest is the same.
-For every example and mode (none, oracle, or a retriever's top_k; the modes are
-ratune/registry.py TRAIN_MODES) the builder retrieves the documents,
-renders the prompt and the answer in the hub's answer format (:mod:`ratune.sources.formats`; the
-evaluator renders prompts the same way), and checks the token length of the whole row against
-``max_length``.
-
-Over-length policy (explicit; never truncates the answer; a tool set's tools are never cut, so its
-over-long rows are dropped): documents are first shortened to
-``max_document_tokens``; a row still longer than ``max_length`` gets its document shortened to the
-room left; a row whose instruction and answer alone do not fit (or that would keep fewer than
-``MIN_DOCUMENT_TOKENS`` of its document) is dropped. Both are counted per mode and split.
-
-Mixtures (:mod:`ratune.data.mixture`): each :class:`~ratune.data.mixture.Mixture` builds one more
-mode, ``mix-NAME``, whose examples each get a document condition drawn from the mixture; rows
-carry it in ``doc_component`` and the manifest records the realised shares.
-
-Output: ``OUT/{mode}/`` is a ``datasets.DatasetDict`` (splits ``train`` and/or ``eval``) saved
-with ``save_to_disk``; ``OUT/manifest.json`` holds counts per split and mode, token-length
-percentiles, the over-length counts, the settings and the input files' sha256.
+"""The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode
+(layout and over-length policy: docs/pipeline.md#data). Beyond that policy, a row that would keep
+fewer than ``MIN_DOCUMENT_TOKENS`` of its document is dropped, and so is an over-long tool-set row
+(tools are never cut).
 """
 
 from __future__ import annotations
@@ -66,42 +47,26 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     """Build the chats for every split the hub has and every mode; write datasets and manifest.
 
     Args:
-        apibench_dir: the APIBench folder, for an APIBench hub (None: found as
-            :func:`~ratune.sources.apibench.resolve_apibench_dir` does); unused for a catalog.
-        hub: torchhub, huggingface or tensorflowhub (only TorchHub has a train split here), a
-            catalog folder with its pairs split (``ratune catalog pairs``), or a
-            :class:`~ratune.hubs.Hub` (:func:`ratune.hubs.resolve_hub`).
-        out_dir: output folder; refused when it holds a previous build unless ``overwrite``.
-            Built in a temporary sibling (:class:`ratune.output.StageOutput`) and swapped in
-            when complete, so a failed or interrupted rebuild leaves the previous build as it was.
-        tokenizer: the tokenizer used to measure lengths (the training model's), with the chat
-            template training will use (:func:`ratune.sources.prompt.use_chat_template`); its registry
-            name (None: the tokenizer's own) is recorded as ``settings.chat_template``.
-        tokenizer_name: recorded in the manifest.
+        apibench_dir: the APIBench folder, for an APIBench hub (None: the default).
+        hub: a hub name or folder, or a :class:`~ratune.hubs.Hub`.
+        out_dir: output folder, built in a temporary sibling and swapped in when complete.
+        tokenizer: the training model's tokenizer with the chat template training will use.
         modes: train-time retrieval modes to build.
-        settings: see :class:`BuildSettings`.
         lenient: write unparseable rows to ``rejects.jsonl`` and count them instead of failing.
-        leakage: what to do with eval instructions found in the training data
-            (:func:`ratune.sources.validate.validate_splits`): ``error`` (default), ``drop`` the
-            leaked training rows, or ``allow``. Duplicate training examples are always removed.
-        mixtures: :class:`ratune.data.mixture.Mixture` objects; each builds the mode ``mix-NAME``.
-        utility_keep: ``{(line, mode): keep}`` from :func:`ratune.data.utility.load_utility`: a
-            mixture's oracle / top1 document is kept only where True
-            (:func:`ratune.data.mixture.apply_utility_filter`); ``utility_meta`` is recorded.
-        reuse_if_same: keep a complete build in ``out_dir`` whose manifest records the same
-            :func:`build_request` and every mode asked for (returning its manifest); otherwise
-            build as with ``overwrite``. What a sweep passes: a build is reused only when nothing
-            that decides its rows changed (a changed setting, tokenizer, mixture or input file
-            rebuilds it; before, a sweep kept any complete build that had the modes).
+        leakage: one of :data:`ratune.sources.validate.LEAKAGE_POLICIES`.
+        mixtures: each builds the mode ``mix-NAME``.
+        utility_keep: ``{(line, mode): keep}`` (:func:`ratune.data.utility.load_utility`) for
+            the mixtures' utility filter; ``utility_meta`` is recorded.
+        reuse_if_same: keep a complete build whose manifest records the same
+            :func:`build_request` and every mode asked for; otherwise build as with ``overwrite``.
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
     Raises:
         InputError: on a bad input row (file:line field), unless lenient.
         RatuneError: a tokenizer without a chat template, unknown mode, two mixtures with one
             name, an existing output folder without ``overwrite``, or one that is not a ratune
-            data build (:class:`ratune.output.StageOutput`; never deleted, with or without
-            ``overwrite``).
-        LockHeld: another process is writing ``out_dir`` (:mod:`ratune.locks`).
+            data build.
+        LockHeld: another process is writing ``out_dir``.
     """
     source = as_hub_source(hub, apibench_dir)  # an unknown hub or a folder that is no catalog: refused first
     require_chat_template(tokenizer, source=tokenizer_name, hint="give --chat-template (and the same chat_template "
@@ -152,10 +117,8 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
 
 
 def _hold_out_validation(splits: dict, settings: BuildSettings) -> dict | None:
-    """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked
-    (:func:`ratune.sources.validate.hold_out`); returns the manifest's ``validation_split`` record
-    (the rule, the held-out example lines, the APIs, and the near-duplicate rate of validation and
-    eval instructions against the remaining training ones), else None.
+    """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked; returns the
+    manifest's ``validation_split`` record, else None.
 
     Raises:
         RatuneError: a validation split asked for a hub without training examples, or one that holds out nothing.
@@ -177,15 +140,11 @@ def _hold_out_validation(splits: dict, settings: BuildSettings) -> dict | None:
 
 def build_request(source: Hub, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
                   leakage: str, mixtures: Sequence, utility_meta: dict | None) -> dict:
-    """Everything that decides a build's rows besides its modes, as JSON: ratune's version (its
-    prompt format and row building), the settings (:func:`settings_record`), the tokenizer's name
-    and, for a local tokenizer folder, its files' sha256 (``TOKENIZER_FOLDER_FILES``), the sha256
-    of the chat template the rows are rendered with (the tokenizer's own or a named one: a template
-    edited in place under the same name changes it), the leakage policy, ``lenient``, each
-    mixture's definition, the utility filter with its file's sha256, the finetuned retriever's
-    weights (sha256 of its safetensors files) when ``dense_model`` is set, and the sha256 of every
-    input file (the hub's API documents and example files; a catalog's record). Recorded as the
-    manifest's ``request``; ``reuse_if_same`` (:func:`build_dataset`) compares it."""
+    """Everything that decides a build's rows besides its modes, as JSON (the manifest's
+    ``request``, compared by ``reuse_if_same``): ratune's version, the settings, the tokenizer (a
+    local folder's files by sha256), the chat template's sha256, the leakage policy, ``lenient``,
+    the mixtures, the utility filter and its file's sha256, the finetuned retriever's weights'
+    sha256 and every input file's sha256."""
     splits = [s for s in SPLITS if source.examples_file(s).exists()]
 
     def hashes(folder, patterns) -> dict:
@@ -216,8 +175,7 @@ def _template_sha256(template) -> str | None:
 
 def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None:
     """The manifest of the complete build in ``final`` when it records ``request`` and has every
-    mode of ``modes``; else None (no build, an unfinished one, one from before ``request`` was
-    recorded, or another request)."""
+    mode of ``modes``; else None."""
     path = final / "manifest.json"
     if not (is_complete(final) and path.is_file()):
         return None
@@ -276,9 +234,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
 
 @dataclass
 class _Read:
-    """A hub's examples as a build reads them: the validated ``splits`` (with a held-out validation
-    split), what was read per split, the validation report, the hub's own split files, the held-out
-    record, the parse report and the API database."""
+    """A hub's examples as a build reads them, validated, with what was read and reported."""
 
     splits: dict
     read_counts: dict

@@ -1,14 +1,5 @@
-"""Where labels are made: prompt/completion token ids and the completion-only loss mask.
-
-A training row is ``prompt_ids + completion_ids`` where ``prompt_ids`` come from
-:func:`ratune.sources.prompt.encode_prompt` and ``completion_ids`` are the answer text's tokens
-followed by the EOS id. Under a template whose assistant turn starts with a separator
-(``gorilla_v0``: ``ASSISTANT: {answer}</s>``) the answer is tokenized in context, as the tail of
-the prompt text + separator + answer, as FastChat tokenizes a whole conversation (a leading space
-tokenized alone can give other tokens, e.g. sentencepiece's ``▁▁``). The loss mask is 0 on the
-prompt and 1 on the completion, built by position (never by searching for marker tokens, which
-tokenize differently in context), so the tokens that carry loss decode exactly to the answer
-followed by EOS, also when pad == EOS.
+"""Where labels are made: prompt/completion token ids (answer + EOS) and the completion-only loss
+mask, built by position, never by searching for marker tokens (docs/prompts.md#bos-and-eos).
 """
 
 from __future__ import annotations
@@ -21,11 +12,8 @@ from ratune.errors import RatuneError
 from ratune.sources.prompt import encode_prompt, prompt_text, template_of
 
 
-#: How an answer is tokenized behind its prompt (``ratune data build --answer-tokenization``):
-#: ``in_context`` (the default; see the module docstring) or ``separate``: the answer tokenized on
-#: its own and its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the
-#: boundary (:class:`AnswerMerge`). Recorded in the data manifest's settings when not the default;
-#: training and ``data utility`` read it from there (:func:`built_answer_tokenization`).
+#: How an answer is tokenized behind its prompt (``ratune data build --answer-tokenization``;
+#: docs/prompts.md): in context (as FastChat) or ``separate`` (TRL's way).
 ANSWER_TOKENIZATIONS = ("in_context", "separate")
 
 
@@ -39,9 +27,8 @@ class NoTrainableTokens(ValueError):
 
 
 class AnswerMerge(RatuneError):
-    """The tokenizer merges the answer's first token with the prompt's last one under the chat
-    template: no position-exact loss mask exists (the message names the template, the tokenizer
-    and the merged token)."""
+    """The tokenizer merges the answer's first token with the prompt's last one: no position-exact
+    loss mask exists."""
 
 
 @dataclass(frozen=True)
@@ -99,9 +86,8 @@ def answer_ids_in_context(tokenizer, user_turn: str, text: str, system: str | No
 
 def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | None = None, tools=None,
                  answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
-    """Tokenize a (user turn, answer) pair, behind ``system`` when given (``tools``: the JSON
-    schemas given to the chat template), into ids and the completion-only loss mask
-    (``answer_tokenization``: one of :data:`ANSWER_TOKENIZATIONS`).
+    """Tokenize a (user turn, answer) pair (behind ``system``; ``tools`` for the chat template) into
+    ids and the completion-only loss mask.
 
     Raises:
         NoTrainableTokens: when ``completion`` is empty (the row would train only on EOS).
@@ -122,8 +108,7 @@ def tokenize_row(tokenizer, user_turn: str, completion: str, *, system: str | No
 
 
 def tokenize_built_row(tokenizer, row: Mapping, *, answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> TokenizedRow:
-    """:func:`tokenize_row` of a row ``ratune data build`` wrote: its ``user_turn`` and ``completion``,
-    and its ``system`` and ``tools`` (JSON text) where the answer format writes them."""
+    """:func:`tokenize_row` of a row ``ratune data build`` wrote."""
     tools = row.get("tools")
     return tokenize_row(tokenizer, row["user_turn"], row["completion"], system=row.get("system"),
                         tools=None if tools is None else json.loads(tools), answer_tokenization=answer_tokenization)

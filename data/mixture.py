@@ -1,33 +1,5 @@
-"""Mixed retrieval training: per example, a document condition drawn from a mixture.
-
-A RAT model trained with no document is hurt by a weak retriever at test time; one trained with
-the gold document collapses without it (Gorilla, Table 2). RAFT (Zhang et al. 2024, from the
-Gorilla authors) trains with distractor documents and sometimes without the gold one. A mixture
-gives each training example one of these *components*, drawn independently with the configured
-probabilities:
-
-``none``
-    no document (the plain instruction);
-``oracle``
-    the gold API document;
-``top1``
-    the top-1 document of a retriever (``bm25`` by default), which may be the wrong API;
-``distractors``
-    the gold document among ``distractors`` (default 3) other APIs of the same hub, drawn at
-    random without replacement; the gold document's position is drawn uniformly;
-``irrelevant``
-    one document of an API from *another domain*, which cannot answer the request, and the
-    abstention as the answer (:func:`ratune.sources.prompt.abstain_answer`; BFCL's irrelevance
-    category): teaches the model to say that no API fits instead of calling one.
-
-Several documents use the one multi-document format of :func:`ratune.sources.prompt.build_user_turn`:
-the reference phrase once, then one serialized document per line. Draws are deterministic given
-the mixture's seed (Python's ``random.Random``, one stream per split, examples in file order);
-the build manifest records the realised share of each component.
-
-A mixture is written ``NAME:none=0.25,oracle=0.25,top1=0.25,distractors=0.25`` on the command line
-(``ratune data build --mixture ...``) and builds the train-time mode ``mix-NAME``, which a training
-config selects as ``train_retriever: mix-NAME``.
+"""Mixed retrieval training: per example, a document condition (component) drawn from a mixture,
+after RAFT (Zhang et al. 2024); components and spec: docs/experiments.md#retrieval-mixtures.
 """
 
 from __future__ import annotations
@@ -45,8 +17,7 @@ from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import RETRIEVED_MODES, unknown_name
 
-#: The components a mixture draws from, in the order draws use (new ones are appended, so a
-#: mixture that does not use them draws exactly as before).
+#: The components a mixture draws from, in the order draws use (new ones go last, keeping old draws).
 MIXTURE_COMPONENTS = ("none", "oracle", "top1", "distractors", "irrelevant")
 
 #: Prefix of a mixture's train-time mode (its folder in the data build and its train_retriever).
@@ -60,14 +31,12 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
 @dataclass(frozen=True)
 class Mixture:
-    """A mixture of document conditions for training (see the module docstring).
+    """A mixture of document conditions for training.
 
     Attributes:
         name: ``[a-z0-9_]+``; the built mode is ``mix-{name}``.
-        weights: ``{component: probability}``; components from MIXTURE_COMPONENTS, each >= 0,
-            summing to 1 (within 1e-6); missing components have probability 0.
-        top1_retriever: the retriever of the ``top1`` component (one of TOP1_RETRIEVERS;
-            ``dense_ft`` needs the build's ``dense_model``).
+        weights: ``{component: probability}`` over MIXTURE_COMPONENTS, summing to 1 (within 1e-6).
+        top1_retriever: the retriever of the ``top1`` component (one of TOP1_RETRIEVERS).
         distractors: how many other APIs' documents join the gold one in ``distractors``.
         seed: seed of the draws.
     """
@@ -131,9 +100,7 @@ class Mixture:
                 "draws": "random.Random(f'{seed}:{split}'), one draw per example in file order"}
 
 
-#: The options of ``ratune data build`` that set every mixture's draws (ratune/options.py): the
-#: flags, a sweep file's ``data:`` keys and the data command a sweep runs derive from them. A sweep
-#: writes all three whenever it builds a mixture.
+#: The options of ``ratune data build`` that set every mixture's draws (ratune/options.py).
 MIXTURE_OPTIONS: tuple[Option, ...] = (
     Option("seed", "--mixture-seed", command="always", help="seed of the mixture draws"),
     Option("distractors", "--distractors", command="always",
@@ -148,12 +115,10 @@ def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], t
     """Draw each example's component and documents.
 
     Args:
-        mixture: the mixture.
-        split: the split name (``train`` / ``eval``): each split has its own random stream.
+        split: the split name; each split has its own random stream.
         gold_docs: the gold document of each example (length n).
-        top1_docs: the ``top1_retriever``'s ranked documents of each example (length n; only the
-            first is used).
-        database: the hub's API documents (the distractor pool; one per API identity is used).
+        top1_docs: the ``top1_retriever``'s ranked documents of each example (the first is used).
+        database: the hub's API documents (the distractor pool, one per API identity).
 
     Returns:
         ``(docs_per_example, components)``, both of length n.
@@ -208,12 +173,8 @@ def realised_shares(components: Sequence[str]) -> dict:
 
 def apply_utility_filter(mixture: Mixture, lines: Sequence[int], docs: list[list[dict]], components: list[str],
                          keep: dict[tuple[int, str], bool]) -> tuple[list[list[dict]], list[str], dict]:
-    """Drop single documents whose measured utility is too low (:mod:`ratune.data.utility`).
-
-    An ``oracle`` example is looked up as ``(line, "oracle")``, a ``top1`` example as ``(line,
-    mixture.top1_retriever)``; when ``keep`` says False the example gets no document and the
-    component ``none_low_utility``. ``distractors`` examples (several documents) and examples
-    without a measurement are left as drawn.
+    """Drop an ``oracle`` or ``top1`` document whose measured utility ``keep`` refuses (keyed
+    ``(line, mode)``; component ``none_low_utility``); others are left as drawn.
 
     Returns:
         ``(docs, components, {"filtered": n, "unmeasured": n})``.

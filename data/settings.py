@@ -14,11 +14,8 @@ from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVED_MODES
 from ratune.sources.formats import ANSWER_FORMATS
 from ratune.sources.validate import HOLDOUT_KINDS
 
-# The train-time modes (Gorilla trains with none or oracle; the retrieved ones are ours) are
-# ratune/registry.py TRAIN_MODES: every retriever that covers training questions, including
-# dense_ft, the finetuned bi-encoder (needs BuildSettings.dense_model). The paper's own retrieved
-# documents (gpt_index, released_bm25) exist for eval questions only. force_gold applies to
-# RETRIEVED_MODES, whose documents are a ranking's top_k.
+# The train-time modes are ratune/registry.py TRAIN_MODES (Gorilla trains with none or oracle;
+# the retrieved ones are ours).
 
 
 @dataclass(frozen=True)
@@ -27,26 +24,19 @@ class BuildSettings:
 
     Attributes:
         max_length: maximum tokens per row, prompt (chat template included) + answer + EOS.
-            The paper uses 2048 (appendix); the CPU demo uses less.
+            The paper uses 2048 (appendix).
         max_document_tokens: budget per document before the length check; None = no budget.
-        top_k: documents per prompt for the bm25 and dense modes (the paper uses top-1).
-        force_gold: for the retrieved modes (RETRIEVED_MODES) on the *train* split, put the gold
-            document in place of the lowest-ranked one when the retriever missed it (RAFT-style:
-            the model always sees the right API among the retrieved ones while training; eval rows
-            are never changed). Counted per split and mode as ``forced_gold``.
-        dense_model: the finetuned retriever folder (``ratune retrieval train``) of the
-            ``dense_ft`` mode and of a mixture's ``dense_ft`` top1 component.
-        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings, so the same rows; recorded in
-            the manifest's retriever metadata).
-        validation_fraction: hold out this share of the training examples as a ``validation``
-            split (built like eval rows; never trained on); None: no validation split.
-        validation_by: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`): ``api_stratified``
-            (every validation API is also trained on) or ``api_grouped`` (none is).
-        validation_seed: the held-out split's seed.
-        answer_tokenization: how the answer is tokenized behind its prompt
-            (:data:`ratune.data.labels.ANSWER_TOKENIZATIONS`).
-        answer_format: how prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`);
-            None: the hub's own (:meth:`ratune.hubs.Hub.choose_answer_format` checks the choice).
+        top_k: documents per prompt for the retrieved modes (the paper uses top-1).
+        force_gold: in training rows of RETRIEVED_MODES, the gold document replaces the
+            lowest-ranked one where the retriever missed it (RAFT-style; counted ``forced_gold``).
+        dense_model: the finetuned retriever folder of ``dense_ft`` (mode or top1 component).
+        bm25_backend: ``rank_bm25`` or ``bm25s`` (the same rows).
+        validation_fraction: share of the training examples held out as a ``validation`` split
+            (never trained on); None: none.
+        validation_by, validation_seed: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`) and
+            with which seed it is drawn.
+        answer_tokenization: one of :data:`ratune.data.labels.ANSWER_TOKENIZATIONS`.
+        answer_format: one of :data:`ratune.sources.formats.ANSWER_FORMATS`; None: the hub's own.
     """
 
     max_length: MaxLength = 2048
@@ -68,9 +58,7 @@ class BuildSettings:
 #: The modes that need a finetuned retriever folder (``--dense-model``).
 _FINETUNED = " ".join(r.name for r in RETRIEVERS.values() if r.needs_model)
 
-#: Every option of :class:`BuildSettings`, in the order a sweep writes them (ratune/options.py):
-#: ``ratune data build``'s flags, a sweep file's and the demo's ``data:`` keys and the data command
-#: a sweep runs derive from them. ``max_length`` and ``top_k`` are always written.
+#: Every option of :class:`BuildSettings`, in the order a sweep writes them (ratune/options.py).
 BUILD_OPTIONS: tuple[Option, ...] = (
     Option("max_length", "--max-length", command="always", help="tokens per row: prompt, answer and EOS (the paper uses 2048)"),
     Option("max_document_tokens", "--max-document-tokens", help="document budget in tokens"),

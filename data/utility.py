@@ -1,20 +1,6 @@
-"""Document utility (the idea of Toolformer, Schick et al. 2023, section 2): how much a
-retrieved document lowers a model's loss on the answer.
-
-For a training example and a model, the *utility* of the document a retrieval mode gives it is
-
-    utility = L(answer | instruction) - L(answer | instruction + document)
-
-where ``L`` is the model's mean cross-entropy per answer token (nats; the answer tokens are the
-completion-only loss tokens of :func:`ratune.data.labels.tokenize_row`, EOS included). Positive
-utility: the document makes the right answer more likely. Both prompts are the built rows of a
-``ratune data build`` folder (mode ``none`` and the document mode), paired by example line.
-
-``ratune data utility --data DIR --modes oracle bm25 --model M --out DIR`` writes
-``utility.jsonl`` (one row per example and mode), ``utility.json`` (the distribution per mode:
-mean, quantiles, share above 0) and ``utility.png`` (histograms). ``ratune data build --mixture
-... --utility-file OUT/utility.jsonl --min-utility X`` keeps a mixture's single document (oracle or
-top1) only when its utility exceeds X, and gives the example no document otherwise.
+"""Document utility (Toolformer, Schick et al. 2023, section 2): L(answer | instruction) -
+L(answer | instruction + document), mean cross-entropy per answer token in nats, from a data
+build's rows of mode ``none`` and the document mode (docs/experiments.md#document-utility).
 """
 
 from __future__ import annotations
@@ -38,18 +24,8 @@ COMPONENT_MODE = {"oracle": "oracle", "top1": None}  # top1: the mixture's top1_
 
 def answer_losses(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 8,
                   answer_tokenization: str = ANSWER_TOKENIZATIONS[0]) -> list[float]:
-    """Mean cross-entropy per answer token (nats) of each (user turn, answer) pair.
-
-    Rows are tokenized exactly as for training (prompt by the chat template, answer + EOS, loss on
-    the answer only), right-padded in batches sorted by length; padding never enters the loss.
-
-    Args:
-        model: a causal LM (eval mode is set here).
-        tokenizer: its tokenizer (with a chat template and an EOS token).
-        pairs: ``[(user_turn, completion), ...]``.
-        batch_size: rows per forward pass.
-    Returns:
-        One loss per pair, in the order given.
+    """Mean cross-entropy per answer token (nats) of each ``(user_turn, completion)`` pair, tokenized
+    as for training, in the order given.
     """
     import torch
 
@@ -87,13 +63,10 @@ def measure_utility(data_dir, modes: Sequence[str], model, tokenizer, *, split: 
 
     Args:
         data_dir: a ``ratune data build`` folder holding mode ``none`` and each of ``modes``.
-        modes: document modes (oracle, bm25, dense, ...).
-        split: the split to measure.
         max_examples: the first N examples (by line) only.
 
     Returns:
-        ``[{"line", "mode", "loss_without", "loss_with", "utility", "document_api_calls",
-        "gold_api_call"}]``, sorted by mode then line; only examples present in both modes.
+        One record per example present in both modes, sorted by mode then line.
 
     Raises:
         RatuneError: the folder is not a complete build, or lacks mode none or a requested mode.
@@ -152,9 +125,7 @@ UTILITY_STAGE = "data utility"
 
 
 def write_utility(records: Sequence[dict], out_dir, *, meta: dict) -> dict:
-    """Write utility.jsonl, utility.json (``meta`` + per-mode summary) and utility.png into ``out_dir``
-    (new, empty or an earlier ``data utility`` output: :class:`ratune.output.StageOutput`);
-    returns the summary.
+    """Write utility.jsonl, utility.json and utility.png into ``out_dir``; returns the summary.
 
     Raises:
         RatuneError: ``out_dir`` is a file, or a non-empty folder ratune did not make.

@@ -1,12 +1,6 @@
-"""Hubs: where a stage gets its API documents and its examples, one class per kind.
-
-Three kinds ship: :class:`APIBenchHub` (hubs/apibench.py), :class:`ToolSetHub` (hubs/tools.py) and
-:class:`CatalogHub` (hubs/catalog.py).
-Each owns what differs between kinds: its files and loaders, precomputed documents, the test
-settings it has and runs by default, its scorer's key, what manifests record and how reports and
-model cards name it; stages ask the hub and never test its kind. hubs/base.py holds the protocol,
-the registry and :func:`resolve_hub` (``--hub`` text to a hub); docs/development.md says where a
-new kind goes.
+"""Hubs: where a stage gets its API documents and its examples, one class per kind (APIBench, tool
+set, catalog) that owns what differs between kinds; stages never test a hub's kind
+(docs/development.md says where a new kind goes).
 """
 
 from ratune.hubs.base import (HUB_KINDS, Hub, as_hub_source, check_hub_ref, hub_argument_type, hub_choices_text,

@@ -1,7 +1,5 @@
-"""The hub protocol: :class:`Hub`, the base class of every kind of hub, the registry of kinds
-(:data:`HUB_KINDS`, :func:`register_hub_kind`) and the functions that turn ``--hub`` text or a
-recorded name into a hub or its kind. The kinds that ship are registered by ``ratune.hubs``
-(hubs/__init__.py)."""
+"""The hub protocol (:class:`Hub`), the registry of kinds and the functions that turn ``--hub``
+text or a recorded name into a hub or its kind."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from ratune.sources.formats import DEFAULT_ANSWER_FORMAT
 
 @dataclass(frozen=True)
 class Hub(ABC):
-    """One hub: its ``name`` (what examples, manifests, metrics and report folders call it) and
-    the folder it is read from. Subclasses set the class attributes and implement the loaders."""
+    """One hub: its ``name`` (as records call it) and the folder it is read from."""
 
     name: str
 
@@ -100,8 +97,7 @@ class Hub(ABC):
     @abstractmethod
     def load_examples(self, split: str, *, lenient: bool = False, report: ParseReport | None = None
                       ) -> list[Example]:
-        """A split's examples in file order (``lenient``/``report``: rows set aside instead of refused,
-        where the kind allows it).
+        """A split's examples in file order (``lenient``: bad rows go to ``report`` where allowed).
 
         Raises:
             RatuneError: the split's file does not exist (the message says how to make it).
@@ -139,8 +135,7 @@ class Hub(ABC):
         return None
 
     def require_split(self, split: str, purpose: str) -> None:
-        """Refuse, before anything is computed, a split whose example file is missing (``purpose``:
-        why it is needed, for the message).
+        """Refuse a split whose example file is missing (``purpose``: why it is needed).
 
         Raises:
             RatuneError: naming the file and how to make it.
@@ -163,12 +158,11 @@ class Hub(ABC):
         return None
 
     def check_settings(self, settings: Sequence[str], where: str | None = None) -> None:
-        """Refuse the test or experiment settings this hub does not have (the one place that does:
-        ``ratune eval run`` before anything is read, a sweep and the demo when planning each cell).
+        """Refuse the test or experiment settings this hub does not have (the one place that does).
 
         Raises:
-            RatuneError: without ``where``, the first one's :meth:`setting_refusal`; with it (a sweep
-                cell), one line naming ``where``, the hub, every such setting and the defaults it has.
+            RatuneError: the first one's :meth:`setting_refusal`; with ``where``, one line naming
+                ``where``, the hub, every such setting and the defaults it has.
         """
         bad = [s for s in dict.fromkeys(settings) if self.setting_refusal(s) is not None]
         if bad and where is None:
@@ -235,8 +229,7 @@ HUB_KINDS: dict[str, type[Hub]] = {}
 
 
 def register_hub_kind(cls: type[Hub]) -> type[Hub]:
-    """Add a kind of hub to :data:`HUB_KINDS` (a class decorator); a kind registered later is
-    tried after the earlier ones."""
+    """Add a kind of hub to :data:`HUB_KINDS` (a class decorator), tried after the earlier ones."""
     if cls.kind in HUB_KINDS and HUB_KINDS[cls.kind] is not cls:
         raise RatuneError(f"hub kind {cls.kind!r} is registered already")
     HUB_KINDS[cls.kind] = cls
@@ -253,12 +246,10 @@ def resolve_hub(hub: "str | os.PathLike | Hub", apibench_dir: str | os.PathLike 
     """The :class:`Hub` that ``--hub`` text names (a hub is returned as it is).
 
     Args:
-        hub: a hub name or folder of a kind in :data:`HUB_KINDS`, or a hub.
         apibench_dir: the APIBench folder for an APIBench hub (None: found when needed).
         locate: check that the hub's folder exists now (False: when first read).
     Raises:
-        RatuneError: no kind claims ``hub`` (the message lists what ``--hub`` takes), the kind's own
-            refusal, or (``locate``) its folder is not found.
+        RatuneError: no kind claims ``hub``, the kind's own refusal, or its folder is not found.
     """
     if isinstance(hub, Hub):
         return hub
@@ -272,7 +263,7 @@ def resolve_hub(hub: "str | os.PathLike | Hub", apibench_dir: str | os.PathLike 
 
 
 def hub_name(hub: str | os.PathLike) -> str:
-    """The name of a hub reference (what manifests, metrics, report folders and sweep data folders call it).
+    """The name of a hub reference (as records call it).
 
     Raises:
         RatuneError: as :func:`resolve_hub`.
@@ -281,9 +272,8 @@ def hub_name(hub: str | os.PathLike) -> str:
 
 
 def recorded_hub_kind(name: str | None, kind: str | None = None) -> type[Hub]:
-    """The class of a hub that a manifest, metrics file or report names: its recorded ``kind``
-    (``hub_kind``, a hub record's key), else the first kind that claims the recorded name
-    (:meth:`Hub.claims_name`: an APIBench name or none, the default hub; else a catalog's).
+    """The class of a hub that a record names: its recorded ``kind``, else the first kind that
+    claims the recorded name (:meth:`Hub.claims_name`).
 
     Raises:
         RatuneError: a recorded kind that is not registered, or a name no kind claims.
@@ -299,28 +289,23 @@ def recorded_hub_kind(name: str | None, kind: str | None = None) -> type[Hub]:
 
 
 def manifest_hub_record(manifest: dict) -> tuple[str | None, dict | None]:
-    """``(kind, record)`` of the hub record a manifest holds under its kind's key
-    (:meth:`Hub.manifest_record`, written as ``manifest[hub.kind]``); ``(None, None)`` when it holds
-    none (an APIBench hub records only its name)."""
+    """``(kind, record)`` of the hub record a manifest holds under its kind's key, or ``(None, None)``."""
     return next(((kind, manifest[kind]) for kind in HUB_KINDS if isinstance(manifest.get(kind), dict)), (None, None))
 
 
 def check_hub_ref(text: str) -> str:
-    """Return ``text`` if :func:`resolve_hub` could resolve it (the APIBench folder itself is looked
-    for later), else raise its RatuneError. The argparse type of ``--hub``."""
+    """Return ``text`` if :func:`resolve_hub` could resolve it, else raise its RatuneError."""
     resolve_hub(text, locate=False)
     return text
 
 
 def hub_argument_type():
-    """The argparse type of every ``--hub``: :func:`check_hub_ref` at the edge, keeping the text
-    (:func:`ratune.args.checked`)."""
+    """The argparse type of every ``--hub`` (:func:`check_hub_ref`, keeping the text)."""
     from ratune.args import checked
 
     return checked(check_hub_ref, "hub", good="torchhub", bad=("no_such_hub", "folder"))
 
 
 def as_hub_source(hub: "str | Hub", apibench_dir: str | os.PathLike | None = None) -> Hub:
-    """``hub`` itself when it is a :class:`Hub`, else :func:`resolve_hub` of it, its folder looked for
-    when first read (the stages' entry points; the commands look for it first)."""
+    """``hub`` itself when it is a :class:`Hub`, else :func:`resolve_hub` of it (folder found when read)."""
     return resolve_hub(hub, apibench_dir, locate=False)

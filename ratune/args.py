@@ -1,19 +1,8 @@
-"""Command-line argument types: every value a user types is checked when it is parsed.
+"""Command-line argument types: every value a user types is checked when it is parsed
+(docs/reliability.md#user-errors); a number's rule is the schema field's it sets (:func:`setting`).
 
-Numbers derive their rule from the schema field they set (:func:`setting`, e.g.
-``setting(EvalSettings, "batch_size")``) or from one of the bounded types of
-:mod:`ratune.config` (:func:`bounded`), so a flag and the config key behind it share one
-definition. Paths are checked for what the command does with them: :func:`input_file`,
-:func:`input_dir`, :func:`input_path` (file or folder), :func:`output_dir` (may be missing, must
-not be a file). Structured text (a mixture spec, a cell selector) is parsed by the function that
-uses it (:func:`checked`). A bad value is an argparse error, which :class:`RatuneArgumentParser`
-prints as one line (``ratune: error: data build: argument --top-k: ...``) with exit status 2,
-before the command starts any work.
-
-Each type carries examples of what it accepts and refuses (``good_example``, ``bad_examples``;
-numbers and text as strings, paths as the kinds ``"missing"``, ``"file"``, ``"folder"``,
-``"new"``, written into a value by ``template``), so that tests/test_cli_errors.py walks every
-sub-command of the parser with bad values without a hand-kept list.
+Each type carries ``good_example`` and ``bad_examples`` (paths as :data:`PATH_KINDS`, written into
+a value by ``template``), which tests/test_cli_errors.py feeds to every sub-command.
 """
 
 from __future__ import annotations
@@ -31,11 +20,7 @@ PATH_KINDS = ("missing", "file", "folder", "new")
 
 
 class RatuneArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr (``ratune: error: ...``), exit 2.
-
-    argparse's default prints the usage first (several lines); ratune's rule is one line naming
-    the flag, so the usage is left to ``--help``.
-    """
+    """An ArgumentParser whose errors are one line on stderr (``ratune: error: ...``, no usage), exit 2."""
 
     def error(self, message: str):
         sub = self.prog.split(" ", 1)[1] if " " in self.prog else ""
@@ -85,8 +70,7 @@ def setting(schema: type, field: str) -> Callable[[str], Any]:
 
 def registered(kind: str, names: Sequence[str], *extra: str) -> dict:
     """argparse keywords (``type``, ``metavar``) of a flag that takes one of a registry's names
-    (ratune/registry.py) or one of ``extra`` (such as ``all``): help shows the names like
-    ``choices`` would (:func:`ratune.registry.unknown_name`)."""
+    or one of ``extra`` (such as ``all``)."""
     from ratune.registry import unknown_name
 
     known = (*extra, *names)
@@ -180,8 +164,7 @@ def _model_ref(text: str) -> str:
                                      f"{DEMO_MODEL_ALIAS})")
 
 
-#: A model: a local model folder, a hub id ``org/name`` or the demo alias; a path that does not
-#: exist (and is no hub id) or a file is refused.
+#: A model: a local model folder, a hub id ``org/name`` or the demo alias.
 model_ref = _typed(_model_ref, "model", good="folder", bad=("missing", "file"))
 
 
@@ -212,12 +195,8 @@ APIBENCH_DEFAULT = "$RATUNE_APIBENCH or ../shared/apibench"
 
 
 def add_apibench_argument(parser: argparse.ArgumentParser, *, default_text: str = APIBENCH_DEFAULT) -> None:
-    """Add ``--apibench DIR`` (an existing folder; None when not given, which
-    ``resolve_apibench_dir`` turns into the default folder), the one definition of that flag.
-
-    Args:
-        default_text: what the help says is used without the flag (the demo: its config key first).
-    """
+    """Add ``--apibench DIR`` (an existing folder; None when not given), the one definition of
+    that flag; ``default_text`` is what the help says is used without it."""
     parser.add_argument("--apibench", default=None, type=input_dir, metavar="DIR",
                         help=f"APIBench folder (default: {default_text})")
 

@@ -25,11 +25,9 @@ FULL_DISK_BYTES = 1 << 20
 
 
 def write_fault(exc: BaseException | None) -> int | None:
-    """The errno of a :data:`WRITE_FAULTS` fault that ``exc``, or an exception it was raised from,
-    carries: an OSError's errno, or the ``(os error N)`` that the Rust libraries (tokenizers,
-    safetensors) put in their messages; else, for a RuntimeError raised while writing an output
-    (``torch.save``'s ``iostream error`` carries no errno), the state of that output's file system:
-    read-only, or less than :data:`FULL_DISK_BYTES` free. None for anything else."""
+    """The errno of a :data:`WRITE_FAULTS` fault that ``exc`` or its causes carry (an OSError's
+    errno, a Rust library's ``(os error N)``), or, for a RuntimeError while writing an output, its
+    file system's state (:func:`_disk_fault`); else None."""
     first, seen = exc, set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -62,8 +60,7 @@ def _disk_fault(output: str) -> int | None:
 
 
 def _fault_line(exc: BaseException, code: int) -> str:
-    """The one line of a write fault without a file name: the output being written (the innermost
-    lock's target, :func:`ratune.locks.output_lock` records it on the exception) and how to go on."""
+    """The one line of a write fault without a file name, naming the output being written."""
     where = getattr(exc, "ratune_output", None)
     return (f"ratune: error: {WRITE_FAULTS[code]} (errno {errno.errorcode[code]}) while writing "
             f"{where or 'an output'}: what was complete before is kept and nothing partial is marked complete; "
@@ -71,51 +68,31 @@ def _fault_line(exc: BaseException, code: int) -> str:
 
 
 def _say(line: str) -> None:
-    """One line on stderr in one write: the ranks of a launch share stderr, and print's separate
-    write of the newline let two ranks' lines run together on one line."""
+    """One line on stderr in one write (ranks share stderr; print's separate newline interleaves)."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
 def _say_if_possible(line: str) -> None:
-    """:func:`_say` for the last line of an interrupted command: after SIGHUP (the terminal closed)
-    writing to the terminal fails with EIO, and that OSError must not replace the exit status."""
+    """:func:`_say`, dropping the line when the terminal is gone (EIO after SIGHUP)."""
     with contextlib.suppress(OSError):
         _say(line)
 
 
 def run_guarded(fn: Callable[[], int]) -> int:
-    """Run ``fn`` behind ratune's one error boundary (every ``ratune`` command and
-    ``python -m ratune.train``, under accelerate or not).
+    """Run ``fn`` behind ratune's one error boundary (policy: docs/reliability.md#user-errors).
 
-    Policy: a user's mistake is reported where it is found, as a :class:`~ratune.errors.RatuneError`
-    naming the file, line, field or flag (readers of JSON, JSONL and YAML name the file and line;
-    argparse types name the flag, :mod:`ratune.args`). The boundary prints ``ratune: error:
-    MESSAGE`` on stderr and returns 2 for:
-
-    * a RatuneError (InputError included);
-    * an OSError that carries a file name (missing, a folder where a file is expected, permission
-      denied, disk full, ...): the operating system refused an operation on a named path, which no
-      traceback would explain better: ``ratune: error: PATH: reason``;
-    * a write fault without a file name (:data:`WRITE_FAULTS`: a full disk or quota, a read-only
-      file system, permission, too many open files), from ratune or a library it calls (an OSError
-      raised by ``close()``, tokenizers' ``Exception(... (os error 28))``): ``ratune: error: no
-      space left on device (errno ENOSPC) while writing OUTPUT: ...`` naming the output being written.
-
-    Everything else is a bug (in ratune or a library) and keeps its traceback (exit status 1);
-    in particular a UnicodeDecodeError, JSON or YAML error that reaches the boundary is a reader
-    that forgot to name its file. With RATUNE_TRACEBACK=1 the two cases above re-raise too.
-    Ctrl-C returns 130, SIGTERM 143 and SIGHUP 129 (:class:`~ratune.errors.Terminated`: they
-    unwind as Ctrl-C does, so lock files and temporary folders are cleaned up), a closed stdout
-    (``| head``) 0.
-    The third-party messages of :mod:`ratune.noise` are silenced first.
+    Returns:
+        ``fn``'s status; 2 after one ``ratune: error:`` line for a RatuneError, an OSError naming a
+        path or a :data:`WRITE_FAULTS` fault; 130 for Ctrl-C, 128 + signal for SIGTERM/SIGHUP; 0
+        for a closed stdout. Anything else re-raises (as do all with RATUNE_TRACEBACK=1).
     """
     import os
 
     from ratune.errors import RatuneError, Terminated
     from ratune.noise import quiet_known_noise
 
-    quiet_known_noise()  # third-party lines that are noise here, named in ratune/noise.py
+    quiet_known_noise()
     debug = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
     try:
         with terminate_like_ctrl_c():
@@ -156,22 +133,10 @@ def run_guarded(fn: Callable[[], int]) -> int:
 
 @contextlib.contextmanager
 def terminate_like_ctrl_c():
-    """For the body, SIGTERM and SIGHUP raise :class:`~ratune.errors.Terminated` in the main
-    thread, each unless something (a launcher, a test runner, ``nohup``) has set its own handler;
-    the default handlers are put back after. Used by :func:`run_guarded`.
-
-    Only the first signal raises; later ones are ignored while the process unwinds. Supervisors
-    often send SIGTERM twice within microseconds (Slurm signals every process of a step and torch's
-    launcher passes its own SIGTERM on to its workers; a local sweep forwards to a command that a
-    job's end also signalled), and a second signal that ended the process at once would skip the
-    ``finally`` blocks and leave the lock file behind. The hard stop stays SIGKILL, which each
-    supervisor sends after its grace period (Slurm's KillWait, the sweep's
-    :data:`ratune.sweep.local.CHILD_GRACE_S`). The ignoring handler is Python's own, so a program
-    started while unwinding gets the default handlers back.
-
-    A library that catches everything (multiprocess's ``__init__`` has a bare ``except:`` around an
-    import) can swallow the Terminated and fail differently; any exception that leaves the body
-    after a signal is re-raised as the Terminated it hid, so the exit stays 128 + signal."""
+    """For the body, SIGTERM and SIGHUP (where no one else set a handler) raise
+    :class:`~ratune.errors.Terminated` in the main thread; only the first signal raises, later ones
+    are ignored while unwinding, and any exception leaving the body after a signal is re-raised as
+    that Terminated (docs/reliability.md#user-errors)."""
     import signal
     import threading
 

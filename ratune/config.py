@@ -1,28 +1,6 @@
-"""Config loading and validation shared by every stage.
-
-Configs are YAML files validated by pydantic models with ``extra="forbid"``: an unknown key is an
-error that names the key, the file and the closest valid key; a wrong type names the field. All
-of it happens before any model is loaded.
-
-Every YAML config ratune reads (training, demo, sweep, a sweep's base config, a sweep folder's
-``sweep.yaml``) goes through :func:`load_yaml`, and every other YAML document (a catalog's
-OpenAPI specification) through :func:`parse_yaml`: the one loader, PyYAML's SafeLoader (plain
-data only) that also
-
-* refuses a key given twice in one mapping, naming both lines (SafeLoader keeps the last one
-  silently);
-* bounds the work of aliases: anchors and aliases are allowed, but a document whose aliases
-  expand it to more than :data:`MAX_CONFIG_VALUES` values (a "billion laughs" alias bomb: 2 KB
-  of nested anchors that expand to 10^9 leaves) is refused before anything walks it;
-* refuses a file larger than :data:`MAX_CONFIG_BYTES`, nesting deeper than
-  :data:`MAX_CONFIG_DEPTH`, a folder and bytes that are not UTF-8, each in one line naming the
-  file (and line).
-
-Numbers: the bounded types below (:data:`Count`, :data:`Seed`, ...) are each bound's one
-definition. Stage schemas (pydantic models and settings dataclasses) annotate their fields with
-them, settings dataclasses check themselves with :func:`check_fields`, and command-line flags
-derive their argparse ``type`` from the schema field (:func:`ratune.args.setting`), so a number a
-user types is checked at the edge, before any work starts, by the same rule as in a config file.
+"""Config loading and validation shared by every stage: the one bounded YAML loader
+(docs/reliability.md#user-errors), pydantic schemas that refuse unknown keys (docs/configs.md), and
+the bounded number types that schemas, settings dataclasses and flags all check with.
 """
 
 from __future__ import annotations
@@ -60,24 +38,19 @@ Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 OpenFraction = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 #: A TCP port.
 Port = Annotated[int, Field(ge=1, le=65535)]
-#: What a training run does with an unfinished earlier run in its output folder: ``resume`` from
-#: its latest checkpoint (start over when it saved none), or ``restart`` (train/resume.py
-#: ``prepare_unfinished``; a sweep's ``on_unfinished``, ``ratune train --on-unfinished``).
+#: What a training run does with an unfinished earlier run in its output folder (train/resume.py).
 OnUnfinished = Literal["resume", "restart"]
 ON_UNFINISHED = get_args(OnUnfinished)
 
 
 
 def one_of(kind: str, names: tuple[str, ...]) -> Any:
-    """A ``str`` field type that must be one of a registry's ``names`` (ratune/registry.py),
-    refused with :func:`ratune.registry.unknown_name`'s message, which names the new spelling of
-    a renamed name; the JSON schema lists the names as an enum."""
+    """A ``str`` field type that must be one of a registry's ``names`` (listed as the JSON schema's enum)."""
     return Annotated[str, AfterValidator(functools.partial(check_name, kind, known=names)),
                      Field(json_schema_extra={"enum": list(names)})]
 
 
-#: Registry names as schema field types (ratune/registry.py): a renamed spelling is refused with
-#: its new name, the JSON schema lists the names.
+#: Registry names as schema field types.
 TestSettingName = one_of("test setting", EVAL_SETTINGS)
 TrainModeName = one_of("train-time retrieval mode", TRAIN_MODES)
 Top1RetrieverName = one_of("top1 retriever", RETRIEVED_MODES)
@@ -128,8 +101,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and deep nesting (see the module docstring);
-    ``what`` names the kind of document in its refusals."""
+    """SafeLoader that refuses duplicate keys and deep nesting; ``what`` names the document kind."""
 
     _depth = 0
     what = "a ratune config"
@@ -177,10 +149,7 @@ class _Refused(Exception):
 
 
 def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES, what: str = "the config") -> None:
-    """Refuse a composed document that aliases expand beyond ``limit`` values.
-
-    Aliases share node objects, so sizes are computed once per node (time linear in the file).
-    """
+    """Refuse a composed document that aliases expand beyond ``limit`` values (each node sized once)."""
     sizes: dict[int, int | None] = {}
 
     def size(node: yaml.Node) -> int:
@@ -206,7 +175,7 @@ def _check_expansion(root: yaml.Node, limit: int = MAX_CONFIG_VALUES, what: str 
 
 
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping with the one config loader (see the module docstring).
+    """Read a YAML mapping with the one config loader.
 
     Raises:
         RatuneError: one line naming the file (and the line where there is one): missing, a
@@ -238,15 +207,11 @@ def load_yaml(path: str | Path) -> dict:
 
 def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, what: str = "a ratune config",
                noun: str = "the config"):
-    """Parse YAML ``text`` with the one loader's guards (the module docstring: plain data only, no
-    duplicate key, nesting at most :data:`MAX_CONFIG_DEPTH`, aliases expanding to at most
-    ``max_values`` values). :func:`load_yaml` reads configs with it; catalog/openapi.py reads a
-    YAML OpenAPI document with it (a larger ``max_values``).
+    """Parse YAML ``text`` with the one loader's guards (aliases expand to at most ``max_values``).
 
     Args:
         source: the file the text came from, named in every error.
-        what: the kind of document, named in the refusals ("not a ratune config").
-        noun: the document, named where an alias expands too far ("the config has more than ...").
+        what, noun: the document's kind and name in refusals ("a ratune config", "the config").
     Returns:
         The document (any YAML value; None for an empty one).
     Raises:
@@ -274,8 +239,7 @@ def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, w
 
 
 def key_line(path: str | Path, key: str) -> int | None:
-    """The 1-based line of the top-level ``key`` in the YAML mapping file ``path`` (for an error
-    that names where a value was set), or None when the file does not set it or cannot be read."""
+    """The 1-based line of the top-level ``key`` in the YAML file ``path``, or None."""
     try:
         loader = _ConfigLoader(Path(path).read_text(encoding="utf-8"))
         try:
@@ -312,8 +276,7 @@ def load_config(model: type[M], path: str | Path) -> M:
 
 @functools.lru_cache(maxsize=None)
 def field_annotation(schema: type, name: str) -> Any:
-    """The annotation (with its ``Annotated`` bounds) of field ``name`` of a settings dataclass
-    or pydantic model.
+    """The annotation (with its bounds) of field ``name`` of a settings dataclass or pydantic model.
 
     Raises:
         KeyError: no such field.
@@ -342,10 +305,7 @@ def check_value(annotation: Any, value: Any) -> Any:
 
 
 def check_fields(obj: Any, source: str | None = None) -> None:
-    """Check every field of a settings dataclass against its annotation (the bounded types above).
-
-    Called by the settings dataclasses' ``__post_init__``, so a value out of range is refused
-    wherever the settings are made (command line, sweep, demo, Python), before any work starts.
+    """Check every field of a settings dataclass against its annotation (from ``__post_init__``).
 
     Raises:
         RatuneError: ``Schema.field: message (got value)`` for the first bad field.

@@ -1,13 +1,5 @@
-"""The CPU demo: the whole RAT pipeline on real data in about 20 minutes on 2 cores.
-
-The demo is a sweep: configs/demo.yaml is a sweep file (ratune/sweep/__init__.py) with two cells,
-train-time retrieval none and oracle. ``ratune demo`` runs it with the local launcher
-(:func:`ratune.sweep.run_local`: the shared data build, then each cell's training and eval, each a
-resumable step that is skipped when finished), writes its report (:func:`ratune.sweep.report_sweep`,
-``OUT/report/``) and prints the Table 2 and the wall time per stage. What it adds to ``ratune sweep
-configs/demo.yaml`` and ``ratune report runs/demo``: the demo model is converted first (timed on its
-own), the output folder is locked and owned as a demo folder (a sweep folder is accepted too), and the stage
-times are printed.
+"""The CPU demo (docs/demo.md): the sweep file configs/demo.yaml run with the local launcher and
+reported, after converting the demo model, with the wall time per stage printed.
 """
 
 from __future__ import annotations
@@ -29,18 +21,11 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 
 def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None,
              rerun_changed: bool = False) -> int:
-    """Run (or resume) the demo; returns 0 when every cell finished, else 1 (the failed cells are
-    named, as by ``ratune sweep``). See the module docstring.
+    """Run (or resume) the demo; returns 0 when every cell finished, else 1.
 
-    ``rerun_changed`` deletes and reruns an arm whose resolved config changed since it ran
-    (:func:`ratune.sweep.run_local`; without it such an arm is refused before anything runs).
-    ``apibench`` (``ratune demo --apibench DIR``) overrides the config's ``apibench`` key; with
-    neither, the APIBench folder is $RATUNE_APIBENCH or ../shared/apibench
-    (:func:`ratune.sources.apibench.resolve_apibench_dir`); it is checked before anything is written.
-
-    Holds the output folder's lock throughout and writes only into a folder that is new, empty or
-    a ratune demo or sweep output (:class:`ratune.output.StageOutput`).
-    An unfinished training arm is deleted only when it is a ratune train output.
+    Args:
+        rerun_changed: delete and rerun an arm whose resolved config changed since it ran.
+        apibench: overrides the config's ``apibench`` key.
 
     Raises:
         RatuneError: a bad config, a missing APIBench, an output folder ratune did not make, a

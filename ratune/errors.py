@@ -8,16 +8,11 @@ class RatuneError(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a Slurm time limit, ``kill``, a container stop) or SIGHUP (the terminal closed)
-    arrived: raised in the main thread by the handler :func:`ratune.boundary.run_guarded` installs, so
-    the process unwinds as after Ctrl-C: ``finally`` blocks run, lock files (ratune/locks.py) are
-    removed, temporary folders deleted, a sweep stops its running command, and a rerun continues
-    where it stopped, on any host. Without it either signal ends Python at once and leaves the lock
-    file, which a process on another host cannot take over.
+    """SIGTERM or SIGHUP arrived (raised by :func:`ratune.boundary.terminate_like_ctrl_c`), so the
+    process unwinds as after Ctrl-C and removes its lock files.
 
     Attributes:
-        signum: the signal's number (``signal.SIGTERM`` or ``signal.SIGHUP``); the exit status is
-            ``128 + signum``.
+        signum: the signal's number; the exit status is ``128 + signum``.
     """
 
     def __init__(self, signum: int):

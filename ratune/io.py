@@ -1,9 +1,5 @@
-"""File I/O shared by every stage: line-numbered JSONL reading and atomic writes.
-
-Every artifact ratune writes goes through :func:`atomic_write` (temporary name in the same
-folder, fsync, then ``os.replace``), so a killed job leaves either the old file or the new one.
-Whole folders are written the same way: into a uniquely named ratune-owned sibling
-(:func:`temp_folder`), then swapped in (:func:`swap_folder`).
+"""File I/O shared by every stage: line-numbered JSONL reading, atomic file writes and folder
+swaps (docs/reliability.md#what-ratune-deletes-or-overwrites).
 """
 
 from __future__ import annotations
@@ -25,14 +21,11 @@ def iter_jsonl(path: str | os.PathLike, *, lenient: bool = False, skipped: list 
     """Yield ``(line_number, object)`` for each non-blank line of a JSON-lines file.
 
     Args:
-        path: the file to read.
-        lenient: when True, lines that are not UTF-8 or not a JSON object are skipped and
-            recorded in ``skipped`` as ``(line, reason)`` instead of raising.
-        skipped: list that receives the skipped lines in lenient mode.
+        lenient: skip lines that are not UTF-8 or not a JSON object, appending ``(line, reason)``
+            to ``skipped``, instead of raising.
 
     Raises:
-        InputError: naming the file and 1-based line, for bytes that are not UTF-8, a line that
-            is not JSON (a truncated last line included) or a JSON value that is not an object.
+        InputError: naming the file and 1-based line: not UTF-8, not JSON, or not an object.
         FileNotFoundError: when ``path`` does not exist.
     """
     path = Path(path)
@@ -66,8 +59,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 def current_umask() -> int:
-    """The process's umask, read from ``/proc/self/status`` (Linux 4.7+) without changing it; elsewhere
-    by setting and restoring it (a moment in which another thread's new files would get mode 0666)."""
+    """The process's umask, from ``/proc/self/status`` (Linux 4.7+), else by setting and restoring it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -81,10 +73,8 @@ def current_umask() -> int:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"):
-    """Open a temporary file beside ``path``; on success fsync and rename it onto ``path``.
-
-    If the body raises, the temporary file is removed and ``path`` keeps its previous content.
-    """
+    """Open a temporary file beside ``path``; on success fsync and rename it onto ``path``
+    (if the body raises, ``path`` keeps its previous content)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -108,16 +98,13 @@ _TEMP_KINDS = ("tmp", "old")
 
 def temp_folder(out: str | os.PathLike, *, kind: str = "tmp", token: str | None = None,
                 create: bool = True) -> Path:
-    """A new, uniquely named, ratune-owned folder beside ``out``:
-    ``.ratune-{kind}.XXXXXXXX.{out.name}``, made with :func:`tempfile.mkdtemp`.
+    """A new, uniquely named folder ``.ratune-{kind}.XXXXXXXX.{out.name}`` beside ``out`` (mkdtemp).
 
     Args:
-        out: the output folder the temporary one stands in for (need not exist).
-        kind: ``tmp`` (a folder being written) or ``old`` (a replaced folder, during a swap).
+        kind: ``tmp`` (being written) or ``old`` (a replaced folder, during a swap).
         token: 8 characters from ``[a-z0-9_]`` in place of mkdtemp's random ones, for processes
-            that must agree on the name (the ranks of a distributed run); the folder must not exist.
-        create: False (only with ``token``) returns the path without creating it (the ranks that
-            do not write).
+            that must agree on the name (the ranks of a distributed run).
+        create: False (only with ``token``) returns the path without creating it.
     Raises:
         FileExistsError: ``token`` given and that folder exists.
         ValueError: a malformed ``token``, or ``create=False`` without one.
@@ -163,12 +150,8 @@ def stale_temp_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def open_file_modes(folder: str | os.PathLike) -> None:
-    """Give every file under ``folder`` (a folder ratune just wrote) the mode ``open()`` would,
-    ``0o666 & ~umask``: safetensors 0.8 writes its files 0600, so a model.safetensors that ratune
-    saved or exported was unreadable to the group where every other file of the folder was readable.
-    Called by each writer of model weights before its folder is put in place (training's model/
-    and adapter/ and its checkpoints, train/sft.py; export; the finetuned retriever; the demo
-    model's conversion, ratune/models.py)."""
+    """Give every file under ``folder`` the mode ``open()`` would, ``0o666 & ~umask`` (safetensors
+    0.8 writes 0600); each writer of weights calls it before its folder is put in place."""
     umask = current_umask()
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
@@ -176,13 +159,9 @@ def open_file_modes(folder: str | os.PathLike) -> None:
 
 
 def swap_folder(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Put the finished folder ``tmp`` in place of ``out`` (which may be missing or an old folder).
-    Files keep their modes: a writer that saves safetensors calls :func:`open_file_modes` first.
-
-    The old ``out`` is first renamed to a :func:`temp_folder` of kind ``old``, then ``tmp`` is
-    renamed to ``out``, then the old folder is deleted; if the second rename fails the old folder
-    is renamed back. Callers check beforehand that ``out`` may be replaced
-    (:func:`ratune.manifest.require_owned`).
+    """Put the finished folder ``tmp`` in place of ``out`` (missing or old): old ``out`` renamed
+    aside, ``tmp`` renamed in (or the old one back on failure), old deleted. Callers check
+    ownership first (:func:`ratune.manifest.require_owned`).
     """
     import shutil
 

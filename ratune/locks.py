@@ -1,15 +1,6 @@
-"""One writer per output: a lock file beside each output folder ratune writes.
-
-``output_lock(OUT)`` holds an exclusive :func:`fcntl.flock` on ``PARENT/.NAME.ratune.lock`` (a
-sibling, so it outlives the swap of a folder that is rebuilt under a temporary name) for as long
-as the command writes ``OUT``. The file holds the holder's pid, host and command, so a second
-process is refused with one line naming the lock file and the holder. The kernel drops a flock when
-its holder dies, however it dies; a lock file left by a dead holder on this host is therefore taken
-over, and the takeover is noted on stderr with the pid it names. A lock file naming another host is
-refused (its pid cannot be checked from here): delete it by hand once that process is gone. The
-file is removed on release.
-
-Writers take it through :class:`ratune.output.StageOutput`, never directly.
+"""One writer per output: an exclusive flock on the sibling ``PARENT/.NAME.ratune.lock`` (a sibling
+outlives a folder swap) that names its holder (docs/reliability.md#one-writer-per-output). Writers take it through
+:class:`ratune.output.StageOutput`, never directly.
 """
 
 from __future__ import annotations
@@ -118,18 +109,14 @@ def _record_output(exc: BaseException, target) -> None:
 
 @contextlib.contextmanager
 def output_lock(target: str | os.PathLike, *, command: str | None = None, enabled: bool = True) -> Iterator[Path]:
-    """Hold the lock of the output ``target`` for the body (see the module docstring).
+    """Hold the lock of the output ``target`` (need not exist) for the body; yields the lock file.
 
     Args:
-        target: the output folder (or file) about to be written; it need not exist yet.
-        command: recorded in the lock file and shown to a refused process (default: argv).
-        enabled: False yields without locking (a distributed run locks on rank 0 only).
-    Yields:
-        The lock file's path.
+        command: recorded in the lock file (default: argv).
+        enabled: False yields without locking (ranks other than 0).
     Raises:
-        LockHeld: another live process holds the lock (the message names the lock file and the
-            holder's pid and host).
-        RatuneError: the lock file cannot be created (e.g. the parent folder is read-only).
+        LockHeld: another live process holds the lock (naming the lock file, pid and host).
+        RatuneError: the lock file cannot be created.
     """
     path = lock_path(target)
     try:

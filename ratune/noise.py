@@ -1,11 +1,5 @@
-"""Third-party messages ratune silences, each named with the reason it is noise here.
-
-A CPU training run used to print, besides ratune's own lines, DeepSpeed's accelerator guess and
-transformers' deprecation warnings for names a library (not the user) still uses. They told the
-user nothing they could act on and buried ratune's lines. :func:`quiet_known_noise` (called once
-by the error boundary, ``ratune.boundary.run_guarded``, so by every command and ``python -m
-ratune.train``) removes exactly these messages, matched by text; every other warning and log line
-stays.
+"""Third-party messages ratune silences (matched by text, each with the reason it is noise here);
+every other warning and log line stays. Installed by the error boundary.
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ _installed = False
 
 
 def quiet_known_noise() -> None:
-    """Install the filters of NOISY_LOG_RECORDS and NOISY_WARNINGS (idempotent; imports nothing
-    heavy: a logger's filters are kept when the library configures it later)."""
+    """Install the filters of NOISY_LOG_RECORDS and NOISY_WARNINGS (idempotent)."""
     global _installed
     if _installed:
         return

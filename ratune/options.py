@@ -1,22 +1,6 @@
 """A stage's settings, defined once: its command-line flags, its config sections and the commands a
-sweep runs are derived from one list of :class:`Option` over the stage's settings dataclass.
-
-A stage (``ratune eval run``, eval/settings.py ``EVAL_OPTIONS``) has a settings dataclass whose
-fields carry each setting's type (the bounded types of ratune/config.py, a registry name, a
-``Literal``) and default, and a tuple of :class:`Option`, one per setting a user can give,
-naming its flag and help. From them:
-
-* :func:`add_arguments` adds the flags to an argparse parser (the type of each derived from the
-  dataclass field: ``bool`` a ``store_true`` flag, a ``Literal`` its choices, a number
-  :func:`ratune.args.setting`; a list ``nargs="+"``), and :func:`values_from_args` reads them
-  back as dataclass keywords;
-* :func:`config_model` makes the pydantic model of a config section (a sweep file's ``eval:``,
-  the demo's ``eval:``): one key per option (the flag without dashes, ``-`` as ``_``), the same
-  annotation and default unless the section overrides a default, and the option's help as the
-  field description; :func:`config_values` maps a section back to dataclass keywords;
-* :func:`command_arguments` writes a section's values as the flags of the command a sweep runs.
-
-So a new setting is one dataclass field, one :class:`Option` and its use.
+sweep runs are derived from one list of :class:`Option` over the stage's settings dataclass
+(docs/pipeline.md#settings-one-definition-per-stage-option).
 """
 
 from __future__ import annotations
@@ -50,13 +34,9 @@ class Option:
         field: the settings dataclass field it fills.
         flag: its command-line flag (``--batch-size``); the config key is :attr:`key`.
         help: the flag's help and the config field's description.
-        cli: argparse keywords that replace the derived ones (``type``, ``metavar``, ``choices``;
-            e.g. a folder flag's :func:`ratune.args.input_dir`, a registry name's
-            :func:`ratune.args.registered`).
-        cli_default: the flag's default when it is not the field's (``settings``: None, so the
-            command picks a hub's defaults).
-        config: whether config sections (sweep, demo) have it; a setting that follows from
-            elsewhere (``trust_remote_code``: the trained model's config) has none.
+        cli: argparse keywords that replace the derived ones (``type``, ``metavar``, ``choices``).
+        cli_default: the flag's default when it is not the field's.
+        config: whether config sections (sweep, demo) have it.
         command: :data:`CommandPolicy` of :func:`command_arguments`.
     """
 
@@ -112,12 +92,10 @@ def _argparse_keywords(schema: type, option: Option) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser, schema: type, options: Sequence[Option]) -> None:
-    """Add one flag per option to ``parser`` (see the module docstring); defaults are the
-    dataclass's unless :attr:`Option.cli_default` says otherwise.
+    """Add one flag per option to ``parser``, typed and defaulted from the dataclass field.
 
     Raises:
-        ValueError: a ``bool`` setting that does not default to False (its flag could not turn it
-            off).
+        ValueError: a ``bool`` setting that does not default to False.
     """
     for option in options:
         keywords = _argparse_keywords(schema, option)
@@ -139,9 +117,8 @@ def values_from_args(args: argparse.Namespace, options: Sequence[Option]) -> dic
 
 
 def config_fields(schema: type, options: Sequence[Option], *, defaults: dict | None = None) -> dict:
-    """``{key: (annotation, FieldInfo)}`` of the options that have :attr:`Option.config`: each field's
-    annotation (a sequence as a list), its default or the one ``defaults`` gives (None makes the
-    field optional: "taken from elsewhere"), its help as the description.
+    """``{key: (annotation, FieldInfo)}`` of the options that have :attr:`Option.config`
+    (``defaults`` overrides a field's default; None makes it optional).
 
     Raises:
         KeyError: a key of ``defaults`` that is no option's.
@@ -167,18 +144,8 @@ def config_fields(schema: type, options: Sequence[Option], *, defaults: dict | N
 
 def config_model(name: str, schema: type, options: Sequence[Option], *, doc: str,
                  defaults: dict | None = None, extra: dict | None = None) -> type[BaseModel]:
-    """The pydantic model of a config section with one key per option that has :attr:`Option.config`
-    (:func:`config_fields`), in option order, then ``extra``.
-
-    Args:
-        name: the model's class name (``SweepEval``).
-        schema: the stage's settings dataclass (each field's annotation and default).
-        options: the stage's options, in the order the section lists them.
-        doc: the model's docstring.
-        defaults: ``{key: default}`` where this section's default differs from the dataclass's
-            (a sweep's ``data: max_length: None``: the cells' own).
-        extra: more fields, ``{key: (annotation, FieldInfo)}`` (a sweep's ``curve_settings``, or
-            :func:`config_fields` of another settings class).
+    """The pydantic model ``name`` (docstring ``doc``) of a config section: :func:`config_fields`
+    of ``schema``'s ``options`` in option order, then ``extra`` (``{key: (annotation, FieldInfo)}``).
 
     Raises:
         KeyError: a key of ``defaults`` that is no option's (naming the model).
@@ -200,18 +167,8 @@ def command_arguments(section: BaseModel, schema: type, options: Sequence[Option
                       policy: CommandPolicy, text: Callable[[Any], str] = str) -> list[str]:
     """The flags that give a config section's values to the stage's command, in option order.
 
-    Args:
-        section: a :func:`config_model` instance.
-        schema: the stage's settings dataclass (the defaults an option is compared with).
-        options: the stage's options.
-        policy: write the options of this :data:`CommandPolicy` only (a command puts its own
-            arguments between the two groups).
-        text: how a value is written.
-
-    Returns:
-        ``[flag, value...]`` per option: a list's items after its flag, a ``True`` flag alone, and
-        under ``changed`` only the options whose value is not the dataclass default (None and
-        False are never written).
+    Only options of ``policy`` are written (under ``changed``, values other than the default,
+    None and False); ``text`` writes a value.
     """
     out: list[str] = []
     for option in options:

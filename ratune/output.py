@@ -1,7 +1,5 @@
-"""The one way a command writes its output folder: :class:`StageOutput` (docs/development.md,
-"Where a new artifact's writer goes"). It owns the ownership check, the lock, the ownership
-marker, building beside the folder and swapping it in, and ``.complete``; writers call none of
-those pieces themselves."""
+"""The one way a command writes its output folder: :class:`StageOutput`, which owns the ownership
+check, the lock, the marker, the swap and ``.complete`` (docs/development.md#where-a-change-goes)."""
 
 from __future__ import annotations
 
@@ -21,13 +19,12 @@ class StageOutput:
 
     Args:
         out: the folder; it need not exist.
-        stage: the stage name its :data:`ratune.manifest.OWNER_MARKER` holds (ratune/manifest.py).
+        stage: the stage name its :data:`ratune.manifest.OWNER_MARKER` holds.
         replace: build a new folder beside ``out`` and swap it in when the body ends without an
-            error (the old content stays on any error or signal); otherwise write into ``out``.
+            error; otherwise write into ``out``.
         action: the verb of the ownership refusal ("write into", "overwrite", ...).
-        also: other stages whose folders this one may write into (a sweep into a demo folder).
-        known: :meth:`writing` skips the ownership check (the caller knows the folder is ratune's, or
-            checks it itself with :meth:`check`).
+        also: other stages whose folders this one may write into.
+        known: :meth:`writing` skips the ownership check.
         resolve: work on ``Path(out).resolve()`` (always so with ``replace``).
         command: recorded in the lock file (default: the command line).
         lock: False writes without the lock (the ranks of a distributed run other than rank 0).
@@ -45,8 +42,7 @@ class StageOutput:
         self.folder: Path | None = None  # where the body writes, once entered
 
     def check(self, action: str | None = None) -> None:
-        """Refuse a folder this stage may not write (:func:`ratune.manifest.require_owned`); writes
-        nothing, so a command calls it before reading its inputs for a quick refusal."""
+        """Refuse a folder this stage may not write (:func:`ratune.manifest.require_owned`); writes nothing."""
         require_owned(self.out, self.stage, action=action or self.action, also=self.also)
 
     def _recheck(self) -> None:
@@ -66,8 +62,7 @@ class StageOutput:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[Path]:
-        """Hold the lock and yield the folder to write: ``out`` itself, or its new sibling with
-        ``replace``. Checked before and again under the lock (another writer may have come between).
+        """Hold the lock and yield the folder to write: ``out``, or its new sibling with ``replace``.
 
         Raises:
             RatuneError: the ownership refusal; LockHeld when another live process writes ``out``.
@@ -97,9 +92,8 @@ class StageOutput:
 
 
 def reserve_sibling(final: str | os.PathLike) -> str:
-    """Create a new temporary sibling of the sub-folder ``final`` (removing ones a killed writer left)
-    and return its token, for :func:`built_beside` on every process of a distributed run. Call it on
-    one process, which holds the output's lock."""
+    """Create a new temporary sibling of the sub-folder ``final`` and return its token, for
+    :func:`built_beside` on every process of a distributed run (call it on the lock holder)."""
     import secrets
 
     for stale in stale_temp_folders(final):
@@ -115,9 +109,8 @@ def reserve_sibling(final: str | os.PathLike) -> str:
 
 @contextlib.contextmanager
 def built_beside(final: str | os.PathLike, token: str, *, writer: bool = True) -> Iterator[Path]:
-    """Yield the sibling :func:`reserve_sibling` made for the sub-folder ``final`` of an output being
-    written; on success the ``writer`` process swaps it in place of ``final``, on an error removes it.
-    The other processes only get its path."""
+    """Yield the sibling :func:`reserve_sibling` made for ``final``; the ``writer`` process swaps it
+    in on success and removes it on an error."""
     tmp = temp_folder(final, token=token, create=False)
     try:
         yield tmp

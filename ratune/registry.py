@@ -1,22 +1,6 @@
 """The names ratune knows, each typed once: retrievers, test-time settings, train-time modes,
-experiment settings and BM25 backends.
-
-Every other place (CLI choices, the sweep schema, ``TrainConfig``, the data builder,
-the eval stage, report column and row order, docs tables) derives its names from here, so adding
-a retriever or a test-time setting is one entry below plus its implementation
-(:func:`ratune.retrieval.retrievers.make_retriever` builds a retriever from its :class:`RetrieverSpec`).
-
-This module is data only (no imports of the stages), so every stage may import it without a cycle.
-
-Three BM25 names, told apart:
-
-* ``bm25``: ours (JSON of each document, lower-case word tokens, deduplicated corpus);
-* ``bm25_replica``: our rank-bm25 set up to replicate the paper's BM25 retriever (Python
-  ``str(dict)`` of each document, whitespace tokens, every database line kept); its top-1 agrees
-  with the paper's released documents on 167 of 186 TorchHub questions (docs/retrieval.md);
-* ``released_bm25``: the paper's own BM25 documents, replayed from the released
-  ``questions_{hub}_bm25.jsonl`` (eval questions only), like ``gpt_index`` replays
-  ``questions_{hub}_gpt_index.jsonl``.
+experiment settings and BM25 backends; everything else derives its names from here
+(docs/pipeline.md#names-one-registry; the BM25 names: docs/retrieval.md). Data only, no stage imports.
 """
 
 from __future__ import annotations
@@ -31,16 +15,11 @@ class RetrieverSpec:
 
     Attributes:
         name: the name users type (CLI, configs, sweep files) and manifests record.
-        kind: which implementation builds it: ``none``, ``oracle``, ``bm25`` (a BM25 variant of
-            retrieval/bm25.py BM25_VARIANTS, keyed by ``name``), ``dense``
-            (sentence-transformers), ``precomputed`` (the paper's released documents, read from
-            ``questions_{hub}_{source}.jsonl``) or ``fusion`` (reciprocal-rank fusion of
-            ``components``, retrieval/fusion.py).
+        kind: which implementation builds it (retrieval/retrievers.py; ``bm25`` variants are keyed
+            by ``name`` in retrieval/bm25.py BM25_VARIANTS).
         summary: one line for help texts and docs.
-        needs_model: needs a finetuned retriever folder (``dense_model``): left out of
-            ``ratune retrieval eval --retriever all`` unless that folder is given.
-        source: for ``precomputed``, the released question file's setting (``bm25`` or
-            ``gpt_index``).
+        needs_model: needs a finetuned retriever folder (``dense_model``).
+        source: for ``precomputed``, the released ``questions_{hub}_{source}.jsonl`` setting.
         components: for ``fusion``, the retrievers whose rankings are fused.
     """
 
@@ -53,20 +32,17 @@ class RetrieverSpec:
 
     @property
     def ranks(self) -> bool:
-        """Whether it ranks the API database for any query (so it can retrieve for training
-        examples and give top-k lists): not none, oracle or the replayed released documents."""
+        """Whether it ranks the API database for any query (so gives top-k lists)."""
         return self.kind in ("bm25", "dense", "fusion")
 
     @property
     def precomputed(self) -> bool:
-        """Whether it replays the paper's precomputed documents (the released question files of
-        the APIBench hubs; a catalog has none)."""
+        """Whether it replays the paper's released documents (APIBench hubs only)."""
         return self.kind == "precomputed"
 
     @property
     def trains(self) -> bool:
-        """Whether a train-time mode of this name exists (released documents exist for eval
-        questions only)."""
+        """Whether a train-time mode of this name exists (released documents cover eval questions only)."""
         return self.kind != "precomputed"
 
 
@@ -98,12 +74,10 @@ class TestSetting:
     Attributes:
         name: the setting's name (an eval cell's folder, a response file's suffix).
         retriever: the retriever that supplies its documents (a key of RETRIEVERS).
-        default: run by ``ratune eval run`` when no ``--settings`` are given (the paper's Table 2
-            columns plus our ``dense``).
-        paper: the paper's own column (Gorilla, Table 2): 0-shot, BM25, GPT-Index, Oracle.
-        released: the setting suffix of the released Gorilla-7B response files made with this
-            setting's documents (``responses/response_{hub}_Gorilla_{FT,RT}_{released}.jsonl``),
-            the counterpart a cell on all eval questions is compared with; None when there is none.
+        default: run by ``ratune eval run`` when no ``--settings`` are given.
+        paper: the paper's own column (Gorilla, Table 2).
+        released: the suffix of the released Gorilla-7B response files with this setting's
+            documents (``responses/response_{hub}_Gorilla_{FT,RT}_{released}.jsonl``), or None.
     """
 
     __test__ = False  # not a pytest test class
@@ -131,19 +105,13 @@ TEST_SETTINGS: dict[str, TestSetting] = {s.name: s for s in TEST_SETTING_SPECS}
 TABLE_SETTINGS: tuple[str, ...] = tuple(TEST_SETTINGS)
 #: What ``ratune eval run`` runs without ``--settings``.
 DEFAULT_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS if s.default)
-#: What it runs without ``--settings`` on a catalog: the defaults whose retriever computes its
-#: documents (a catalog has no precomputed ones: gpt_index and released_bm25 are APIBench's).
+#: What it runs without ``--settings`` on a catalog (which has no precomputed documents).
 CATALOG_DEFAULT_SETTINGS: tuple[str, ...] = tuple(s for s in DEFAULT_SETTINGS if not RETRIEVERS[TEST_SETTINGS[s].retriever].precomputed)
 
-#: The released Gorilla-7B models whose responses ship with APIBench (``responses/``): ``FT``
-#: finetuned without retrieval, ``RT`` retriever-aware (Gorilla, Table 2 rows).
+#: The released Gorilla-7B models whose responses ship with APIBench (Gorilla, Table 2 rows).
 RELEASED_MODELS: tuple[str, ...] = ("FT", "RT")
 
-#: Experiment settings, never Table 2 columns (docs/experiments.md): ``swap`` (another API's
-#: document of the same domain) and ``irrelevant`` (a document of another domain), whose
-#: retrievers are in retrieval/perturbed.py (scored by eval/swap.py and eval/abstain.py), and
-#: ``constraints_{setting}`` (the constrained TorchHub questions under a retrieval setting,
-#: eval/constraints.py).
+#: Experiment settings, never Table 2 columns (docs/experiments.md).
 CONSTRAINTS_PREFIX = "constraints_"
 EXPERIMENT_SETTINGS: tuple[str, ...] = ("swap", "irrelevant", *(CONSTRAINTS_PREFIX + s for s in TABLE_SETTINGS))
 #: Every name ``ratune eval run --settings`` accepts.
@@ -160,28 +128,21 @@ def setting_retriever(setting: str) -> str:
     return TEST_SETTINGS[base].retriever
 
 
-#: A hub's example splits: training examples and the eval questions (APIBench's
-#: ``{hub}_{split}.json``, sources/apibench.py examples_path; a catalog's ``pairs/{split}.jsonl``,
-#: catalog/pairs.py SPLIT_FILES).
+#: A hub's example splits (APIBench's ``{hub}_{split}.json``; a catalog's ``pairs/{split}.jsonl``).
 SPLITS = ("train", "eval")
 
-#: Train-time retrieval modes (a data build's folders): every retriever that can supply a
-#: training example's document, in RETRIEVERS order; mixtures add ``mix-NAME`` (data/mixture.py).
+#: Train-time retrieval modes (a data build's folders); mixtures add ``mix-NAME`` (data/mixture.py).
 TRAIN_MODES: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.trains)
-#: Modes whose documents are a ranking's top_k (``--force-gold`` applies to them; a mixture's
-#: ``top1`` component draws from one of them).
+#: Modes whose documents are a ranking's top_k (``--force-gold`` applies to them).
 RETRIEVED_MODES: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.ranks)
 #: What ``ratune data build`` builds without ``--modes`` (the paper's Table 2 rows plus ``dense``).
 DEFAULT_MODES: tuple[str, ...] = ("none", "oracle", "bm25", "dense")
 
-#: BM25 implementations: ``rank_bm25`` (the reference, one query at a time in Python) and
-#: ``bm25s`` (sparse precomputed scores, batched queries); the same rankings
-#: (tests/test_bm25_backends.py).
+#: BM25 implementations, with the same rankings (tests/test_bm25_backends.py).
 BM25_BACKENDS: tuple[str, ...] = ("rank_bm25", "bm25s")
 #: The backend used unless one is named.
 DEFAULT_BM25_BACKEND = BM25_BACKENDS[0]
-#: The retriever that replays the paper's BM25 documents (their top-1 agreement with our BM25
-#: variants is reported by ``ratune retrieval eval``).
+#: The retriever that replays the paper's BM25 documents.
 RELEASED_BM25 = "released_bm25"
 #: The retrievers that are BM25 variants.
 BM25_RETRIEVERS: tuple[str, ...] = tuple(r.name for r in RETRIEVER_SPECS if r.kind == "bm25")
@@ -199,8 +160,7 @@ def check_name(kind: str, value: str, known: tuple[str, ...] | list[str]) -> str
     """``value`` if it is one of ``known``.
 
     Raises:
-        ValueError: with :func:`unknown_name`'s message (callers turn it into their error type:
-            pydantic names the field, argparse the flag).
+        ValueError: with :func:`unknown_name`'s message.
     """
     if value not in known:
         raise ValueError(unknown_name(kind, value, known))

@@ -1,21 +1,6 @@
-"""APIBench parsing: the released files in, typed records out.
-
-APIBench (Patil et al., 2023, section 3.1) ships, per hub, an API database (one JSON API document
-per line) and example files whose rows hold ``code`` (instruction and answer as text),
-``api_call``, ``provider`` and ``api_data`` (the gold API document). The ``code`` text comes in
-three layouts, none of them JSON, and none may be eval'd:
-
-* ``pseudo_dict`` (torchhub_train): ``{'Instruction': <unquoted text>, 'Output': {'domain': ...}}``
-* ``hash_dict`` (torchhub_eval): ``###Instruction: ...\\n###Output: {'domain': ...}``
-* ``hash_markers`` (huggingface_eval, tensorflow_eval):
-  ``###Instruction: ...\\n###Output: <<<domain>>>: ...\\n<<<api_call>>>: ...``
-
-The answer's ``domain``, ``api_call`` and ``api_provider`` come from the row's structured fields
-(``api_data.domain``, ``api_call``, ``provider``), which every row has; ``explanation`` and
-``code`` come from the answer text when it has them and are empty otherwise (a few rows answer
-in free text). Nothing is dropped silently: a row without an instruction, or without a required
-field, is an :class:`~ratune.errors.InputError` naming file, line and field, or (lenient) a
-counted reject.
+"""APIBench parsing (Patil et al., 2023, section 3.1): the released files in, typed records out
+(docs/pipeline.md#data). The ``code`` layouts: ``pseudo_dict`` (torchhub_train), ``hash_dict``
+(torchhub_eval), ``hash_markers`` (huggingface_eval, tensorflow_eval); none is JSON or eval'd.
 """
 
 from __future__ import annotations
@@ -28,9 +13,7 @@ from pathlib import Path
 from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl, sha256_file
 
-#: Hub names as used by the API database, question and response files (api/, questions/,
-#: responses/). The example files in apibench/ say ``tensorflow`` where the others say
-#: ``tensorflowhub``.
+#: Hub names as the api/, questions/ and responses/ files use them (apibench/ says ``tensorflow``).
 HUBS = ("torchhub", "huggingface", "tensorflowhub")
 
 _EXAMPLE_PREFIX = {"torchhub": "torchhub", "huggingface": "huggingface", "tensorflowhub": "tensorflow"}
@@ -41,8 +24,7 @@ APIBENCH_ENV = "RATUNE_APIBENCH"
 #: The answer fields, in the order the canonical answer text lists them (paper, Figure 3).
 ANSWER_FIELDS = ("domain", "api_call", "api_provider", "explanation", "code")
 
-#: Fields an API document must have for ratune to use it (api_call names the API; domain is what
-#: the official scorer compares).
+#: Fields an API document must have (api_call names the API; the official scorer compares domain).
 REQUIRED_DOC_FIELDS = ("domain", "api_call")
 
 
@@ -66,12 +48,10 @@ class Example:
         split: ``train`` or ``eval``.
         line: 1-based line in the source file; for eval files this is the paper's question_id.
         instruction: the user's request (with its ``###Input:`` part when the row has one).
-        api: the gold API document (the row's ``api_data``), a JSON object.
-        answer: the gold answer.
+        api: the gold API document (the row's ``api_data``).
         layout: which ``code`` layout the row used.
-        tools: a tool set's row: the tools it offers (JSON schemas; what the oracle shows).
-        calls: a tool set's row: the calls that answer it, ``[{"name", "arguments"}]`` (empty: none fits).
-        system: a tool set's row: its own system message, if any.
+        tools, calls, system: a tool set's row: the tools it offers (JSON schemas), the calls
+            that answer it (``[{"name", "arguments"}]``; empty: none fits), its system message.
     """
 
     hub: str
@@ -138,8 +118,7 @@ def questions_path(apibench_dir: str | os.PathLike, hub: str, setting: str) -> P
 
 
 def released_responses_path(apibench_dir: str | os.PathLike, hub: str, model: str, setting: str) -> Path:
-    """Path of a released Gorilla-7B response file (``responses/response_{hub}_Gorilla_{model}_{setting}.jsonl``;
-    model ``FT`` or ``RT``, setting the file's suffix: ratune/registry.py ``TestSetting.released``)."""
+    """Path of a released Gorilla-7B response file, ``responses/response_{hub}_Gorilla_{model}_{setting}.jsonl``."""
     return Path(apibench_dir) / "responses" / f"response_{check_hub(hub)}_Gorilla_{model}_{setting}.jsonl"
 
 
@@ -148,9 +127,8 @@ def load_api_database(path: str | os.PathLike) -> list[dict]:
 
     Raises:
         RatuneError: the file does not exist.
-        InputError: a line that is not a JSON object, or a document missing ``domain`` or
-            ``api_call`` (or with a non-string value there), named by file, line and field; a
-            database without any document (nothing to retrieve or score against).
+        InputError: a line that is not a JSON object, a document without a string ``domain`` or
+            ``api_call`` (naming file, line and field), or no document at all.
     """
     if not Path(path).is_file():
         raise RatuneError(f"{path}: no API database there")
@@ -166,13 +144,8 @@ def load_api_database(path: str | os.PathLike) -> list[dict]:
 
 
 def api_identity(doc: dict) -> str:
-    """The identity of an API: its ``api_call`` with all whitespace removed.
-
-    Two documents with the same call are the same API even when their other fields differ (the
-    TensorFlow Hub database lists universal-sentence-encoder/4 220 times under five domains).
-    Retrieval metrics compare APIs by this key, never by document text. A tool (no ``api_call``)
-    is identified by its ``name``.
-    """
+    """The identity of an API: its ``api_call`` with all whitespace removed (a tool's: its ``name``),
+    so documents with the same call are the same API whatever their other fields."""
     return re.sub(r"\s+", "", document_name(doc))
 
 
@@ -199,11 +172,8 @@ def _strip_quotes(value: str) -> str:
 
 
 def _dict_fields(text: str) -> dict[str, str]:
-    """Fields of a pseudo-dict answer (single-quoted keys, values with unescaped quotes).
-
-    Values are cut at the next known key, never by quote matching, because the released text
-    nests unescaped quotes (``'api_call': 'torch.hub.load('a', 'b')'``).
-    """
+    """Fields of a pseudo-dict answer, cut at the next known key: values nest unescaped quotes
+    (``'api_call': 'torch.hub.load('a', 'b')'``)."""
     found = []
     for key in ANSWER_FIELDS:
         m = re.search(rf"'{key}':\s*", text)
@@ -233,13 +203,11 @@ def _marker_fields(text: str) -> dict[str, str]:
 
 
 def parse_code(code: str) -> tuple[str, str, dict[str, str]]:
-    """Split an APIBench ``code`` text into ``(layout, instruction, answer_fields)``.
-
-    ``answer_fields`` holds whichever of ANSWER_FIELDS the answer text carries (possibly none).
+    """Split an APIBench ``code`` text into ``(layout, instruction, answer_fields)`` (those of
+    ANSWER_FIELDS the text carries).
 
     Raises:
-        ValueError: when no instruction can be found (no ``###Instruction:`` or
-            ``{'Instruction':`` prefix, or an empty instruction).
+        ValueError: when no instruction can be found.
     """
     m = _HASH_INSTRUCTION.match(code)
     if m:
@@ -278,17 +246,14 @@ def load_examples(apibench_dir: str | os.PathLike, hub: str, split: str, *, leni
     """Parse every row of a hub's example file into :class:`Example` records, in file order.
 
     Args:
-        apibench_dir: the APIBench folder.
-        hub: one of HUBS.
         split: ``train`` or ``eval`` (only TorchHub has a train file in the shared copy).
-        lenient: when True, unparseable rows go to ``report.rejects`` instead of raising.
-        report: receives the rejects in lenient mode.
+        lenient: unparseable rows go to ``report.rejects`` instead of raising.
 
     Raises:
         RatuneError: the file does not exist.
         InputError: a row that is not JSON, lacks ``code``/``api_call``/``api_data`` (or its
-            ``domain``/``api_call``), or whose ``code`` holds no instruction; the message names
-            file, line and field.
+            ``domain``/``api_call``), or has no instruction (naming file, line and field); no
+            example at all.
     """
     path = examples_path(apibench_dir, hub, split)
     if not path.exists():

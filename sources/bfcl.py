@@ -1,14 +1,5 @@
-"""BFCL's shipped data read from ratune's side, and its answer keys turned into answer text.
-
-BFCL (bfcl-eval) lives in a virtual environment of its own (``make bfcl-setup``; see
-docs/function_calling.md, "Scoring on BFCL"). Nothing here imports it: the data files are found
-under the venv's site-packages (:func:`bfcl_data_dir`) and its version is read from its
-installed metadata (:func:`bfcl_version`). Questions (``data/BFCL_v4_<category>.json``) and answer
-keys (``data/possible_answer/BFCL_v4_<category>.json``) hold one JSON object a line and are
-joined by entry id (:func:`load_bfcl`). :func:`bfcl_messages` gives the messages BFCL's prompting mode
-sends for an entry (its system prompt, with the functions as JSON), :func:`encode_bfcl_prompt` their
-token ids through a chat template. :func:`possible_answer_text` renders an answer key as BFCL's
-prompting answer, ``[f(a=1, b='x'), g(c=[1, 2])]``.
+"""BFCL's shipped data read from ratune's side (found in BFCL's own virtual environment, never
+imported), and its answer keys turned into answer text (docs/function_calling.md).
 """
 
 from __future__ import annotations
@@ -35,9 +26,8 @@ BFCL_EVAL_VERSION = "2026.3.23"
 
 @dataclass(frozen=True)
 class BfclEntry:
-    """One BFCL entry: ``question`` (turns of ``{role, content}`` messages), ``functions`` (the JSON
-    schemas offered), ``possible_answer`` (``[{func_name: {param: [accepted values]}}]``, None for a
-    category without an answer key) and the 1-based ``line`` of the question file."""
+    """One BFCL entry: ``question`` (turns of messages), ``functions`` (JSON schemas),
+    ``possible_answer`` (``[{func_name: {param: [accepted values]}}]`` or None) and its ``line``."""
 
     id: str
     category: str
@@ -48,11 +38,10 @@ class BfclEntry:
 
 
 def bfcl_venv(venv: str | os.PathLike | None = None) -> Path:
-    """BFCL's virtual environment: the argument, else $RATUNE_BFCL_VENV, else the checkout's (or the
-    working folder's) .bfcl-venv.
+    """BFCL's virtual environment: the argument, else $RATUNE_BFCL_VENV, else a .bfcl-venv.
 
     Raises:
-        RatuneError: none of these holds a Python with bfcl_eval installed ("run make bfcl-setup").
+        RatuneError: none of these holds a Python with bfcl_eval installed.
     """
     if venv:
         candidates = [Path(venv)]
@@ -98,15 +87,13 @@ def answer_path(data_dir: str | os.PathLike, category: str) -> Path:
 
 
 def load_bfcl(data_dir: str | os.PathLike, category: str) -> list[BfclEntry]:
-    """A category's entries in question-file order, each joined with its answer key by id when
-    BFCL ships one for the category.
+    """A category's entries in question-file order, joined with its answer key by id where one exists.
 
     Raises:
         RatuneError: no question file for ``category``.
-        InputError: naming file, line and field: a line that is not a JSON object, a missing or
-            malformed ``id``, ``question``, ``function`` or ``ground_truth``, a duplicate id, an answer
-            whose id has no question, or a call to a function the entry does not offer; a question
-            without an answer (named by its id and line) where the category has an answer key.
+        InputError: naming file, line and field: a malformed line, ``id``, ``question``,
+            ``function`` or ``ground_truth``, a duplicate id, an answer without a question or
+            calling a function not offered, or a question without an answer.
     """
     qpath, apath = question_path(data_dir, category), answer_path(data_dir, category)
     if not qpath.is_file():
@@ -170,12 +157,8 @@ def _check_ground_truth(path: Path, line: int, calls, names: set[str]) -> list:
 
 
 def bfcl_messages(entry: BfclEntry) -> list[dict]:
-    """The messages BFCL's prompting mode sends for a single-turn Python entry (``bfcl generate``,
-    bfcl_eval/model_handler/local_inference/base_oss_handler.py ``_pre_query_processing_prompting``):
-    the system prompt of :meth:`~ratune.sources.formats.PythonCallsFormat.system_prompt` over the
-    functions
-    appended to each description, put before the entry's first message, or in front of the entry's
-    own system message (separated by a blank line), then the entry's messages as they are.
+    """The messages BFCL's prompting mode sends for a single-turn Python entry (as
+    bfcl_eval/model_handler/local_inference/base_oss_handler.py ``_pre_query_processing_prompting``).
 
     Raises:
         RatuneError: an entry with more than one turn (a multi-turn category).
@@ -184,8 +167,7 @@ def bfcl_messages(entry: BfclEntry) -> list[dict]:
 
 
 def bfcl_chat(entry: BfclEntry, answer_format) -> tuple[list[dict], tuple | None]:
-    """A single-turn entry as ``answer_format`` shows it: ``(messages, tools)``
-    (:meth:`~ratune.sources.formats.AnswerFormat.chat`; ``python_calls``: :func:`bfcl_messages`).
+    """A single-turn entry as ``answer_format`` shows it: ``(messages, tools)``.
 
     Raises:
         RatuneError: an entry with more than one turn (a multi-turn category).
@@ -196,8 +178,7 @@ def bfcl_chat(entry: BfclEntry, answer_format) -> tuple[list[dict], tuple | None
 
 
 def encode_bfcl_prompt(tokenizer, entry: BfclEntry, answer_format=None) -> list[int]:
-    """Token ids of :func:`bfcl_chat` in ``answer_format`` (None: ``python_calls``, BFCL's own
-    prompting messages; :func:`ratune.sources.prompt.encode_messages`).
+    """Token ids of :func:`bfcl_chat` in ``answer_format`` (None: ``python_calls``).
 
     Raises:
         ValueError: the tokenizer has no chat template.
@@ -206,25 +187,16 @@ def encode_bfcl_prompt(tokenizer, entry: BfclEntry, answer_format=None) -> list[
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:
-    """BFCL's prompting answer for an answer key, ``[f(a=1, b='x'), g(c=[1, 2])]`` (``[]`` for no
-    call): :func:`possible_answer_calls` rendered by
-    :meth:`ratune.sources.formats.PythonCallsFormat.render_calls`."""
+    """BFCL's prompting answer for an answer key, ``[f(a=1, b='x'), g(c=[1, 2])]`` (``[]``: no call)."""
     return PythonCallsFormat.render_calls(possible_answer_calls(possible_answer, functions))
 
 
 def possible_answer_calls(possible_answer: list[dict], functions: list[dict]) -> list[dict]:
-    """One answer an answer key accepts, as calls ``[{"name", "arguments"}]``.
-
-    Per parameter the first accepted value. ``""`` among the accepted
-    values means "may be left out" (ast_checker's rule), so such a parameter is left out, unless the function's schema requires
-    it: then its first value other than ``""`` is given (``''`` when ``""`` is all there is). A
-    parameter with no accepted value at all (``[]``, in a few live entries) is left out: no answer
-    passes the checker there. A
-    parameter whose schema type is ``dict`` (or an ``array`` of ``dict`` items) has accepted values in
-    answer-key form again (``{key: [accepted values]}``), converted by the same rule.
+    """One answer an answer key accepts, as calls ``[{"name", "arguments"}]``: per parameter the
+    first accepted value, ``""`` meaning left out (rules: docs/function_calling.md).
 
     Args:
-        possible_answer: the entry's ``ground_truth`` (:attr:`BfclEntry.possible_answer`).
+        possible_answer: the entry's ``ground_truth``.
         functions: the entry's function schemas (for ``required`` and the parameter types).
 
     Raises:
@@ -246,9 +218,7 @@ def possible_answer_calls(possible_answer: list[dict], functions: list[dict]) ->
 
 def unpassable_key(possible_answer: list[dict], functions: list[dict]) -> str | None:
     """Why no answer can pass an answer key under ``ast_checker``, or None: a required parameter
-    the key does not name, or names with no accepted value, or a parameter the function does not
-    have that the key does not let be left out (no ``""``). tests/test_bfcl_scoring.py checks that
-    these are exactly the keys whose converted answer the checker refuses."""
+    unnamed or without accepted value, or an unknown parameter that may not be left out."""
     schemas = {fn["name"]: fn for fn in functions}
     for call in possible_answer:
         (name, params), = call.items()
@@ -276,8 +246,7 @@ def _first_value(accepted: list, required: bool):
 
 
 def _answer_value(value, schema: dict):
-    """``value``, or, when ``schema`` says ``dict`` (or ``array`` of ``dict``), the dict (or dicts) in
-    answer-key form converted (:func:`_answer_dict`)."""
+    """``value``, with dicts in answer-key form converted where ``schema`` says ``dict``."""
     kind = schema.get("type")
     if kind == "dict" and isinstance(value, dict):
         return _answer_dict(value)

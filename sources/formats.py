@@ -1,9 +1,5 @@
 """Answer formats, one class per kind (docs/function_calling.md): how an answer is written, where it
-is complete (generation stops there when only scoring needs it) and what calling nothing looks like.
-
-``apibench`` is the paper's ``<<<domain>>>: ... <<<api_call>>>: ...`` answer (sources/prompt.py
-renders it); ``python_calls`` is BFCL's prompting answer, ``[f(a=1), g(b='x')]``, ``[]`` for no call;
-``tool_calls`` is the chat template's own tool calling (``tools=``, assistant ``tool_calls``).
+is complete and what calling nothing looks like.
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ from ratune.sources.prompt import (ABSTAIN_API_CALL, abstain_answer, assistant_t
 
 @dataclass(frozen=True)
 class Prompt:
-    """A rendered prompt: the ``user_turn``, the ``system`` turn before it (None: none), the
-    ``tools`` given to the chat template as ``tools=`` (None: not given) and whether a document
-    was ``shortened`` to fit its budget."""
+    """A rendered prompt: ``user_turn``, ``system`` turn, ``tools=`` of the chat template (None: not
+    given) and whether a document was ``shortened``."""
 
     user_turn: str
     system: str | None = None
@@ -48,14 +43,12 @@ class AnswerFormat(ABC):
 
     @abstractmethod
     def completion(self, example, *, abstain: bool = False, tokenizer=None, prompt: Prompt | None = None) -> str:
-        """The answer text ``example`` is trained on; :attr:`no_call`'s answer when ``abstain``. A
-        format whose answer the chat template writes (``tool_calls``) needs the ``tokenizer`` and
-        the row's ``prompt``."""
+        """The answer text ``example`` is trained on (:attr:`no_call`'s when ``abstain``); ``tokenizer``
+        and ``prompt`` for a format whose answer the chat template writes."""
 
     @abstractmethod
     def answer_end(self, text: str) -> int | None:
-        """The offset in generated ``text`` after which nothing is needed for scoring, or None
-        while the answer is incomplete. Any continuation of ``text`` gives the same offset."""
+        """The offset in generated ``text`` after which scoring needs nothing, or None while incomplete."""
 
     def parser_record(self) -> dict:
         """What reads this format's answers, with its version (a scored cell's ``parser``)."""
@@ -70,8 +63,7 @@ class AnswerFormat(ABC):
         return self
 
     def chat(self, messages: Sequence[Mapping], functions: Sequence[Mapping]) -> tuple[list[dict], tuple | None]:
-        """A function-calling chat (BFCL's entries) as this format shows it: ``(messages, tools)``,
-        ``tools`` given to the chat template as ``tools=`` (None: not given).
+        """A function-calling chat (BFCL's entries) as this format shows it: ``(messages, tools)``.
 
         Raises:
             RatuneError: a format without function lists (``apibench``).
@@ -95,8 +87,8 @@ class AnswerFormat(ABC):
         """
 
     def finish(self, text: str, *, stop: bool) -> str:
-        """The stored answer for generated ``text``: cut at :meth:`answer_end` when ``stop`` (and the
-        answer is complete), then stripped. Every backend passes its text through this."""
+        """The stored answer for generated ``text`` (every backend's): cut at :meth:`answer_end` when
+        ``stop``, then stripped."""
         end = self.answer_end(text) if stop else None
         return (text if end is None else text[:end]).strip()
 
@@ -166,9 +158,8 @@ class PythonCallsFormat(AnswerFormat):
     no_call = "[]"
 
     def prompt(self, example, docs, *, max_document_tokens=None, count_tokens=None):
-        """BFCL's prompting messages: :meth:`system_prompt` over ``docs`` (the tools shown; none: an
-        empty list), in front of the row's own system message (a blank line between), and the
-        instruction as the user turn. Tools are never shortened."""
+        """BFCL's prompting messages: :meth:`system_prompt` over ``docs`` (never shortened) before the
+        row's own system message, and the instruction as the user turn."""
         system = self.system_prompt(docs)
         if example.system:
             system = f"{system}\n\n{example.system}"
@@ -179,9 +170,8 @@ class PythonCallsFormat(AnswerFormat):
 
     @staticmethod
     def system_prompt(functions: Sequence[Mapping]) -> str:
-        """BFCL's default prompting system prompt for ``functions`` (JSON schemas): the instructions,
-        then the functions, each description ending in :data:`PYTHON_HINT`, as
-        ``json.dumps(functions, indent=4)``."""
+        """BFCL's default prompting system prompt for ``functions`` (JSON schemas, each description
+        ending in :data:`PYTHON_HINT`)."""
         functions = [{**fn, "description": fn.get("description", "") + PYTHON_HINT} for fn in functions]
         return _PLAINTEXT_TEMPLATE.format(
             persona=_PERSONA, task=_TASK,
@@ -218,8 +208,7 @@ class PythonCallsFormat(AnswerFormat):
         return {"python_ast": platform.python_version()}
 
     def chat(self, messages, functions):
-        """:meth:`system_prompt` over ``functions`` in front of the chat's own system message (a
-        blank line between), else as a system message of its own; no ``tools=``."""
+        """:meth:`system_prompt` over ``functions`` before the chat's own system message; no ``tools=``."""
         system = self.system_prompt(functions)
         messages = [dict(message) for message in messages]
         if messages and messages[0]["role"] == "system":
@@ -229,10 +218,8 @@ class PythonCallsFormat(AnswerFormat):
         return messages, None
 
     def parse_calls(self, text: str) -> list[dict] | None:
-        """The first call list in ``text`` as ``[{"name", "arguments"}]`` (``[]`` for ``[]``), or None
-        when there is none or it is not a list of calls with keyword arguments whose values are
-        literals. Read with :mod:`ast` (``ast.literal_eval`` per value); nothing is evaluated. Tuples
-        and sets are read as lists."""
+        """The first call list in ``text`` as ``[{"name", "arguments"}]``, or None when there is no list
+        of keyword calls with literal values. Read with :mod:`ast`; nothing is evaluated."""
         end = self.answer_end(text)
         if end is None:
             return None
@@ -256,8 +243,7 @@ class PythonCallsFormat(AnswerFormat):
 
     @staticmethod
     def render_calls(calls: Sequence[Mapping]) -> str:
-        """``[{"name": "f", "arguments": {"a": 1}}, ...]`` as ``[f(a=1), ...]``; argument values as
-        Python literals (``True``, ``None``, nested lists and dicts)."""
+        """``[{"name": "f", "arguments": {"a": 1}}, ...]`` as ``[f(a=1), ...]`` (values as Python literals)."""
         rendered = []
         for call in calls:
             args = ", ".join(f"{key}={python_literal(value)}" for key, value in call["arguments"].items())
@@ -266,12 +252,8 @@ class PythonCallsFormat(AnswerFormat):
 
 
 class ToolCallsFormat(AnswerFormat):
-    """The chat template's own tool calling (TRL's ``tools`` column): the tools shown go to the
-    template as ``tools=``, in OpenAI's ``{"type": "function", "function": schema}`` form, and the
-    answer is an assistant message with ``tool_calls`` as the template writes it; calling nothing
-    is the text :attr:`no_call`. A template that ignores tools (SmolLM2's) is refused: build with
-    ``--chat-template chatml_tools``. Answers are read back by a transformers ``response_template``
-    (:meth:`parse_calls`); generation stops at EOS.
+    """The chat template's own tool calling (TRL's ``tools`` column): tools as ``tools=`` (OpenAI
+    form), answers as the template writes ``tool_calls``, read back by a ``response_template``.
 
     Args:
         response_template: the tokenizer's ``response_template`` (None: answers cannot be read).
@@ -341,13 +323,13 @@ class ToolCallsFormat(AnswerFormat):
 
     def bfcl_text(self, text: str) -> str:
         """The calls as a Python call list (``[]`` for a text answer); the text itself when a call
-        does not decode (BFCL counts it as not decoded)."""
+        does not decode."""
         calls = self.parse_calls(text)
         return text if calls is None else PythonCallsFormat.render_calls(calls)
 
     def parse_calls(self, text: str) -> list[dict] | None:
-        """The answer's calls as ``[{"name", "arguments"}]`` (``[]``: a text answer, no call), or None
-        when a call does not decode (bad JSON, no name, arguments not an object).
+        """The answer's calls as ``[{"name", "arguments"}]`` (``[]``: a text answer), or None when a
+        call does not decode.
 
         Raises:
             RatuneError: this instance has no response template (see :meth:`reading`).
@@ -401,8 +383,7 @@ def _as_json(value):
 
 
 def python_literal(value) -> str:
-    """A JSON value as a Python literal: ``repr`` of strings, numbers, bools and None, and of lists and
-    dicts element by element.
+    """A JSON value as a Python literal (``repr``, element by element).
 
     Raises:
         TypeError: a value JSON cannot hold.
@@ -418,13 +399,12 @@ def python_literal(value) -> str:
 
 #: The answer formats by name.
 ANSWER_FORMATS: dict[str, AnswerFormat] = {f.name: f() for f in (APIBenchFormat, PythonCallsFormat, ToolCallsFormat)}
-#: The format of APIBench hubs and of every build made before formats existed.
+#: The format of APIBench hubs and of builds that record none.
 DEFAULT_ANSWER_FORMAT = APIBenchFormat.name
 
 
 def answer_format_of(record: Mapping, default: str) -> AnswerFormat:
-    """The answer format a generation record (:meth:`AnswerFormat.record`) names, ``default`` where
-    it names none (cells from before formats were recorded).
+    """The answer format a generation record (:meth:`AnswerFormat.record`) names, else ``default``.
 
     Raises:
         RatuneError: an unknown name.

@@ -1,22 +1,5 @@
-"""The prompt format: the one owner of how a RAT chat looks, at train time and at test time.
-
-User turn (Gorilla, section 3.2, "retriever-aware training")::
-
-    <instruction>
-    Use this API documentation for reference: <document>
-
-where the second line is present only when a document is given and ``<document>`` is the API
-document serialized by :func:`serialize_document`. Assistant turn: :func:`format_answer`, five
-marker lines ``<<<domain>>>: ...`` to ``<<<code>>>: ...`` (each marker followed by a colon and a
-space). A request that none of the given documents can answer is answered with
-:func:`abstain_answer` (api_call :data:`ABSTAIN_API_CALL`). The training-set builder (:mod:`ratune.data.build`) and the evaluator
-(:mod:`ratune.eval.run`) both call :func:`render_user_turn`, so the two cannot drift; several
-documents (top_k > 1) are joined one per line, in rank order, by :func:`join_documents`.
-
-The chat around the turns is the tokenizer's chat template, or one of :data:`CHAT_TEMPLATES`
-(``chatml``, ``gorilla_v0``: the paper's FastChat format) for a tokenizer without one; the name is
-recorded in the data manifest and the run manifest, and :func:`encode_prompt` puts exactly one BOS
-in front where the tokenizer adds BOS (docs/prompts.md).
+"""The prompt format: the one owner of how a RAT chat looks, at train time and at test time
+(Gorilla, section 3.2; docs/prompts.md).
 """
 
 from __future__ import annotations
@@ -35,8 +18,7 @@ REFERENCE_PHRASE = "Use this API documentation for reference: "
 #: Markers of the canonical answer text, in order (Gorilla, Figure 3 and the released eval files).
 ANSWER_MARKERS = tuple(f"<<<{name}>>>: " for name in ANSWER_FIELDS)
 
-#: Chat template for tokenizers that have none (base LLaMA checkpoints): ChatML, without a
-#: default system turn. Chosen by ``chat_template: chatml`` in a training config.
+#: ChatML, without a default system turn, for tokenizers that have no template.
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -47,10 +29,8 @@ CHATML_TEMPLATE = (
 GORILLA_V0_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
                      "helpful, detailed, and polite answers to the user's questions.")
 
-#: Gorilla's FastChat template ``gorilla_v0`` (separator style ADD_COLON_TWO, sep "\n", sep2 EOS):
-#: ``{system}\nUSER: {user turn}\nASSISTANT:`` for generation; an assistant turn is
-#: ``ASSISTANT: {answer}</s>``. A first message with role ``system`` replaces the system text. Every
-#: newline is written inside an expression (the HF Jinja environment trims the one after a block tag).
+#: Gorilla's FastChat template ``gorilla_v0`` (docs/prompts.md). Every newline is written inside an
+#: expression (the HF Jinja environment trims the one after a block tag).
 GORILLA_V0_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' -%}{%- set system = messages[0]['content'] -%}"
     "{%- set turns = messages[1:] -%}"
@@ -64,9 +44,8 @@ GORILLA_V0_TEMPLATE = (
 )
 
 
-#: ChatML with tools, for tokenizers whose own template ignores ``tools=`` (SmolLM2's): the tool
-#: list and the call syntax in a system turn, answers ``<tool_call>\n{"name": ..., "arguments": {...}}
-#: \n</tool_call>`` one per call, as Qwen2.5's template writes them (Hermes' function-calling format).
+#: ChatML with tools, for tokenizers whose own template ignores ``tools=``; answers as Qwen2.5's
+#: template writes them (Hermes' function-calling format; docs/function_calling.md).
 CHATML_TOOLS_TEMPLATE = (
     "{%- if tools -%}"
     "{{- '<|im_start|>system\\n' -}}"
@@ -112,18 +91,14 @@ CHATML_TOOLS_RESPONSE = {
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A chat template ratune can give a tokenizer (``chat_template:`` in a training config,
-    ``--chat-template`` of ``ratune data build`` and ``ratune eval run``).
+    """A chat template ratune can give a tokenizer (``chat_template:``, ``--chat-template``).
 
     Attributes:
-        name: the choice's name.
         jinja: the template text, set as the tokenizer's ``chat_template``.
         answer_prefix: the text between the generation prompt and the answer in a training row
-            (gorilla_v0: one space, ``ASSISTANT: {answer}``). A non-empty prefix is tokenized in
-            context, after the prompt text (:func:`ratune.data.labels.tokenize_row`).
+            (gorilla_v0: one space), tokenized in context.
         summary: one line for docs and help texts.
-        response_template: how answers are read back into messages (a transformers
-            ``response_template``; set as the tokenizer's), for a template that renders tool calls.
+        response_template: how answers are read back into messages (transformers'), or None.
     """
 
     name: str
@@ -133,8 +108,7 @@ class ChatTemplate:
     response_template: dict | None = None
 
 
-#: The one registry of template names: the train config's ``chat_template`` values and the
-#: ``--chat-template`` choices are derived from it (docs/prompts.md).
+#: The one registry of template names (docs/prompts.md).
 CHAT_TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (
     ChatTemplate("chatml", CHATML_TEMPLATE, "", "ChatML, no system turn: <|im_start|>user ... <|im_start|>assistant"),
     ChatTemplate("gorilla_v0", GORILLA_V0_TEMPLATE, " ",
@@ -146,8 +120,7 @@ CHAT_TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (
 #: The template names, in registry order.
 CHAT_TEMPLATE_NAMES = tuple(CHAT_TEMPLATES)
 
-#: Document fields dropped first when a document must be shortened to fit the token budget, in
-#: this order (least useful for choosing the call first). Our design, not the paper's.
+#: Document fields dropped, in this order, to fit the token budget. Our design, not the paper's.
 SHORTENING_ORDER = ("example_code", "python_environment_requirements", "performance", "api_arguments",
                     "description")
 
@@ -156,10 +129,8 @@ KEPT_FIELDS = ("domain", "framework", "functionality", "api_name", "api_call")
 
 
 def serialize_document(doc: dict) -> str:
-    """Serialize one API document: compact JSON in the database's own key order, UTF-8 kept.
-
-    This is the only document serialization in ratune (training prompts, eval prompts, indexes).
-    """
+    """Serialize one API document: compact JSON in the database's own key order, UTF-8 kept
+    (ratune's only document serialization)."""
     return json.dumps(doc, ensure_ascii=False)
 
 
@@ -176,15 +147,12 @@ def build_user_turn(instruction: str, document: str | None) -> str:
     return f"{instruction}\n{REFERENCE_PHRASE}{document}"
 
 
-#: The api_call of an abstention: the answer a model gives when no given document fits the
-#: request (BFCL's irrelevance category). Our design, not the paper's.
+#: The api_call of an abstention (no given document fits the request). Our design, not the paper's.
 ABSTAIN_API_CALL = "NO_API_FITS"
 
 
 def abstain_answer(answer: Answer) -> Answer:
-    """The abstention for a request whose documents cannot answer it: the five fields, with
-    :data:`ABSTAIN_API_CALL` as the call, ``none`` as domain and provider, a fixed explanation and
-    no code (``answer`` is the request's real answer; only its type is used)."""
+    """The abstention answer (:data:`ABSTAIN_API_CALL`) of ``answer``'s type."""
     return Answer(domain="none", api_call=ABSTAIN_API_CALL, api_provider="none",
                   explanation="None of the given API documentation fits this request.", code="")
 
@@ -195,8 +163,7 @@ def is_abstention(api_call: str | None) -> bool:
 
 
 def answer_field(text, name: str) -> str | None:
-    """The value of the first ``<<<name>>>:`` line of a generated answer (to the end of that
-    line, stripped), or None when the text has no such marker or is not a string."""
+    """The stripped value of the first ``<<<name>>>:`` line of a generated answer, or None."""
     if not isinstance(text, str):
         return None
     marker = f"<<<{name}>>>:"
@@ -213,15 +180,10 @@ def format_answer(answer: Answer) -> str:
 
 def shorten_document(doc: dict, max_tokens: int | None, count_tokens: Callable[[str], int]
                      ) -> tuple[str, bool]:
-    """Serialize ``doc`` within ``max_tokens`` tokens, dropping fields in SHORTENING_ORDER.
+    """Serialize ``doc`` within ``max_tokens`` tokens (None: no limit), dropping fields in
+    SHORTENING_ORDER, then cutting the text (the KEPT_FIELDS come first, so the call survives);
+    ``count_tokens`` is the tokenizer's length function.
 
-    When dropping every optional field is not enough, the serialized text is cut to the budget
-    at a token boundary (the KEPT_FIELDS come first in the JSON, so the call survives).
-
-    Args:
-        doc: an API document.
-        max_tokens: the budget in tokens of the serialized text; None means no limit.
-        count_tokens: the tokenizer's length function for a text (no special tokens).
     Returns:
         ``(text, shortened)``: the serialized document and whether anything was removed.
     """
@@ -235,7 +197,7 @@ def shorten_document(doc: dict, max_tokens: int | None, count_tokens: Callable[[
             text = serialize_document(reduced)
             if count_tokens(text) <= max_tokens:
                 return text, True
-    # Still too long: cut characters until it fits (binary search on the character length).
+    # still too long: binary search on the character length
     lo, hi = 0, len(text)
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -248,9 +210,8 @@ def shorten_document(doc: dict, max_tokens: int | None, count_tokens: Callable[[
 
 def render_user_turn(instruction: str, docs: Sequence[dict] | None, *, max_document_tokens: int | None,
                      count_tokens: Callable[[str], int]) -> tuple[str, bool]:
-    """Build the user turn for an instruction and its retrieved documents (None or [] = no doc).
-
-    Each document is shortened to ``max_document_tokens`` by :func:`shorten_document`.
+    """Build the user turn for an instruction and its retrieved documents (None or [] = no doc),
+    each shortened to ``max_document_tokens``.
 
     Returns:
         ``(user_turn, shortened)``.
@@ -273,11 +234,7 @@ def chat_messages(user_turn: str, system: str | None = None) -> list[dict]:
 
 
 def use_chat_template(tokenizer, name: str | None):
-    """Give ``tokenizer`` the registry template ``name`` (:data:`CHAT_TEMPLATES`) and return it.
-
-    A named choice replaces a tokenizer's own template, so the recorded name is the template used
-    (a base LLaMA tokenizer has none). None keeps the tokenizer's own template, or none at all,
-    which :func:`require_chat_template` refuses where prompts are made.
+    """Give ``tokenizer`` the registry template ``name`` (replacing its own; None keeps it) and return it.
 
     Raises:
         RatuneError: an unknown template name.
@@ -309,8 +266,7 @@ def require_chat_template(tokenizer, *, source: str, hint: str) -> None:
     """Refuse a tokenizer without a chat template, in one line.
 
     Args:
-        source: what the tokenizer was loaded from (named first in the message).
-        hint: how to give one, naming the flag or config field (e.g. ``give --chat-template``).
+        source: what the tokenizer was loaded from; hint: how to give one (``give --chat-template``).
     Raises:
         RatuneError: the tokenizer has no chat template.
     """
@@ -326,9 +282,7 @@ def adds_bos(tokenizer) -> bool:
 
 
 def with_bos(tokenizer, ids: Sequence[int]) -> list[int]:
-    """``ids`` starting with exactly one BOS when the tokenizer adds one to plain text (a template
-    that writes ``{{ bos_token }}`` itself keeps its single BOS; a doubled one is collapsed);
-    unchanged otherwise (SmolLM2, whose tokenizer adds none)."""
+    """``ids`` starting with exactly one BOS when the tokenizer adds one to plain text; else unchanged."""
     ids = list(ids)
     if not adds_bos(tokenizer):
         return ids
@@ -403,12 +357,9 @@ def assistant_text(tokenizer, user_turn: str, system: str | None, tools: Sequenc
 
 def encode_prompt(tokenizer, user_turn: str, system: str | None = None,
                   tools: Sequence[dict] | None = None) -> list[int]:
-    """Token ids of the prompt: the tokenizer's chat template applied to the single user turn (behind
-    ``system`` when given; ``tools`` passed as ``tools=``), with the generation prompt (the assistant header) appended, behind exactly one BOS when the
-    tokenizer adds BOS to plain text (:func:`with_bos`; LLaMA, for chatml and gorilla_v0 alike).
-
-    Used by training (labels start right after these ids) and by generation (the model continues
-    from them), so the model sees identical prompt tokens at train and test time.
+    """Token ids of the prompt, for training and generation alike: the chat template applied to the
+    single user turn (behind ``system``; ``tools`` as ``tools=``) with the generation prompt,
+    behind one BOS (:func:`with_bos`).
 
     Raises:
         ValueError: when the tokenizer has no chat template.

@@ -1,12 +1,5 @@
-"""Tools as JSON schemas and function-calling rows, read from the shapes the field uses
-(docs/function_calling.md, "Bring your own tools").
-
-A tool is ``{"name", "description", "parameters"}`` with its full JSON schema kept as given
-(types, enums, required, defaults, nested objects). Tool lists come OpenAI-style
-(``{"type": "function", "function": {...}}``) or BFCL-style (the bare object), as a JSON array or
-one tool a line. Rows come APIGen/xLAM-style (``query``, ``tools``, ``answers``: zero or more
-``{name, arguments}``) or chat-style (``messages`` whose assistant turn holds ``tool_calls``, and
-a ``tools`` column). Every error names the file, the line and the JSON pointer of the bad field.
+"""Tools as JSON schemas and function-calling rows, read from the shapes the field uses (OpenAI or
+BFCL tools; xLAM or chat rows: docs/function_calling.md). Errors name file, line and JSON pointer.
 """
 
 from __future__ import annotations
@@ -25,10 +18,8 @@ ROW_SHAPES = {"query": "xlam", "messages": "chat"}
 
 @dataclass(frozen=True)
 class ToolRow:
-    """One function-calling row: the user's ``query``, the ``tools`` offered (normalised) and the
-    ``calls`` that answer it (``[{"name", "arguments"}]``; empty: no tool fits). ``line`` is the
-    1-based line of its file, ``shape`` ``xlam``, ``chat`` or ``bfcl``; ``system`` the row's own
-    system message (chat and BFCL rows may have one)."""
+    """One function-calling row: ``query``, the ``tools`` offered (normalised), the ``calls`` that
+    answer it (empty: no tool fits), its 1-based ``line``, ``shape`` and own ``system`` message."""
 
     line: int
     query: str

@@ -1,11 +1,5 @@
 """A tool set: function-calling rows and the tools they offer, imported into a folder of their own
-(``ratune tools import``, docs/function_calling.md "Bring your own tools"); stages read it as a hub
-(hubs/tools.py).
-
-The folder holds ``tools.jsonl`` (each distinct tool once, as ``{"key", "tool"}``; ``key`` is the
-first 16 hex digits of the sha256 of the tool's JSON in its key order), ``train.jsonl`` and ``eval.jsonl``
-(one row a line: ``{"id", "query", "tools": [keys], "calls"}``, ``system`` when the row has one;
-no file for an empty split) and ``manifest.json``.
+by ``ratune tools import`` and read as a hub (layout: docs/function_calling.md).
 """
 
 from __future__ import annotations
@@ -44,11 +38,8 @@ def tool_key(tool: dict) -> str:
 
 
 def bfcl_tool_rows(categories: Sequence[str], data_dir: str | os.PathLike) -> tuple[list[tuple[str, ToolRow]], dict]:
-    """BFCL's single-turn entries of ``categories`` as ``(entry id, row)``: the user's message as the
-    query, the entry's functions as its tools, the answer key's first accepted answer
-    (:func:`ratune.sources.bfcl.possible_answer_calls`) as its calls, none in the irrelevance
-    categories. Entries with more than one user turn, and keys no answer can pass
-    (:func:`ratune.sources.bfcl.unpassable_key`), are left out and counted.
+    """BFCL's single-turn entries of ``categories`` as ``(entry id, row)``, with the answer key's
+    first accepted answer as calls; multi-turn entries and unpassable keys are left out.
 
     Returns:
         ``(rows, skipped)``; ``skipped``: ``{"multi_turn": [ids], "unpassable": {id: reason}}``.
@@ -79,13 +70,9 @@ def bfcl_tool_rows(categories: Sequence[str], data_dir: str | os.PathLike) -> tu
 
 
 def split_rows(rows: Sequence[dict], eval_fraction: float, seed: int) -> dict[str, list[dict]]:
-    """Split rows so that no eval row offers the same set of tool names as a train row, or asks a
-    query the leakage check would flag (equal after :func:`ratune.sources.validate.normalise`, or
-    token-set Jaccard >= :data:`~ratune.sources.validate.NEAR_DUPLICATE_JACCARD`): rows linked by
-    any of these form one group; the groups, in order of their first row, are shuffled with
-    ``random.Random(seed)`` and
-    go to eval until it holds ``round(eval_fraction * len(rows))`` rows or more. Rows keep their
-    order within a split."""
+    """Split rows in linked groups (the same set of tool names, or queries the leakage check would
+    flag), shuffled with ``random.Random(seed)``, giving eval ``round(eval_fraction * len(rows))``
+    rows or more; rows keep their order within a split."""
     from ratune.sources.validate import NEAR_DUPLICATE_JACCARD, normalise, similar_pairs, tokens
 
     parent = list(range(len(rows)))
@@ -141,12 +128,11 @@ def import_tool_set(out: str | os.PathLike, *, rows_file: str | os.PathLike | No
     """Import function-calling rows into the tool-set folder ``out``.
 
     Args:
-        rows_file: JSON lines of xLAM or chat rows (:func:`ratune.sources.tools.load_tool_rows`).
-        bfcl: BFCL categories to read instead (:func:`bfcl_tool_rows`).
+        rows_file: JSON lines of xLAM or chat rows; bfcl: BFCL categories to read instead.
         name: the tool set's name (default: the file's stem, or ``bfcl``).
-        eval_fraction: share of rows held out as eval, by :func:`split_rows`.
+        eval_fraction: share of rows held out as eval.
     Returns:
-        The manifest written: ``kind``, ``name``, ``source``, ``split``, ``counts``, ``skipped``, versions.
+        The manifest written.
     Raises:
         RatuneError: neither or both sources; a fraction outside [0, 1); a folder ratune did not make.
         InputError: a bad row, naming file, line and JSON pointer.
@@ -256,8 +242,7 @@ IMPORT_SOURCES = ("rows", "bfcl")
 
 
 def check_source(text: str) -> str:
-    """Return ``text`` if it can be a source: an existing file (``--from rows``) or a category name
-    (``--from bfcl``); refuse an empty text, a folder and a missing path (RatuneError)."""
+    """Return ``text`` if it can be a source (an existing file, or a BFCL category); else RatuneError."""
     path = Path(text)
     if path.is_file() or re.fullmatch(r"[a-z][a-z0-9_]*", text):
         return text
@@ -269,8 +254,7 @@ def check_source(text: str) -> str:
 
 
 def check_tool_set_name(name: str) -> str:
-    """Return ``name`` if it can name a tool set: letters, digits, ``_``, ``-`` or ``.``, and not an
-    APIBench hub's name (records name hubs by name); else RatuneError."""
+    """Return ``name`` if it can name a tool set (letters, digits, ``_-.``; no APIBench hub's); else RatuneError."""
     from ratune.sources.apibench import HUBS
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):

@@ -1,29 +1,5 @@
-"""Data checks across rows and files: duplicate examples, train/eval leakage, conflicting domains.
-
-The parser (:mod:`ratune.sources.apibench`) checks each row on its own; the checks here need
-several rows or several files at once:
-
-* **Duplicates** (:func:`find_duplicates`, :func:`dedupe`): training examples with the same
-  instruction (after whitespace and case normalisation, :func:`normalise`) and the same API
-  (:func:`~ratune.sources.apibench.api_identity` of the gold document). The first in file order is
-  kept, the others removed and reported.
-* **Leakage** (:func:`find_leakage`, :func:`check_leakage`, :func:`drop_leaked`): an eval
-  instruction that also appears among the training instructions, exactly, after normalisation, or
-  as a near-duplicate (token-set Jaccard >= :data:`NEAR_DUPLICATE_JACCARD`). Each pair names the
-  train line and the eval line.
-* **Conflicting domains** (:func:`conflicting_domains`): API-database entries that repeat the same
-  call with different ``domain`` values. The official Gorilla scorer walks the database in file
-  order and the first matching entry decides the domain (docs/official_semantics.md,
-  section 5), so ratune reports each such call once, with that rule and the domain it yields.
-
-:class:`ValidationReport` gathers the three for the data manifest; :func:`validate_splits` runs
-them all on the parsed splits of one hub and applies the duplicate and leakage policies.
-
-Measured on the released files (the shared APIBench copy, Gorilla commit 6ea5797): TorchHub train
-has no duplicates and shares no instruction with TorchHub eval (exact 0, normalised 0, near 0;
-the most similar eval/train pair has Jaccard 0.69). The API databases repeat calls under
-different domains 0 times (TorchHub), 3 times (HuggingFace, 33 entries) and 4 times (TensorFlow
-Hub, 247 entries).
+"""Data checks across rows and files: duplicate examples, train/eval leakage, API calls listed under
+several domains (docs/reliability.md#bad-input, with the counts on the released files).
 """
 
 from __future__ import annotations
@@ -38,23 +14,14 @@ from typing import Sequence
 from ratune.sources.apibench import Example, api_identity
 from ratune.errors import RatuneError
 
-#: Token-set Jaccard similarity at or above which an eval instruction counts as a near-duplicate
-#: of a training instruction. 0.9 means "the same request with one word changed": an instruction
-#: of n distinct tokens stays at or above it after a change of punctuation, case or word order
-#: (1.0), one added or removed word (n/(n+1), n >= 9) or one substituted word ((n-1)/(n+1),
-#: n >= 19; the median APIBench instruction has 18-20 distinct tokens, the 95th percentile 27-33).
-#: Two edits fall below it ((n-2)/(n+2) < 0.9 up to n = 37). Distinct requests stay far below
-#: it even though APIBench instructions are self-instruct paraphrases of a few templates
-#: ("Recommend an API that can ..."): on the real files the highest TorchHub eval/train
-#: similarity is 0.69 (9/13) and the highest train/train similarity 0.77, so 0.9 leaves a wide
-#: margin against false alarms while still catching copies with a cosmetic edit.
+#: Token-set Jaccard at or above which an eval instruction near-duplicates a training one: one
+#: word changed (why 0.9: docs/reliability.md#bad-input).
 NEAR_DUPLICATE_JACCARD = 0.9
 
 #: Kinds of leakage, strongest first; a (train, eval) pair is reported once, with its strongest kind.
 LEAK_KINDS = ("exact", "normalised", "near")
 
-#: What :func:`validate_splits` does with leaked training rows: raise (``error``), remove them from
-#: the training split (``drop``) or keep them and only report (``allow``).
+#: What :func:`validate_splits` does with leaked training rows: raise, remove them, or only report.
 LEAKAGE_POLICIES = ("error", "drop", "allow")
 
 #: How many pairs an error message lists before "... and N more".
@@ -88,13 +55,8 @@ def jaccard(a: frozenset | set, b: frozenset | set) -> float:
 
 
 def find_duplicates(examples: Sequence[Example]) -> list[list[Example]]:
-    """Groups of duplicate examples: same :func:`normalise`'d instruction and same API identity.
-
-    Returns:
-        One list per group of two or more, its examples in input (file) order; groups ordered by
-        their first example. The first example of each group is the one :func:`dedupe` keeps.
-        The same instruction with a different API is not a duplicate (it is a different label).
-    """
+    """Groups (of two or more, in input order) of examples with the same :func:`normalise`'d
+    instruction and the same API identity; :func:`dedupe` keeps each group's first."""
     groups: dict[tuple[str, str], list[Example]] = {}
     for ex in examples:
         groups.setdefault((normalise(ex.instruction), api_identity(ex.api)), []).append(ex)
@@ -105,7 +67,7 @@ def dedupe(examples: Sequence[Example]) -> tuple[list[Example], list[Example]]:
     """Remove duplicate examples (see :func:`find_duplicates`), keeping the first of each group.
 
     Returns:
-        ``(kept, removed)``, both in input order; ``len(kept) + len(removed) == len(examples)``.
+        ``(kept, removed)``, both in input order.
     """
     seen: set[tuple[str, str]] = set()
     kept, removed = [], []
@@ -143,17 +105,12 @@ def find_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Exam
     """Every (train, eval) pair whose instructions are equal, equal after normalisation, or near.
 
     Args:
-        train_examples: the training examples (any hub; only instructions are compared).
-        eval_examples: the held-out examples.
         near_threshold: Jaccard threshold for ``near`` pairs; None checks exact and normalised only.
     Returns:
-        Pairs sorted by (eval_line, train_line); each pair once, with its strongest kind. An eval
-        instruction that matches several training rows gives several pairs.
+        Pairs sorted by (eval_line, train_line), each once with its strongest kind.
 
-    Near pairs are found with a prefix filter (Chaudhuri et al., 2006; Bayardo et al., 2007): with
-    tokens ordered rarest first, two sets with Jaccard >= t share a token within the first
-    ``n - ceil(t * n) + 1`` tokens of each, so only pairs sharing such a token are compared. The
-    result equals the all-pairs comparison (a test checks it on the real files).
+    Near pairs come from a prefix filter (Chaudhuri et al., 2006; Bayardo et al., 2007: sets with
+    Jaccard >= t share a token among their ``n - ceil(t * n) + 1`` rarest), equal to all pairs.
     """
     pairs: dict[tuple[int, int], LeakPair] = {}
     exact: dict[str, list[int]] = defaultdict(list)
@@ -226,8 +183,8 @@ def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Exa
     Returns:
         The pairs (empty when clean).
     Raises:
-        RatuneError: when pairs exist and ``allow`` is False; the message counts the pairs per
-            kind and lists the first :data:`MAX_PAIRS_IN_MESSAGE` as ``train:line <-> eval:line``.
+        RatuneError: when pairs exist and ``allow`` is False (listing the first
+            :data:`MAX_PAIRS_IN_MESSAGE`).
     """
     pairs = find_leakage(train_examples, eval_examples, near_threshold=near_threshold)
     if pairs and not allow:
@@ -246,8 +203,7 @@ def drop_leaked(train_examples: Sequence[Example], eval_examples: Sequence[Examp
     """Remove the training examples that leak into the eval set (the eval set is never touched).
 
     Returns:
-        ``(kept, dropped_pairs)``: the training examples in no pair, in input order, and the pairs
-        that caused a drop (a training row in several pairs is dropped once).
+        ``(kept, dropped_pairs)``: the training examples in no pair, and the pairs that caused a drop.
     """
     pairs = find_leakage(train_examples, eval_examples, near_threshold=near_threshold)
     leaked = {p.train_line for p in pairs}
@@ -264,13 +220,10 @@ class DomainConflict:
 
     Attributes:
         api_call: the call as the first entry writes it.
-        identity: :func:`~ratune.sources.apibench.api_identity` of the call (whitespace removed).
-        entries: 1-based positions (lines, for a file without blank lines) of every entry with
-            this call, in file order.
+        identity: :func:`~ratune.sources.apibench.api_identity` of the call.
+        entries: 1-based positions of every entry with this call, in file order.
         domains: the distinct domains, in order of first appearance.
-        domain: the domain that counts (``domains[0]``), by :data:`DOMAIN_RULE`.
-        decided_by: the entry that decides it (``entries[0]``).
-        rule: :data:`DOMAIN_RULE`.
+        domain, decided_by: ``domains[0]`` and ``entries[0]``, by ``rule`` (:data:`DOMAIN_RULE`).
     """
 
     api_call: str
@@ -286,12 +239,10 @@ def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | 
     """API calls that the database lists more than once with different ``domain`` values.
 
     Args:
-        api_database: the documents in file order (:func:`~ratune.sources.apibench.load_api_database`).
+        api_database: the documents in file order.
         lines: the documents' line numbers, when they are not simply 1..n.
     Returns:
-        One :class:`DomainConflict` per call (never one per entry), ordered by first entry.
-        Repeats with the same domain are not conflicts. Domains are compared after stripping
-        surrounding whitespace.
+        One :class:`DomainConflict` per call, ordered by first entry (domains compared stripped).
     """
     if lines is None:
         lines = range(1, len(api_database) + 1)
@@ -372,19 +323,13 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
                     ) -> tuple[dict[str, list[Example]], ValidationReport]:
     """Run every check on one hub's parsed splits; return the (possibly reduced) splits and the report.
 
-    Order: duplicates are removed from ``train`` first, then leakage is checked between what is
-    left of ``train`` and ``eval`` and handled by ``leakage``; the database is only reported on.
-    The ``eval`` split is never changed (its lines are the paper's question_ids).
+    Duplicates are removed from ``train`` first, then leakage is checked; ``eval`` is never changed.
 
     Args:
         splits: ``{"train": [...], "eval": [...]}``; either may be absent.
         api_database: the hub's API database in file order, or None to skip that check.
-        train_path, eval_path: the example files (named in the leakage error).
         dedupe_train: remove duplicate training examples (True) or only report them.
         leakage: one of :data:`LEAKAGE_POLICIES`.
-        near_threshold: see :func:`find_leakage`.
-    A ``train`` split without an ``eval`` one is refused unless ``leakage`` is ``allow`` (the
-    check is never skipped silently); with ``allow`` the report's policy says it was not checked.
 
     Raises:
         RatuneError: unknown policy, leakage under policy ``error``, or a train split without an
@@ -419,10 +364,8 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
     return out, report
 
 
-#: How a held-out split is drawn from the training examples (``ratune data build --validation-by``):
-#: ``api_stratified`` holds out a share of each API's examples, so every held-out API is also
-#: trained on (as APIBench's eval questions are); ``api_grouped`` holds out whole APIs, so no
-#: held-out API is trained on (an experiment on unseen tools).
+#: How ``ratune data build --validation-by`` draws a held-out split: a share of each API's examples
+#: (``api_stratified``) or whole APIs, never trained on (``api_grouped``).
 HOLDOUT_KINDS = ("api_stratified", "api_grouped")
 
 
@@ -431,10 +374,8 @@ def round_half_up(x: float) -> int:
 
 
 def stratified_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]:
-    """Positions held out per key (an API): a key with k >= 2 positions holds out
-    ``round_half_up(k * fraction)`` of them, at least 1 and at most k - 1, chosen by a seeded
-    shuffle per key; a key with one position holds out none. The same keys and seed give the same
-    positions on every machine."""
+    """Positions held out per key (an API): of k >= 2, ``round_half_up(k * fraction)`` clipped to
+    1 .. k - 1, by a seeded shuffle per key; a key with one position holds out none."""
     by_key: dict[str, list[int]] = {}
     for position, key in enumerate(keys):
         by_key.setdefault(key, []).append(position)
@@ -449,9 +390,8 @@ def stratified_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[i
 
 
 def grouped_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]:
-    """Positions of whole keys (APIs) held out: the keys in a seeded order, taken until the held-out
-    positions reach ``round_half_up(len(keys) * fraction)``; at least one key stays in. The same keys
-    and seed give the same positions on every machine."""
+    """Positions of whole keys (APIs) held out, in a seeded key order, until they reach
+    ``round_half_up(len(keys) * fraction)``; at least one key stays in."""
     by_key: dict[str, list[int]] = {}
     for position, key in enumerate(keys):
         by_key.setdefault(key, []).append(position)
