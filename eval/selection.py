@@ -112,11 +112,19 @@ def select_from_curve(curve_dir: str | os.PathLike, rule: str, *, metric: str = 
 
 
 def cli_select(args) -> int:
-    """``ratune eval select CURVE --rule R [--metric M] [--json]``: print the chosen checkpoint."""
+    """``ratune eval select CURVE --rule R [--metric M] [--out FILE] [--json | --checkpoint-only]``:
+    print the chosen checkpoint (``--checkpoint-only``: its folder alone, for a script); ``--out``
+    also writes the choice as JSON."""
     import json
 
+    from ratune.io import write_json
+
     chosen = select_from_curve(args.curve, args.rule, metric=args.metric)
-    if args.json:
+    if args.out:
+        write_json(args.out, chosen)
+    if args.checkpoint_only:
+        print(chosen["checkpoint"])
+    elif args.json:
         print(json.dumps(chosen, sort_keys=True))
     else:
         epoch = "" if chosen["epoch"] is None else f", epoch {chosen['epoch']:g}"

@@ -265,7 +265,10 @@ def _add_eval(stages) -> None:
     sel.add_argument("--rule", required=True, **registered("selection rule", tuple(SELECTION_RULES)),
                      help="; ".join(f"{r.name}: {r.summary}" for r in SELECTION_RULES.values()))
     sel.add_argument("--metric", choices=("strict", "gorilla"), default="strict", help="the counts compared")
-    sel.add_argument("--json", action="store_true", help="print the choice as one JSON object")
+    sel.add_argument("--out", metavar="FILE", help="also write the choice as JSON to FILE")
+    shown = sel.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print the choice as one JSON object")
+    shown.add_argument("--checkpoint-only", action="store_true", help="print the chosen checkpoint's folder alone")
     sel.set_defaults(func=_handler("ratune.eval.selection:cli_select"))
     from ratune.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
 

@@ -20,7 +20,7 @@ def test_every_eval_setting_has_one_option_and_every_section_the_same_keys():
     fields = [f.name for f in dataclasses.fields(EvalSettings) if f.name != "retriever_cache"]
     assert sorted(o.field for o in EVAL_OPTIONS) == sorted(fields)
     config_keys = [o.key for o in EVAL_OPTIONS if o.config]
-    assert list(SweepEval.model_fields) == [*config_keys, "curve_settings"]
+    assert list(SweepEval.model_fields) == [*config_keys, "curve_settings", "selection_rule", "selection_metric"]
     assert "threads" in config_keys and "trust_remote_code" not in config_keys  # --threads fills torch_threads
     flags = {a.dest: a for a in next(a for a in build_parser()._subparsers._group_actions)
              .choices["eval"]._subparsers._group_actions[0].choices["run"]._actions}

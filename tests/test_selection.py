@@ -100,6 +100,10 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
     assert main(["eval", "select", str(tmp_path / "curve"), "--rule", "worst_case", "--json"]) == 0
     chosen = json.loads(capsys.readouterr().out)
     assert (chosen["step"], chosen["checkpoint"]) == (1, str(tmp_path / "run" / "trainer" / "checkpoint-1"))
+    assert main(["eval", "select", str(tmp_path / "curve"), "--rule", "worst_case", "--checkpoint-only",
+                 "--out", str(tmp_path / "selection.json")]) == 0
+    assert capsys.readouterr().out == chosen["checkpoint"] + "\n"  # for a script: CHECKPOINT=$(...)
+    assert json.loads((tmp_path / "selection.json").read_text()) == chosen
     # a curve of the test questions is not chosen on
     evaluate_curve(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "test_curve",
                    settings=EvalSettings(settings=("0_shot",), n_questions=2, torch_threads=1), progress=False)
@@ -112,3 +116,70 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
     with pytest.raises(RatuneError, match="has no run manifest naming the data it was trained on"):
         evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "m",
                             settings=EvalSettings(settings=("0_shot",), split="validation"), progress=False)
+
+
+def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeypatch, capsys):
+    """With eval.selection_rule each cell runs: train, the curve on the validation questions, the
+    choice (CELL/selection.json), then eval.settings on the chosen checkpoint; a rerun skips it; the
+    Slurm script chooses in the job; the report sets validation and test side by side."""
+    import json
+    from pathlib import Path
+
+    import ratune.sweep as sw
+    from ratune.eval.curve import curve_row
+    from test_curve import metric_block
+    from test_sweep import BASE, FakeRunner, args, write_sweep
+
+    class Runner(FakeRunner):
+        """Also leaves what a curve and a choice leave: curve.json (step 2 best on validation) and selection.json."""
+
+        def __call__(self, cmd, log_path):
+            out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
+            if cmd[:3] == ["ratune", "eval", "select"]:
+                self.calls.append(cmd)
+                out.write_text(json.dumps({"rule": "zero_shot", "metric": "strict", "step": 2, "epoch": 1.0,
+                                           "score": 3, "checkpoint": str(out.parent / "train/trainer/checkpoint-2")}))
+            elif "--all-checkpoints" in cmd:
+                self.calls.append(cmd)
+                out.mkdir(parents=True, exist_ok=True)
+                rows = [curve_row(s, s / 2, "0_shot", {"n": 5, "strict": metric_block(s + 1, 0, 4 - s),
+                                                        "gorilla": metric_block(s + 2, 0, 3 - s)}) for s in (1, 2)]
+                (out / "curve.json").write_text(json.dumps({"run": "r", "hub": "torchhub", "rows": rows}))
+            else:
+                super().__call__(cmd, log_path)
+
+    base = {**BASE, "save_steps": 1}
+    selection = {"settings": ["0_shot", "oracle"], "n_questions": 5, "curve_settings": ["0_shot"],
+                 "selection_rule": "zero_shot"}
+    path = write_sweep(tmp_path, base=base, eval=selection, data={"max_length": 256, "validation_fraction": 0.1})
+    runner = Runner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    sweep = sw.load_sweep(path)
+    for cell in sw.expand(sweep):
+        steps = [c for c in runner.calls if cell.name in " ".join(c)]
+        kinds = ["train" if c[0] == "accelerate" else "curve" if "--all-checkpoints" in c else c[2] for c in steps]
+        assert kinds == ["train", "curve", "select", "run"], kinds
+        _, curve, _, test = steps
+        assert curve[curve.index("--split") + 1] == "validation"
+        assert test[test.index("--checkpoint") + 1] == str(cell.dir / "train/trainer/checkpoint-2")
+        assert "--split" not in test and sw.is_finished(sweep, cell)
+    runner.calls.clear()
+    assert sw.cli_sweep(args(path)) == 0 and runner.calls == []  # finished: nothing runs again
+    capsys.readouterr()
+    # the Slurm job chooses, then evaluates what it chose
+    assert sw.cli_sweep(args(path, launcher="slurm", out=tmp_path / "s")) == 0
+    script = next((tmp_path / "s" / "cells").glob("*/slurm/eval.sbatch")).read_text().splitlines()
+    select = next(i for i, line in enumerate(script) if line.startswith("CHECKPOINT=$(ratune eval select "))
+    assert "--checkpoint \"$CHECKPOINT\"" in script[select + 1] and "--all-checkpoints" in script[select - 1]
+    # the report: the chosen step, its validation counts and its test counts
+    assert sw.cli_report_sweep(str(tmp_path / "sweep")) == 0
+    table = (tmp_path / "sweep" / "report" / "selection.md").read_text()
+    assert "| zero_shot (strict) | 2 | 1 | 0_shot 3/5 (gorilla 4) | 0_shot 4/10 (gorilla 5); oracle 4/10 (gorilla 5) |" in table
+    # refused before anything runs: no curve to choose on, no validation questions to draw it on
+    for eval_section, data, missing in (({**selection, "curve_settings": []}, {"validation_fraction": 0.1},
+                                         "set eval.curve_settings"),
+                                        (selection, {}, "set data.validation_fraction")):
+        bad = write_sweep(tmp_path, base=base, eval=eval_section, data=data)
+        with pytest.raises(RatuneError, match=missing):
+            sw.cli_sweep(args(bad, out=tmp_path / "refused"))

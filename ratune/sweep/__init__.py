@@ -31,7 +31,10 @@ Sweep folder::
     cells/{name}/train/         the training run folder (``.complete`` when done)
     cells/{name}/eval/{setting}/metrics.json (+ ``.complete``)
     cells/{name}/curve/         with ``eval.curve_settings``: every Trainer checkpoint evaluated under
-                                those settings, curve.{json,csv,md,png} (eval/curve.py)
+                                those settings, curve.{json,csv,md,png} (eval/curve.py); on the
+                                validation questions with ``eval.selection_rule``
+    cells/{name}/selection.json with ``eval.selection_rule``: the checkpoint chosen on the curve,
+                                whose test questions eval/ holds (``ratune eval select``)
     cells/{name}/bfcl/          with a ``bfcl:`` section: ``ratune eval bfcl`` of the cell's run
     cells/{name}/error.txt      the error of the last failed attempt (removed on success)
     cells/{name}/logs/          stdout/stderr of each command

@@ -121,6 +121,7 @@ def expand(sweep: Sweep) -> list[Cell]:
     """
     cfg = sweep.config
     dims = _check_axes(cfg, sweep.source)
+    _check_selection(sweep)
     cells = []
     for combo in itertools.product(*dims):
         axes: dict = {}
@@ -206,6 +207,31 @@ def cell_hub_name(hub: str, where: str) -> str:
         RatuneError: as :func:`_cell_hub`.
     """
     return _cell_hub(hub, where).name
+
+
+def selection_path(cell: Cell) -> Path:
+    """``CELL/selection.json``: the checkpoint ``eval.selection_rule`` chose on the cell's curve."""
+    return cell.dir / "selection.json"
+
+
+def _check_selection(sweep: Sweep) -> None:
+    """A sweep that chooses checkpoints on validation has a curve to choose on, a validation split
+    to draw it on, and reads the test questions in ``eval.settings``.
+
+    Raises:
+        RatuneError: naming the sweep file and the missing setting.
+    """
+    e = sweep.config.eval
+    if e.selection_rule is None:
+        return
+    where = f"{sweep.source}: eval.selection_rule {e.selection_rule}"
+    if not e.curve_settings:
+        raise RatuneError(f"{where}: the checkpoint is chosen on a learning curve; set eval.curve_settings")
+    if sweep.config.data.validation_fraction is None:
+        raise RatuneError(f"{where}: the curve runs on the validation questions; set data.validation_fraction")
+    if e.split != "eval":
+        raise RatuneError(f"{where}: eval.settings read the chosen checkpoint's test questions; leave eval.split "
+                          "at eval (the curve runs on validation)")
 
 
 def _check_curve_saves(config: dict, where: str) -> None:

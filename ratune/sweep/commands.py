@@ -9,7 +9,7 @@ from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalS
 from ratune.options import command_arguments
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-from ratune.sweep.cells import Cell, sweep_mixtures
+from ratune.sweep.cells import Cell, selection_path, sweep_mixtures
 from ratune.sweep.schema import Sweep
 
 
@@ -54,22 +54,33 @@ def train_command(sweep: Sweep, cell: Cell, *, launch_args: list[str] | None = N
                                             "--on-unfinished", sweep.config.on_unfinished]
 
 
-def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False) -> list[str]:
-    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings;
-    with ``curve``, the learning curve's ``--all-checkpoints --out CELL/curve --settings
-    CURVE_SETTINGS`` (same generation settings); ``--model-name CELL`` last."""
+def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False, checkpoint: str | None = None) -> list[str]:
+    """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings
+    (``checkpoint``: another one, the chosen checkpoint of ``eval.selection_rule``); with ``curve``,
+    the learning curve's ``--all-checkpoints --out CELL/curve --settings CURVE_SETTINGS`` (same
+    generation settings; ``--split validation`` under a selection rule); ``--model-name CELL`` last."""
     e = sweep.config.eval
     out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
-    cmd = ["ratune", "eval", "run", "--checkpoint", str(cell.dir / "train"), "--hub", cell.hub, "--out", str(out),
+    cmd = ["ratune", "eval", "run", "--checkpoint", checkpoint or str(cell.dir / "train"), "--hub", cell.hub,
+           "--out", str(out),
            *command_arguments(e.model_copy(update={"settings": settings}), EvalSettings, EVAL_OPTIONS, policy="always")]
     if curve:
         cmd += ["--all-checkpoints"]
+        if e.selection_rule is not None:
+            cmd += ["--split", "validation"]
     cmd += command_arguments(e, EvalSettings, EVAL_OPTIONS, policy="changed")
     if cell.config.get("trust_remote_code"):
         cmd += ["--trust-remote-code"]
     if sweep.config.apibench:
         cmd += ["--apibench", sweep.config.apibench]
     return cmd + ["--model-name", cell.name]  # responses name the cell, not its run folder (always "train")
+
+
+def select_command(sweep: Sweep, cell: Cell) -> list[str]:
+    """``ratune eval select CELL/curve --rule R --metric M --out CELL/selection.json --checkpoint-only``."""
+    e = sweep.config.eval
+    return ["ratune", "eval", "select", str(cell.dir / "curve"), "--rule", e.selection_rule,
+            "--metric", e.selection_metric, "--out", str(selection_path(cell)), "--checkpoint-only"]
 
 
 def bfcl_command(sweep: Sweep, cell: Cell) -> list[str]:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Callable
 
 from ratune.errors import RatuneError, Terminated
-from ratune.io import write_json, write_text
+from ratune.io import read_json_object, write_json, write_text
 from ratune.manifest import SWEEP_FOLDER_STAGES, SWEEP_STAGE, is_complete
 from ratune.output import StageOutput
-from ratune.sweep.cells import Cell, data_plan
-from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, train_command
+from ratune.sweep.cells import Cell, data_plan, selection_path
+from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, select_command, train_command
 from ratune.sweep.schema import SAVED_SWEEP_FILE, SAVED_SWEEP_SOURCE_KEY, Sweep
 from ratune.sweep.state import (cell_record, changed_keys, check_changed, is_bfcl_finished, is_curve_finished,
                                 is_finished)
@@ -161,10 +161,14 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                     raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
                 if not is_complete(cell.dir / "train"):  # an unfinished run: resumed or restarted by training
                     _run_step(runner, "train", cell, train_command(sweep, cell), progress, out)
-                cmd = eval_command(sweep, cell)
-                _run_step(runner, "eval", cell, cmd, progress, out)
+                if sweep.config.eval.selection_rule is None:
+                    _run_step(runner, "eval", cell, eval_command(sweep, cell), progress, out)
                 if not is_curve_finished(sweep, cell):
                     _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
+                if sweep.config.eval.selection_rule is not None:  # the test questions of the chosen checkpoint
+                    _run_step(runner, "select", cell, select_command(sweep, cell), progress, out)
+                    chosen = read_json_object(selection_path(cell))["checkpoint"]
+                    _run_step(runner, "eval", cell, eval_command(sweep, cell, checkpoint=chosen), progress, out)
                 if not is_bfcl_finished(sweep, cell):
                     _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell), progress, out)
                 if not is_finished(sweep, cell):
@@ -245,9 +249,13 @@ def dry_run(sweep: Sweep, cells: list[Cell], out=None, data_cells: list[Cell] | 
         axes = " ".join(f"{k}={v}" for k, v in cell.axes.items())
         print(f"cell {cell.name} [{state}] {axes}", file=out)
         print(f"  train: {_fmt(train_command(sweep, cell))}", file=out)
-        print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
         if sweep.config.eval.curve_settings:
             print(f"  curve: {_fmt(eval_command(sweep, cell, curve=True))}", file=out)
+        if sweep.config.eval.selection_rule is not None:
+            print(f"  select: {_fmt(select_command(sweep, cell))}", file=out)
+            print(f"  eval:  {_fmt(eval_command(sweep, cell, checkpoint='CHOSEN_CHECKPOINT'))}", file=out)
+        else:
+            print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
         if sweep.config.bfcl is not None:
             print(f"  bfcl:  {_fmt(bfcl_command(sweep, cell))}", file=out)
     return 0

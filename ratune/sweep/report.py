@@ -100,6 +100,7 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
                           for path in [*(f["metrics_path"] for f in found.finished), *found.experiment_paths,
                                        *curve_paths]}
     _write_curves(curve_paths, out, summary)
+    _write_selections(sorted((sweep_dir / "cells").glob("*/selection.json")), out, summary)
     summary["worst_case"] = {}
     for name, table in tables.items():  # each trained model's lowest accuracy across test settings
         summary["worst_case"][name] = worst_case(table["cells"])
@@ -275,6 +276,41 @@ def _write_curves(curve_paths: list[Path], out: Path, summary: dict) -> None:
         curves[label] = read_curve(path.parent)
     write_curves_report(curves, out)
     summary["learning_curves"] = list(curves)
+
+
+def _write_selections(paths: list[Path], out: Path, summary: dict) -> None:
+    """``selection.md``: per cell with ``eval.selection_rule``, the chosen checkpoint, its validation
+    counts on the curve and its test counts (eval/), side by side."""
+    if not paths:
+        return
+    from ratune.eval.curve import read_curve
+
+    rows = []
+    for path in paths:
+        cell, chosen = path.parent, read_json_object(path)
+        validation = {r["setting"]: r for r in read_curve(cell / "curve") if r["step"] == chosen["step"]}
+        test = {m.parent.name: read_json_object(m) for m in sorted((cell / "eval").glob("*/metrics.json"))}
+        rows.append({"cell": cell.name, "rule": chosen["rule"], "metric": chosen["metric"], "step": chosen["step"],
+                     "epoch": chosen["epoch"], "score": chosen["score"],
+                     "validation": {s: {"n": r["n"], "strict": r["strict_correct"], "gorilla": r["gorilla_correct"]}
+                                    for s, r in validation.items()},
+                     "test": {s: {"n": m["n"], **{k: m[k]["correct_n"] for k in ("strict", "gorilla") if k in m}}
+                              for s, m in test.items()}})
+    lines = ["Checkpoints chosen on the validation questions (eval.selection_rule); the test questions were read "
+             "once, for the chosen checkpoint. Correct answers of n, strict metric (gorilla where the hub has it).",
+             "", "| cell | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
+
+    def counts(block: dict) -> str:
+        return "; ".join(f"{s} {c['strict']}/{c['n']}" + (f" (gorilla {c['gorilla']})" if c.get("gorilla") is not None
+                                                          else "") for s, c in block.items())
+
+    for r in rows:
+        epoch = "" if r["epoch"] is None else f"{r['epoch']:g}"
+        lines.append(f"| {r['cell']} | {r['rule']} ({r['metric']}) | {r['step']} | {epoch} | {counts(r['validation'])} "
+                     f"| {counts(r['test'])} |")
+    write_text(out / "selection.md", "\n".join(lines) + "\n")
+    write_json(out / "selection.json", {"cells": rows})
+    summary["selection"] = {r["cell"]: r["step"] for r in rows}
 
 
 def _write_experiments(found: _Finished, out: Path, summary: dict) -> None:

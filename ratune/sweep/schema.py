@@ -15,6 +15,7 @@ from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
 from ratune.sources.validate import LEAKAGE_POLICIES
 from ratune.eval.bfcl import CATEGORIES as BFCL_CATEGORIES
+from ratune.eval.selection import SELECTION_RULES
 from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings
 from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair
@@ -52,7 +53,14 @@ SweepEval = config_model(
         default_factory=list,
         description="a learning curve: after training, every Trainer checkpoint of a cell is evaluated under "
                     "these settings (cells/NAME/curve/); the base config must save checkpoints (save_strategy: "
-                    "epoch or save_steps) and keep them all (no save_total_limit)"))})
+                    "epoch or save_steps) and keep them all (no save_total_limit)")),
+           "selection_rule": (Literal[tuple(SELECTION_RULES)] | None, Field(
+               None, description="choose each cell's checkpoint on the validation questions by this rule "
+                                 "(eval/selection.py): the curve runs on --split validation, and eval.settings "
+                                 "evaluate the chosen checkpoint's test questions; needs curve_settings and "
+                                 "data.validation_fraction")),
+           "selection_metric": (Literal["strict", "gorilla"], Field(
+               "strict", description="the counts the selection rule compares"))})
 
 
 #: A sweep file's ``bfcl:`` section (optional): every cell is also scored on BFCL by ``ratune eval bfcl``

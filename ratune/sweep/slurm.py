@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ratune.io import write_json
 from ratune.sweep.cells import Cell, data_plan
-from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, train_command
+from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, select_command, train_command
 from ratune.sweep.local import _yaml, prepare_sweep_folder
 from ratune.sweep.schema import SlurmSettings, Sweep
 from ratune.sweep.state import cell_record, is_finished
@@ -72,9 +72,13 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
         (sdir / "train.sbatch").write_text("\n".join(train) + "\n", encoding="utf-8")
         ev = _sbatch_header(f"ratune-eval-{cell.name}"[:120], sdir / "eval-%j.out", nodes=1, gpus=1,
                             time=s.eval_time or s.time, s=s)
-        ev.append(_fmt(eval_command(sweep, cell)))
+        if sweep.config.eval.selection_rule is None:
+            ev.append(_fmt(eval_command(sweep, cell)))
         if sweep.config.eval.curve_settings:
             ev.append(_fmt(eval_command(sweep, cell, curve=True)))
+        if sweep.config.eval.selection_rule is not None:  # the test questions of the checkpoint chosen on the curve
+            ev.append(f"CHECKPOINT=$({_fmt(select_command(sweep, cell))})")
+            ev.append(_fmt(eval_command(sweep, cell, checkpoint="CHOSEN")).replace("CHOSEN", '"$CHECKPOINT"', 1))
         if sweep.config.bfcl is not None:
             ev.append(_fmt(bfcl_command(sweep, cell)))
         (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ from ratune.errors import InputError, RatuneError
 from ratune.eval.curve import read_curve
 from ratune.io import read_json_object
 from ratune.manifest import is_complete
-from ratune.sweep.cells import Cell, config_hash
+from ratune.sweep.cells import Cell, config_hash, selection_path
 from ratune.sweep.schema import Sweep, SweepData, SweepEval
 from ratune.train.config import TrainConfig
 
@@ -86,9 +86,11 @@ def _json_default(field_info) -> Any:
 def is_finished(sweep: Sweep, cell: Cell) -> bool:
     """Whether a cell's training run, every eval setting of the sweep, its learning curve and its
     BFCL categories (if the sweep asks for them) are complete."""
+    chosen = sweep.config.eval.selection_rule is None or selection_path(cell).is_file()
     return is_complete(cell.dir / "train") and all(
         is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
-        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell) and is_bfcl_finished(sweep, cell)
+        for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell) and is_bfcl_finished(sweep, cell) \
+        and chosen
 
 
 def is_bfcl_finished(sweep: Sweep, cell: Cell) -> bool:
@@ -128,7 +130,7 @@ def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=N
                           + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
     for cell in cells:
         if cell.name in changed:
-            for sub in ("train", "eval", "curve", "bfcl", "error.txt"):
+            for sub in ("train", "eval", "curve", "bfcl", selection_path(cell).name, "error.txt"):
                 path = cell.dir / sub
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (cell.dir / "cell.json").unlink(missing_ok=True)
