@@ -40,7 +40,9 @@ instructions a user could give for that API without naming it. Here:
 
 An existing ``--out`` is replaced only with ``overwrite`` and only when its sidecar says
 ``catalog instruct`` wrote it and its sha256 is still the one recorded (a file edited since is
-the user's). Sampling is seeded (:func:`transformers.set_seed` once, before the first batch;
+the user's). The sidecar is written before the file and records the sha256 of the file it
+replaces (``output.replaces_sha256``), so a run cut short between the two leaves a file the rerun
+may replace. Sampling is seeded (:func:`transformers.set_seed` once, before the first batch;
 batches in catalog order), so a rerun with the same settings on the same machine writes the
 same file. Generation is a parameter (:data:`Generate`): :func:`load_generator` builds the
 transformers one; tests give a fake.
@@ -51,6 +53,7 @@ The model alias ``smollm2-135m-instruct`` is resolved by the caller (ratune/cli.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -283,7 +286,9 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
 
     A new path passes. An existing file passes only with ``overwrite``, when its sidecar
     (:func:`sidecar_path`) is a ``catalog instruct`` manifest whose ``output.sha256`` is the
-    file's. A sidecar that exists without its pairs file must be such a manifest too.
+    file's, or whose ``output.replaces_sha256`` is (the sidecar is written first: a run cut short
+    after it left the file it was replacing). A sidecar that exists without its pairs file must be
+    such a manifest too.
 
     Raises:
         RatuneError: naming the path: a folder; an existing file without ``overwrite``; a file or
@@ -302,7 +307,8 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
         if owned is None:
             raise RatuneError(f"{out}: not written by `ratune {INSTRUCT_STAGE}` (no {sidecar.name} of it beside it); "
                               "ratune does not overwrite files it did not create: choose another --out")
-        if (owned.get("output") or {}).get("sha256") != sha256_file(out):
+        recorded = owned.get("output") or {}
+        if sha256_file(out) not in (recorded.get("sha256"), recorded.get("replaces_sha256")):
             raise RatuneError(f"{out}: changed since `ratune {INSTRUCT_STAGE}` wrote it (its sha256 is not the one "
                               f"in {sidecar.name}); ratune does not overwrite your edits: choose another --out, or "
                               "move the file away yourself")
@@ -384,9 +390,14 @@ def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLi
             "dropped": [d.to_json() for d in filtered.dropped],
         }
         check_output(out, overwrite=overwrite)  # again: the file may have appeared while generating
-        write_text(out, lines)
-        manifest["output"] = {"path": str(out), "sha256": sha256_file(out), "pairs": len(filtered.kept)}
+        # the sidecar first, naming the file it replaces: a fault between the two writes leaves a sidecar
+        # that vouches for the file there, so the rerun may replace it (check_output)
+        manifest["output"] = {"path": str(out), "sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest(),
+                              "pairs": len(filtered.kept)}
+        if out.exists():
+            manifest["output"]["replaces_sha256"] = sha256_file(out)
         write_json(sidecar_path(out), manifest)
+        write_text(out, lines)
     return manifest
 
 

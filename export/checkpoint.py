@@ -194,9 +194,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
                       table2: str | os.PathLike | None = None, base_model: str | None = None,
                       license: str = DEFAULT_LICENSE) -> Path:
     """Export a checkpoint as a Hugging Face model folder (see the module docstring), holding
-    ``out_dir``'s lock (resolved) from before any model loads until the folder is in place, then
-    push it; the arguments, the hub token and ``out_dir`` are checked before the lock
-    (:func:`_check_export_arguments`).
+    ``out_dir``'s lock (resolved) from before any model loads until the folder is in place; a push
+    uploads the folder before it is swapped in (a push cut short leaves no ``out_dir``, so the same
+    command pushes again; one the hub refuses keeps the export); the arguments, the hub token and
+    ``out_dir`` are checked before the lock (:func:`_check_export_arguments`).
 
     Args:
         checkpoint: a ``ratune train`` run folder (its manifest gives the recipe, the data hashes and
@@ -224,14 +225,20 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     _check_export_arguments(checkpoint, out_dir, push_to_hub=push_to_hub, private=private)
     checkpoint = Path(checkpoint)
     output = StageOutput(out_dir, EXPORT_STAGE, replace=True, marker=False, command=EXPORT_STAGE)
+    refused = None
     with output.writing() as tmp:  # the record file ratune_export.json is the export's marker
         loaded, card, record = _prepare_export(checkpoint, output.out, merge_lora=merge_lora, push_to_hub=push_to_hub,
                                                eval_dirs=eval_dirs, table2=table2, base_model=base_model,
                                                license=license)
         check_out_folder(checkpoint, output.out)  # again: it may have changed while the model loaded
         _write_folder(tmp, loaded, card, record)
-    if push_to_hub:
-        push_folder(output.out, push_to_hub, token=hub_token(push_to_hub, private), private=private)
+        if push_to_hub:  # before the swap: a push cut short leaves no DIR, so the same command pushes again
+            try:
+                push_folder(tmp, push_to_hub, token=hub_token(push_to_hub, private), private=private, kept=output.out)
+            except RatuneError as exc:  # the hub refused or cannot be reached: the export is kept in DIR
+                refused = exc
+    if refused is not None:
+        raise refused
     return output.out
 
 

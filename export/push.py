@@ -35,15 +35,22 @@ def hub_token(push_to_hub: str | None, private: bool) -> str | None:
     return token
 
 
-def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private: bool = False) -> str:
+def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private: bool = False,
+                kept: str | os.PathLike | None = None) -> str:
     """Create ``repo_id`` (a model repo; exist_ok) and upload ``folder`` to it.
 
+    Args:
+        kept: where the export is kept after a refused push, named in the error (default ``folder``).
     Returns:
         The repo URL.
     Raises:
         RatuneError: when the hub refuses or cannot be reached (the local folder is kept).
+        OSError: a write fault on this machine (a full disk: :func:`ratune.boundary.write_fault`),
+            which the error boundary reports as one.
     """
     from huggingface_hub import HfApi
+
+    from ratune.boundary import write_fault
 
     api = HfApi(token=token)
     try:
@@ -51,6 +58,8 @@ def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private:
         api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
                           commit_message="Upload model exported by ratune")
     except Exception as exc:  # network, auth, validation: all reported the same way
+        if write_fault(exc) is not None:  # this machine's disk (the upload's local cache), not the hub
+            raise
         raise RatuneError(f"push to {repo_id} failed ({type(exc).__name__}: {exc}); the export is kept in "
-                          f"{folder}") from None
+                          f"{kept or folder}") from None
     return str(url)

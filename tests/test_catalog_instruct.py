@@ -298,6 +298,8 @@ def test_overwrite_only_an_unedited_file_this_command_wrote(catalog, seeds, tmp_
         run(out)
     run(out, overwrite=True)
     assert out.read_bytes() == first
+    # the sidecar, written first, names the file it replaced: a run cut short after it may be rerun
+    assert json.loads(sidecar_path(out).read_text())["output"]["replaces_sha256"] == _sha256(out)
     out.write_text(out.read_text() + "\n")  # edited since
     with pytest.raises(RatuneError, match=r"changed since `ratune catalog instruct` wrote it"):
         run(out, overwrite=True)

@@ -182,8 +182,11 @@ def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch)
     # exactly the arguments export/checkpoint.py push_folder passes (defaults left out by bind)
     assert sent["create"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "private": True, "exist_ok": True,
                                       "repo_type": "model"}
-    assert sent["upload"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "folder_path": str(out),
-                                      "repo_type": "model", "commit_message": "Upload model exported by ratune"}
+    # the folder being built, before it is swapped in: a push cut short leaves no export to refuse the rerun
+    uploaded = Path(sent["upload"]["call"].pop("folder_path"))
+    assert uploaded.parent == out.parent and uploaded.name.startswith(".ratune-tmp.") and not uploaded.exists()
+    assert sent["upload"]["call"] == {"repo_id": "someone/ratune-tiny-oracle", "repo_type": "model",
+                                      "commit_message": "Upload model exported by ratune"}
     # the token reaches the hub through HfApi(token=...) only
     assert sent["create"]["api_token"] == FAKE_TOKEN and sent["upload"]["api_token"] == FAKE_TOKEN
     assert {"README.md", "model.safetensors", "config.json", "generation_config.json",
@@ -191,6 +194,31 @@ def test_push_is_intercepted_and_token_never_written(run, tmp_path, monkeypatch)
     for name, content in _all_bytes(out).items():
         assert FAKE_TOKEN.encode() not in content, name
 
+
+
+def test_a_refused_push_keeps_the_export_and_an_interrupted_one_leaves_none(tiny_model_dir, tmp_path, monkeypatch,
+                                                                           capsys):
+    from huggingface_hub import HfApi
+
+    from ratune.cli import main
+
+    def upload(error):
+        def upload_folder(self, **kw):
+            raise error
+        return upload_folder
+
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: f"https://huggingface.co/{repo_id}")
+    argv = ["export", str(tiny_model_dir), "--push-to-hub", "someone/tiny", "--base-model", BASE_ID, "--out"]
+    monkeypatch.setattr(HfApi, "upload_folder", upload(RuntimeError("503 Service Unavailable")))
+    assert main([*argv, str(tmp_path / "refused")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ratune")]
+    assert err == [f"ratune: error: push to someone/tiny failed (RuntimeError: 503 Service Unavailable); the export "
+                   f"is kept in {tmp_path / 'refused'}"]
+    assert (tmp_path / "refused" / "model.safetensors").is_file()
+    monkeypatch.setattr(HfApi, "upload_folder", upload(KeyboardInterrupt()))
+    assert main([*argv, str(tmp_path / "interrupted")]) == 130
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["refused"]  # no export, no temporary sibling, no lock
 
 def test_push_without_token_fails_before_any_work(run, tmp_path, monkeypatch, capsys):
     import huggingface_hub

@@ -5,8 +5,9 @@ behind, and the plain rerun ends with the bytes of an uninterrupted run.
 
 A write is a temporary file ratune's atomic writes make (``tempfile.mkstemp``, ratune/io.py
 ``atomic_write``): the suite counts them in an uninterrupted run and injects at the first, the
-middle and the last. Native writers (pyarrow, safetensors, tokenizers, torch.save) are reached by a
-real small disk instead (tests/test_faults.py). :data:`WRITERS` x :data:`FAULTS` is the table in
+middle and the last. The killed children are forked by multiprocessing's fork server, which imports
+the heavy libraries once (:data:`PRELOAD`). Native writers (pyarrow, safetensors, tokenizers,
+torch.save) are reached by a real small disk instead (tests/test_faults.py). :data:`WRITERS` x :data:`FAULTS` is the table in
 docs/reliability.md ("Faults injected into every writer"), which
 :func:`test_the_docs_table_is_this_suite` keeps equal to this file."""
 
@@ -17,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -41,10 +41,16 @@ class Writer:
     argv: Callable
     out: Callable
     prepare: Callable | None = None
-    skip: tuple = ()  # sub-folders not compared (the Trainer's checkpoints: pickled RNG and optimizer state)
-    resumed: tuple = ()  # JSON keys that record what this invocation did (a resumed run generates less)
+    skip: tuple = ()  # sub-folders or files not compared (the Trainer's checkpoints: pickled RNG and optimizer
+    #                   state; sentence-transformers' model card README.md, which states the training time)
+    resumed: tuple = ()  # JSON keys not compared: what this invocation did (a resumed run generates less), or a
+    #                      hash of paths inside the work folder (a sweep cell's config_hash of its output_dir)
     only: tuple = ()  # when set, the files compared: a resumed training records its resume (resumed_from, its
     #                   own log history and loss), so its weights, config and tokenizer are what must be equal
+    fresh: bool = False  # writes a new folder only (export refuses an existing one): no previous output
+    fakes: Callable | None = None  # fakes(setattr) installs stand-ins for what cannot run here (the hub, a
+    #                                sweep's commands), in this process and in the killed child
+    also: Callable | None = None  # another folder the command writes (the fake hub's), compared as out is
 
 
 def _data_argv(work, fx):
@@ -59,13 +65,14 @@ def _catalog(work, fx):
     assert main(["catalog", "import", "--from", "jsonl", str(TOOLBOX), "--out", str(work / "catalog")]) == 0
 
 
-def _pairs_file(work) -> Path:
+def _pairs_file(work, apis: int | None = None, verbs=("work", "run", "help")) -> Path:
+    """Pairs of the catalog's first ``apis`` APIs (default: all), one per verb."""
     from ratune.catalog.schema import load_catalog
 
-    docs = load_catalog(work / "catalog")
+    docs = load_catalog(work / "catalog")[:apis]
     lines = [json.dumps({"instruction": f"please {verb} with {doc['api_name']}", "api_name": doc["api_name"],
                          "api_call": doc["api_call"]})
-             for doc in docs for verb in ("work", "run", "help")]
+             for doc in docs for verb in verbs]
     path = work / "pairs.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -119,6 +126,91 @@ def _train_config(work, fx):
     (work / "train.json").write_text(json.dumps(cfg.model_dump()))
 
 
+def _catalog_with_pairs(work, fx):
+    """The catalog with 2 training and 2 eval pairs of 2 APIs: one training step of the retriever."""
+    from ratune.cli import main
+
+    _catalog(work, fx)
+    assert main(["catalog", "pairs", "--catalog", str(work / "catalog"), "--pairs",
+                 str(_pairs_file(work, apis=2, verbs=("work", "run"))), "--eval-fraction", "0.5", "--seed", "0"]) == 0
+
+
+def _checkpoints_run(fx) -> Path:
+    """A LoRA run with the Trainer checkpoints of steps 1 and 2, trained once for the module."""
+    if "checkpoints_run" not in fx:
+        from test_train_correctness import _config, _make_data
+
+        from ratune.cli import main
+
+        folder = fx["tmp_path_factory"].mktemp("curve")
+        cfg = _config(fx["tiny_model_dir"], _make_data(folder / "rows", n=4), folder / "run", global_batch_size=2,
+                      max_steps=2, save_steps=1, lora={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})
+        (folder / "train.json").write_text(json.dumps(cfg.model_dump()))
+        assert main(["train", "--config", str(folder / "train.json")]) == 0
+        fx["checkpoints_run"] = folder / "run"
+    return fx["checkpoints_run"]
+
+
+def _fake_hub(setattr):
+    """The hub (no network here): a token, and an upload that records the sha256 of every file it
+    sends in ``hub/OWNER--NAME.json`` beside the uploaded folder, in one write (a hub commit)."""
+    import huggingface_hub
+    from huggingface_hub import HfApi
+
+    from ratune.io import sha256_file, write_json
+
+    def upload_folder(self, *, repo_id, folder_path, repo_type=None, commit_message=None):
+        folder = Path(folder_path)
+        write_json(folder.parent / "hub" / f"{repo_id.replace('/', '--')}.json",
+                   {"repo_type": repo_type, "commit_message": commit_message,
+                    "files": {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*"))
+                              if p.is_file()}})
+
+    setattr(huggingface_hub, "get_token", lambda: "hf_fake_token_for_the_fault_suite")
+    setattr(HfApi, "create_repo", lambda self, repo_id, **kw: f"https://huggingface.co/{repo_id}")
+    setattr(HfApi, "upload_folder", upload_folder)
+
+
+def _instruct_argv(work, fx, *extra):
+    """``catalog instruct`` with the tiny model, whose seed examples are tests/test_catalog_instruct.py's."""
+    from test_catalog_instruct import SEEDS
+
+    seeds = work / "seeds.jsonl"
+    if not seeds.exists():
+        seeds.write_text("".join(json.dumps(seed) + "\n" for seed in SEEDS))
+    return ["catalog", "instruct", "--catalog", str(work / "catalog"), "--model", str(fx["tiny_model_dir"]),
+            "--seeds", str(seeds), "--out", str(work / "gen" / "pairs.jsonl"), "--per-api", "2",
+            "--max-new-tokens", "8", "--batch-size", "3", *extra]
+
+
+def _instructed_before(work, fx):
+    """The catalog, and the pairs an earlier ``catalog instruct`` (another seed) wrote to replace."""
+    from ratune.cli import main
+
+    _catalog(work, fx)
+    assert main(_instruct_argv(work, fx, "--seed", "1")) == 0
+
+
+def _sweep_file(work) -> Path:
+    """tests/test_sweep.py's sweep file (into ``work/sweep``) with three cells."""
+    from test_sweep import write_sweep
+
+    path = work / "sweep.yaml"
+    if not path.exists():
+        write_sweep(work, axes={"train_retriever": ["none", "oracle", "bm25"]},
+                    accelerate_config=str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"))
+    return path
+
+
+def _fake_commands(setattr):
+    """A sweep's commands leave what the real ones leave (tests/test_sweep.py FakeRunner)."""
+    from test_sweep import FakeRunner
+
+    import ratune.sweep.local
+
+    setattr(ratune.sweep.local, "run_command", FakeRunner())
+
+
 WRITERS = [
     Writer("data build --overwrite", "replace", _data_argv, lambda w: w / "data"),
     Writer("catalog import", "in place",
@@ -154,7 +246,25 @@ WRITERS = [
            lambda w, fx: ["tools", "import", "--from", "rows", str(TOOL_ROWS), "--out", str(w / "tools")],
            lambda w: w / "tools"),
     Writer("export", "replace",
-           lambda w, fx: ["export", str(fx["tiny_model_dir"]), "--out", str(w / "export")], lambda w: w / "export"),
+           lambda w, fx: ["export", str(fx["tiny_model_dir"]), "--out", str(w / "export")], lambda w: w / "export",
+           fresh=True),
+    Writer("retrieval train --overwrite", "replace",
+           lambda w, fx: ["retrieval", "train", "--hub", str(w / "catalog"), "--out", str(w / "ft"), "--epochs", "1",
+                          "--batch-size", "2", "--threads", "1", "--overwrite"],
+           lambda w: w / "ft", prepare=_catalog_with_pairs, skip=("README.md",)),
+    Writer("eval run --all-checkpoints", "in place",
+           lambda w, fx: ["eval", "run", "--checkpoint", str(_checkpoints_run(fx)), "--all-checkpoints", "--hub",
+                          "torchhub", "--apibench", str(fx["apibench_tiny"]), "--out", str(w / "curve"), "--settings",
+                          "0_shot", "--n-questions", "2", "--max-new-tokens", "4", "--batch-size", "2"],
+           lambda w: w / "curve"),
+    Writer("export --push-to-hub", "replace",
+           lambda w, fx: ["export", str(fx["tiny_model_dir"]), "--out", str(w / "export"), "--push-to-hub",
+                          "someone/tiny", "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+           lambda w: w / "export", fresh=True, fakes=_fake_hub, also=lambda w: w / "hub"),
+    Writer("catalog instruct --overwrite", "in place", lambda w, fx: _instruct_argv(w, fx, "--overwrite"),
+           lambda w: w / "gen", prepare=_instructed_before),
+    Writer("sweep", "in place", lambda w, fx: ["sweep", str(_sweep_file(w))], lambda w: w / "sweep",
+           fakes=_fake_commands, resumed=("config_hash",)),
 ]
 #: The faults, each at the first, the middle and the last write of an uninterrupted run.
 FAULTS = ("ENOSPC", "SIGKILL")
@@ -236,7 +346,8 @@ def _inject(at: int | None, action: str, counter: list):
 
 @pytest.fixture(scope="module")
 def fixtures(request):
-    return {name: request.getfixturevalue(name) for name in ("apibench_tiny", "smol_tokenizer_dir", "tiny_model_dir")}
+    return {name: request.getfixturevalue(name)
+            for name in ("apibench_tiny", "smol_tokenizer_dir", "tiny_model_dir", "tmp_path_factory")}
 
 
 def _run(argv, monkeypatch, at=None, action="ENOSPC") -> tuple[int, int]:
@@ -248,20 +359,34 @@ def _run(argv, monkeypatch, at=None, action="ENOSPC") -> tuple[int, int]:
         return main(argv), counter[0]
 
 
-CHILD = """
-import os, signal, sys, tempfile
-sys.path.insert(0, {tests!r})
-at, real = {at}, tempfile.mkstemp
-count = [0]
-def mkstemp(*a, **k):
-    count[0] += 1
-    if count[0] == at:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(*a, **k)
-tempfile.mkstemp = mkstemp
-from ratune.cli import main
-sys.exit(main({argv!r}))
-"""
+#: What the killed children import once, in multiprocessing's fork server, before it forks the first of
+#: them: a child then starts at once instead of importing torch, transformers and the rest anew.
+PRELOAD = ["test_fault_injection", "ratune.cli", "torch", "transformers", "peft", "datasets", "sentence_transformers",
+           "huggingface_hub", "test_sweep", "test_catalog_instruct"]
+
+
+def _child(at: int, argv: list, fakes: str, cwd: str):
+    """A killed child's body: the stand-ins (``fakes``, a function of this module), a SIGKILL at
+    write ``at``, and the command."""
+    os.chdir(cwd)
+    if fakes:
+        globals()[fakes](setattr)
+    tempfile.mkstemp = _inject(at, "SIGKILL", [0])
+    from ratune.cli import main
+
+    sys.exit(main(argv))
+
+
+def _killed_child(at: int, argv: list, fakes: str, cwd: Path) -> int:
+    """Run the command in a child process killed at write ``at``; its exit code (-9 when killed)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    child = context.Process(target=_child, args=(at, argv, fakes, str(cwd)))
+    child.start()
+    child.join()
+    return child.exitcode
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=[w.name for w in WRITERS])
@@ -272,13 +397,20 @@ def test_faults_at_chosen_writes_keep_the_previous_output_and_the_rerun_finishes
     def snap(folder, base):
         return _snapshot(folder, base, writer.skip, writer.only, writer.resumed)
 
+    def output(w):  # the output folder and, where there is one, the other folder written (the hub's)
+        also = {f"also/{k}": v for k, v in snap(writer.also(w), w).items()} if writer.also else {}
+        return {**snap(writer.out(w), w), **also}
+
+    if writer.fakes:
+        writer.fakes(monkeypatch.setattr)
     for folder in (clean, work):
         folder.mkdir()
         if writer.prepare:
             writer.prepare(folder, fixtures)
     assert _run(writer.argv(clean, fixtures), monkeypatch)[0] == 0
-    expected = snap(writer.out(clean), clean)
-    if writer.kind == "replace" and writer.name != "export":  # a previous output to keep
+    expected = output(clean)
+    assert expected and (not writer.also or any(k.startswith("also/") for k in expected))  # something to compare
+    if writer.kind == "replace" and not writer.fresh:  # a previous output to keep
         assert _run(writer.argv(work, fixtures), monkeypatch)[0] == 0
     pristine = tmp_path / "pristine"
     shutil.copytree(work, pristine, symlinks=True)
@@ -292,7 +424,7 @@ def test_faults_at_chosen_writes_keep_the_previous_output_and_the_rerun_finishes
     for fault in FAULTS:
         for at in sorted({1, (writes + 1) // 2, writes}):
             restore()
-            before = snap(writer.out(work), work)
+            before = output(work)
             complete_before = _completes(work)
             capsys.readouterr()
             if fault == "ENOSPC":
@@ -301,12 +433,10 @@ def test_faults_at_chosen_writes_keep_the_previous_output_and_the_rerun_finishes
                 assert rc == 2 and len(lines) == 1, (fault, at, lines)
                 assert lines[0].startswith("ratune: error: no space left on device (errno ENOSPC) while writing ")
             else:
-                child = subprocess.run([sys.executable, "-c", CHILD.format(tests=str(ROOT / "tests"), at=at,
-                                                                            argv=writer.argv(work, fixtures))],
-                                       capture_output=True, text=True, cwd=tmp_path)
-                assert child.returncode == -signal.SIGKILL, (at, child.stderr[-2000:])
+                fakes = writer.fakes.__name__ if writer.fakes else ""
+                assert _killed_child(at, writer.argv(work, fixtures), fakes, tmp_path) == -signal.SIGKILL, at
             if writer.kind == "replace":
-                assert snap(writer.out(work), work) == before, (fault, at)
+                assert output(work) == before, (fault, at)
             for done in _completes(work):  # whatever is marked complete is finished: the clean run's bytes
                 part = Path(done).parent
                 assert snap(work / part, work) == snap(clean / part, clean), (fault, at, done)
@@ -315,7 +445,7 @@ def test_faults_at_chosen_writes_keep_the_previous_output_and_the_rerun_finishes
                 assert _leftovers(work) == [], (fault, at)
             rc, _ = _run(writer.argv(work, fixtures), monkeypatch)  # the plain rerun
             assert rc == 0, (fault, at)
-            differences = _differences(snap(writer.out(work), work), expected)
+            differences = _differences(output(work), expected)
             assert not differences, f"{fault} at write {at}:\n" + "\n".join(differences)
             assert _leftovers(work) == [], (fault, at)
 
