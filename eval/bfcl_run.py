@@ -28,6 +28,8 @@ from ratune.sources.bfcl import (BfclEntry, answer_path, bfcl_data_dir, bfcl_ven
                                  load_bfcl, question_path)
 from ratune.sources.formats import AnswerFormat, PythonCallsFormat, ToolCallsFormat, answer_format_of, get_answer_format
 from ratune.sources.prompt import require_chat_template, use_chat_template
+from ratune.sources.toolset import is_tool_set
+from ratune.sources.unseen import seen_entries
 from ratune.train.layout import Checkpoint, trained_answer_format, trained_chat_template
 
 #: The stage name in OUT's owner marker (:class:`ratune.output.StageOutput`).
@@ -54,11 +56,12 @@ class BfclRequest:
     dtype: str | None = None
     responses: Path | None = None
     given: dict[str, list[dict]] | None = None
+    unseen: dict | None = None
 
 
 def resolve_bfcl_request(*, checkpoint: str | None, responses: str | os.PathLike | None,
                          categories: list[str] | None, limit: int | None, settings: BfclSettings,
-                         model_name: str | None = None) -> BfclRequest:
+                         model_name: str | None = None, unseen_by: str | os.PathLike | None = None) -> BfclRequest:
     """The one preflight of ``ratune eval bfcl``, before any model loads or file is written.
 
     Raises:
@@ -75,6 +78,19 @@ def resolve_bfcl_request(*, checkpoint: str | None, responses: str | os.PathLike
     venv = bfcl_venv()
     data = bfcl_data_dir(venv)
     common = dict(venv=venv, bfcl_version=bfcl_version(venv))
+    removed: dict[str, dict[str, str]] = {}
+
+    def unseen(category: str, entries: list) -> list:
+        """``entries`` less those the ``unseen_by`` tool set has seen (recorded in ``removed``)."""
+        if unseen_by is None:
+            return entries
+        removed[category] = seen_entries(entries, unseen_by)
+        return [e for e in entries if e.id not in removed[category]]
+
+    if unseen_by is not None:
+        if not is_tool_set(unseen_by):
+            raise RatuneError(f"--unseen-by {unseen_by}: not a tool-set folder (ratune tools import)")
+        common["unseen"] = {"tool_set": str(Path(unseen_by).resolve()), "removed": removed}
     if responses is not None:
         responses = Path(responses)
         if not responses.is_dir():
@@ -86,13 +102,17 @@ def resolve_bfcl_request(*, checkpoint: str | None, responses: str | os.PathLike
         missing = [c for c in categories if not (responses / c / "responses.jsonl").is_file()]
         if missing:
             raise RatuneError(f"--responses {responses}: no {missing[0]}/responses.jsonl")
-        given = {c: _given_responses(responses / c / "responses.jsonl", load_bfcl(data, c), limit) for c in categories}
+        given = {}
+        for c in categories:
+            kept = {e.id for e in unseen(c, load_bfcl(data, c))}
+            pairs = _given_responses(responses / c / "responses.jsonl", load_bfcl(data, c), None)
+            given[c] = [(e, row) for e, row in pairs if e.id in kept][:limit]
         rows = {c: [row for _, row in pairs] for c, pairs in given.items()}
         name = model_name or next((r["model"] for rs in rows.values() for r in rs if isinstance(r.get("model"), str)),
                                   responses.resolve().name)
         return BfclRequest(**common, entries={c: [e for e, _ in pairs] for c, pairs in given.items()}, name=name,
                            responses=responses, given=rows)
-    common["entries"] = {c: load_bfcl(data, c)[:limit] for c in categories or CATEGORIES}
+    common["entries"] = {c: unseen(c, load_bfcl(data, c))[:limit] for c in categories or CATEGORIES}
     folder = resolve_model_path(checkpoint)  # the demo alias names its converted folder
     source, device, dtype = resolve_generation(folder, backend=settings.backend, device=settings.device,
                                                dtype=settings.dtype)
@@ -106,10 +126,10 @@ def resolve_bfcl_request(*, checkpoint: str | None, responses: str | os.PathLike
 def evaluate_bfcl(out: str | os.PathLike, *, checkpoint: str | None = None,
                   responses: str | os.PathLike | None = None, categories: list[str] | None = None,
                   limit: int | None = None, settings: BfclSettings | None = None, model_name: str | None = None,
-                  progress: bool = True) -> dict[str, dict]:
+                  progress: bool = True, unseen_by: str | os.PathLike | None = None) -> dict[str, dict]:
     """Generate (``checkpoint``) or read (``responses``: an earlier output's folder) the answers of
-    each category's first ``limit`` entries, score them by BFCL's checker and write ``out`` (the
-    layout in the module docstring). Resumable: complete categories are kept, a partly written
+    each category's first ``limit`` entries, score them by BFCL's checker and write ``out``
+    (docs/function_calling.md#output). Resumable: complete categories are kept, a partly written
     responses.jsonl is continued.
 
     Returns:
@@ -125,7 +145,7 @@ def evaluate_bfcl(out: str | os.PathLike, *, checkpoint: str | None = None,
     output = StageOutput(out, BFCL_STAGE)
     output.check()
     request = resolve_bfcl_request(checkpoint=checkpoint, responses=responses, categories=categories, limit=limit,
-                                   settings=settings, model_name=model_name)
+                                   settings=settings, model_name=model_name, unseen_by=unseen_by)
     if request.responses is not None and request.responses.resolve() == Path(out).resolve():
         raise RatuneError(f"--out {out}: the --responses folder itself; give a new folder")
     plan = _Generation(request, settings) if request.checkpoint is not None else None
@@ -251,6 +271,9 @@ def _identity(request: BfclRequest, category: str, plan: _Generation | None) -> 
     """What a category is computed from (``identity.json``, :func:`ratune.eval.resume.check_cell_identity`)."""
     head = {"category": category, "entries": len(request.entries[category]), "bfcl_version": request.bfcl_version,
             "bfcl_model": BFCL_MODEL}
+    if request.unseen is not None:  # entries a tool set has seen, left out
+        head["unseen_by"] = {"tool_set": request.unseen["tool_set"],
+                             "removed": sorted(request.unseen["removed"][category])}
     if plan is None:
         return {**head, "responses_from": str(request.responses.resolve())}
     identity = {**head, "checkpoint": str(request.checkpoint.folder.resolve()), "generation": plan.generation}
@@ -305,6 +328,10 @@ def _score_into(folder: Path, output: StageOutput, request: BfclRequest, scoring
         metrics = {"category": category, "model": request.name,
                    **category_metrics(BfclScores(scores.bfcl_version, scores.model, verdicts))[category],
                    "versions": package_versions()}
+        if request.unseen is not None:
+            removed = request.unseen["removed"][category]
+            metrics["unseen_by"] = {"tool_set": request.unseen["tool_set"], "removed_n": len(removed),
+                                    "removed": removed}
         if plan is None:
             source = request.responses / category / "identity.json"
             earlier = read_json_object(source) if source.is_file() else {}
@@ -446,6 +473,6 @@ def cli_bfcl(args) -> int:
     """``ratune eval bfcl`` (``args`` from its parser, ratune/cli.py): prints summary.md. Returns 0."""
     settings = BfclSettings(**values_from_args(args, BFCL_OPTIONS))
     evaluate_bfcl(args.out, checkpoint=args.checkpoint, responses=args.responses, categories=args.categories,
-                  limit=args.limit, settings=settings)
+                  limit=args.limit, settings=settings, unseen_by=args.unseen_by)
     print(summary_markdown(summary_rows(finished_categories(args.out))), end="")
     return 0

@@ -283,6 +283,9 @@ def _add_eval(stages) -> None:
                     help=f"of {' '.join(BFCL_CATEGORIES)} (default: all; with --responses: those DIR holds)")
     bf.add_argument("--out", required=True, type=output_dir)
     bf.add_argument("--limit", type=bounded(Count), default=None, help="the first N entries of each category")
+    bf.add_argument("--unseen-by", type=input_dir, default=None, metavar="TOOLS_DIR",
+                    help="leave out the entries a tool set has seen: a tool with the same name (namespace aside) "
+                         "and parameter names, or a near-duplicate query (sources/unseen.py); counted per category")
     add_arguments(bf, BfclSettings, BFCL_OPTIONS)
     bf.set_defaults(func=_handler("ratune.eval.bfcl_run:cli_bfcl"))
 
