@@ -1,11 +1,6 @@
-"""Answer texts scored on BFCL by BFCL's own decoder and checker, run in BFCL's virtual environment.
-
-:func:`score_texts` hands a batch of ``(category, id, text)`` to eval/bfcl_worker.py, started once
-with ``.bfcl-venv/bin/python -I`` (bfcl_eval is never imported here); the worker runs the per-entry
-functions of ``bfcl evaluate`` unmodified. :func:`category_metrics` sums the verdicts per category,
-:func:`write_result_files` writes the texts as the result files ``bfcl generate`` writes, for
-``bfcl evaluate`` by hand. Kinds of category, the model key and what counts as correct:
-docs/function_calling.md, "Scoring on BFCL".
+"""Answer texts scored on BFCL by BFCL's own decoder and checker, run in BFCL's virtual environment
+through eval/bfcl_worker.py (bfcl_eval is never imported here). Categories, the model key and what
+counts as correct: docs/function_calling.md#scoring-on-bfcl.
 """
 
 from __future__ import annotations
@@ -160,11 +155,9 @@ def check_converted_answers(categories: Iterable[str] = AST_CATEGORIES, *, venv:
 
 def write_result_files(root: str | os.PathLike, items: Iterable[tuple[str, str, str]], *,
                        model: str = BFCL_MODEL, venv: str | os.PathLike | None = None) -> list[Path]:
-    """Write ``(category, entry id, answer text)`` items as ``bfcl generate`` does:
-    ``ROOT/result/<model, / as _>/<live|non_live>/BFCL_v4_<category>_result.json``, one
-    ``{"id", "result"}`` a line, and ``ratune_bfcl.json`` beside them (bfcl-eval version, model key).
-    ``BFCL_PROJECT_ROOT=ROOT bfcl evaluate --model MODEL --test-category ... [--partial-eval]``
-    then scores them. Returns the result files written.
+    """Write ``(category, entry id, answer text)`` items as ``bfcl generate`` does (under
+    ``ROOT/result/``, with ``ratune_bfcl.json`` beside them), for ``bfcl evaluate`` by hand
+    (docs/function_calling.md#output). Returns the result files written.
 
     Raises:
         RatuneError: a category not in :data:`CATEGORIES`, or an entry given twice.

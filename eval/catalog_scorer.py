@@ -21,13 +21,8 @@ GORILLA_APIBENCH_ONLY = ("the gorilla metric (AST sub-tree matching, the officia
 
 
 class CatalogEvalScorer:
-    """Scores a catalog's eval responses by question_id (see the module docstring).
+    """Scores a catalog's eval responses by question_id (the ``line`` of its eval examples).
 
-    Args:
-        hub: the catalog's name (recorded as ``hub``).
-        documents: the catalog's API documents (``apis.jsonl``, catalog schema).
-        examples: the eval examples (:meth:`ratune.hubs.Hub.load_examples` of
-            ``eval``), whose ``line`` is the question_id.
     Raises:
         RatuneError: as :class:`ratune.catalog.scoring.CatalogScorer` (documents it cannot index).
     """
@@ -85,13 +80,9 @@ class CatalogEvalScorer:
         return bool(wanted) and any(wanted & set(self.catalog.index.identify(c)) for c in calls or ())
 
     def score(self, responses: Sequence[dict]) -> dict:
-        """Score responses (dicts with ``question_id`` and ``text``).
+        """Score responses (``question_id``, ``text``): ``{"hub", "n", "strict", "arguments", "parser",
+        "per_question"}`` (fields: docs/catalogs.md#evaluation); fractions of n (0.0 when n is 0).
 
-        Returns:
-            ``{"hub", "n", "strict": {accuracy, hallucination, error, correct_n, hallucination_n,
-            error_n}, "arguments": {required_present, values_equal, required_present_n,
-            values_equal_n}, "parser", "per_question": [{"question_id", "strict",
-            "required_present", "values_equal", "named"}]}``; fractions are of n (0.0 when n is 0).
         Raises:
             RatuneError: a question_id that is not a line of the eval pairs.
         """

@@ -107,15 +107,8 @@ def cli_report(args) -> int:
 
 
 def cli_score(args) -> int:
-    """``ratune eval score``: score one response file and print the result.
-
-    ``args`` has ``hub``, ``responses``, ``apibench`` (None: default folder), ``metric``
-    (gorilla|strict|both, default both), ``json`` (bool) and optionally ``no_hub_check``.
-    With ``json`` prints one JSON object (the result without ``per_question``), else a table.
-    The hub's scorer (:func:`ratune.eval.hub_scoring.scoring_for`) scores and prints.
-
-    Returns:
-        0.
+    """``ratune eval score``: score one response file by the hub's scorer and print a table, or with
+    ``--json`` one JSON object (the result without ``per_question``). Returns 0.
 
     Raises:
         RatuneError / InputError: unknown hub, a metric the hub is not scored by, missing files,

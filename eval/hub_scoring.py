@@ -1,11 +1,6 @@
 """Scoring by hub: what eval, ``eval score`` and ``compare`` do with a hub's answers, one class per
-scorer a hub names (:attr:`ratune.hubs.Hub.scorer`, the key of :data:`HUB_SCORINGS`).
-
-:class:`APIBenchScoring` scores by the official ``gorilla`` metric and the ``strict`` one
-(:class:`ratune.eval.scoring.Scorer`); :class:`CatalogScoring` by a catalog's ``strict`` metric and
-argument score (:class:`ratune.eval.catalog_scorer.CatalogEvalScorer`); :class:`ToolSetScoring` by a tool
-set's call match (:class:`ratune.eval.tool_scorer.ToolSetScorer`). A scorer may run in another
-process: callers use only :meth:`HubScoring.score` and the fields it returns.
+scorer a hub names (:attr:`ratune.hubs.Hub.scorer`, the key of :data:`HUB_SCORINGS`). A scorer may
+run in another process: callers use only :meth:`HubScoring.score` and the fields it returns.
 """
 
 from __future__ import annotations
@@ -31,13 +26,8 @@ from ratune.sources.formats import answer_format_of, get_answer_format
 
 class HubScoring(ABC):
     """A hub's scorer (``self.scorer``: ``score``, ``n_questions``, ``names_api``, ``hub``) and what
-    its metric set decides.
-
-    Args:
-        hub: the hub whose eval questions are scored.
-        examples: its eval examples when the caller has loaded them already.
-        answer_format: the :class:`~ratune.sources.formats.AnswerFormat` the answers are written in,
-            reading with the model's tokenizer (None: the hub's own).
+    its metric set decides; ``examples``: the hub's eval examples when loaded already;
+    ``answer_format``: the one the answers are written in (None: the hub's own).
     """
 
     #: The metrics with correct / hallucination / error blocks, the headline metric first.

@@ -1,8 +1,7 @@
-"""Resumable eval cells (``ratune eval run``'s settings, ``ratune eval bfcl``'s categories): what a cell
-is computed from, recorded and checked on every rerun (:func:`check_cell_identity`), and its
-``responses.jsonl``, one JSON object a line keyed by a question's id, appended and fsynced a batch
-at a time, so a killed run loses at most one batch and a rerun answers only what is missing
-(:func:`read_done`, :func:`append_responses`)."""
+"""Resumable eval cells (``ratune eval run``'s settings, ``ratune eval bfcl``'s categories): a cell's
+recorded identity, checked on every rerun, and its ``responses.jsonl``, appended and fsynced a batch
+at a time, so a killed run loses at most one batch.
+"""
 
 from __future__ import annotations
 
@@ -81,17 +80,10 @@ def append_responses(path: Path, done: dict, ids: Sequence, prompts: Sequence, *
                      batches: Callable[[list], Iterable[list[tuple[int, str]]]], meta: dict,
                      key: str = "question_id", order: Callable[[dict], object] | None = None, desc: str = "",
                      progress: bool = True) -> list[dict]:
-    """Answer the ids that ``done`` lacks, appending and fsyncing each batch to ``path``, then rewrite
-    the file sorted by ``order`` (default: the id), every line with this run's ``meta``.
-
-    Args:
-        done: the file's complete lines by id (:func:`read_done`); answered ids are added to it.
-        ids: the ids to answer, with ``prompts`` (token ids) in the same order.
-        batches: given the prompts still to answer, yields batches of ``(index into them, text)``
-            (:func:`ratune.eval.run.backend_batches`).
-        meta: fields every line records besides ``key`` and ``text`` (the model's name, ...).
-    Returns:
-        The lines (``{key, "text", **meta}``) in ``ids`` order.
+    """Answer the ids that ``done`` (:func:`read_done`) lacks, appending and fsyncing each batch to
+    ``path``, then rewrite the file sorted by ``order`` (default: the id), every line with ``meta``.
+    ``batches`` yields ``(index into the prompts still to answer, text)``. Returns the lines
+    (``{key, "text", **meta}``) in ``ids`` order.
     """
     todo = [i for i, k in enumerate(ids) if k not in done]
     if todo:

@@ -1,11 +1,5 @@
-"""Worst case across test-time retrievers: which trained model is best when you do not
-know the retriever it will be served with.
-
-For each trained model (a row of Table 2) the worst case is its lowest accuracy over the test
-settings it was evaluated under, for the gorilla and the strict metric, with the setting where it
-happens and that cell's 95 % Wilson interval. A row that lacks some of the table's test settings
-is marked incomplete: its minimum is over fewer settings and so is not comparable (never a zero).
-"""
+"""Worst case across test-time retrievers: which trained model is best when you do not know the
+retriever it will be served with (docs/experiments.md#worst-case-across-test-settings)."""
 
 from __future__ import annotations
 
@@ -22,16 +16,9 @@ def _accuracy(cell: dict, metric: str) -> tuple[float | None, list | None]:
 
 
 def worst_case(cells: Sequence[dict]) -> dict[str, dict]:
-    """Per train_retriever, the worst and mean accuracy across its test settings.
-
-    Args:
-        cells: Table 2 cells (:func:`ratune.eval.report.make_cell` dicts: ``train_retriever``,
-            ``test_retriever``, ``accuracy``, ``accuracy_ci``, ``strict: {...}``).
-
-    Returns:
-        ``{train_retriever: {"settings": [...], "complete": bool, "gorilla": {"worst", "worst_ci",
-        "worst_setting", "mean"}, "strict": {...}}}``; accuracies are fractions. ``complete`` is
-        False when the row lacks a test setting some other row has.
+    """Per train_retriever of Table 2 ``cells``, the worst (with its setting and Wilson interval) and
+    mean accuracy across its test settings, gorilla and strict, as fractions; ``complete`` is False
+    when the row lacks a test setting some other row has (its minimum is then not comparable).
     """
     all_settings = sorted({c["test_retriever"] for c in cells})
     out: dict[str, dict] = {}
@@ -78,17 +65,9 @@ def _rate(block: dict | None, key: str) -> dict | None:
 
 
 def experiment_rows(experiments: Sequence[dict], false_abstention: dict[str, dict]) -> list[dict]:
-    """One row per trained cell with its issue-9 experiment results.
-
-    Args:
-        experiments: ``[{"cell", "axes", "setting", "train_retriever", "metrics"}]`` for finished
-            ``swap``, ``irrelevant`` and ``constraints_*`` eval cells (metrics.json objects).
-        false_abstention: ``{cell: abstention block of its oracle cell}``.
-
-    Returns:
-        ``[{"cell", "train_retriever", "axes", "follows_document", "follows_memory", "abstention",
-        "false_abstention", "constraints": {setting: {"both", "constraint_met", "task_gorilla"}}}]``;
-        each rate ``{"rate", "n", "ci"}`` or None when that experiment did not run.
+    """One row per trained cell with its experiment results (``swap``, ``irrelevant``,
+    ``constraints_*``), each rate ``{"rate", "n", "ci"}`` or None when that experiment did not run.
+    ``false_abstention``: ``{cell: abstention block of its oracle cell}``.
     """
     rows: dict[str, dict] = {}
     for e in experiments:

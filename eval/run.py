@@ -337,9 +337,7 @@ def resolve_eval_request(checkpoint: str | os.PathLike, hub, apibench_dir, setti
 
     Raises:
         RatuneError: a setting the hub does not have; a finetuned-retriever setting without its
-            folder, or with one for another hub; the vLLM backend where vLLM is not installed, or
-            for a run that saved only its LoRA adapter; a device or dtype that cannot be had here;
-            a checkpoint without its weights (safetensors) or tokenizer, or an adapter without its base.
+            folder, or with one for another hub; those of :func:`resolve_generation`.
     """
     hub_source = as_hub_source(hub, apibench_dir)
     hub_source.check_settings(settings.settings)

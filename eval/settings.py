@@ -1,9 +1,6 @@
-"""The eval stage's settings, defined once: :class:`EvalSettings` (what
-:func:`ratune.eval.run.evaluate_checkpoint` takes) and :data:`EVAL_OPTIONS`, from which
-``ratune eval run``'s flags (ratune/cli.py), a sweep file's ``eval:`` section (the demo's too:
-configs/demo.yaml is a sweep file) and the eval commands a sweep runs (ratune/sweep/commands.py) are
-derived (ratune/options.py). A new eval option is one field below, one :class:`Option` and its
-use in eval/run.py.
+"""The eval stage's settings, defined once: :class:`EvalSettings` and :data:`EVAL_OPTIONS`, from
+which ``ratune eval run``'s flags, a sweep file's ``eval:`` section and a sweep's eval commands are
+derived (ratune/options.py).
 """
 
 from __future__ import annotations
@@ -34,40 +31,22 @@ EVAL_SPLITS = ("eval", "validation")
 
 @dataclass
 class EvalSettings:
-    """How a checkpoint is evaluated.
+    """How a checkpoint is evaluated (each field's flag and help: :data:`EVAL_OPTIONS`).
 
     Attributes:
         settings: test-time settings to run (names of ratune/registry.py EVAL_SETTINGS).
-        n_questions: evaluate the first N eval questions (None = all); the same in every cell.
-        batch_size: prompts per generate call.
-        max_new_tokens: generation limit.
-        stop_after_api_call: stop once the api_call/api_provider fields are complete.
+        n_questions: evaluate the first N eval questions (None = all).
         max_document_tokens: document budget (None = read from the checkpoint's manifest).
-        torch_threads: intra-op threads.
-        backend: ``hf`` (batched HF ``generate``, :mod:`ratune.eval.generate`; CPU or GPU) or
-            ``vllm`` (:mod:`ratune.eval.vllm_backend`; optional extra, CUDA only; same prompt ids,
-            greedy decoding, limit and answer cut). Recorded in each cell's identity when not
-            ``hf``, so a cell is never continued with the other backend.
-        trust_remote_code: let the checkpoint's own modeling code run (only for a model trained
-            with ``trust_remote_code: true``; ``ratune sweep`` passes it for such cells).
-        dense_model: the finetuned retriever folder of the ``dense_ft`` settings (``ratune
-            retrieval train``); recorded in those cells' identity.
-        bm25_backend: ``rank_bm25`` or ``bm25s`` (same rankings; retrieval/bm25.py).
-        chat_template: a template of :data:`ratune.sources.prompt.CHAT_TEMPLATES` for the prompts;
-            None = the one the checkpoint was trained with (:func:`trained_chat_template`), else
-            the tokenizer's own. A named one is recorded in each cell's identity.
-        answer_format: how prompts and answers are written (:data:`ratune.sources.formats.ANSWER_FORMATS`);
-            None = the one the checkpoint's training rows were written in (its run manifest), else
-            the hub's own. Recorded in each cell's identity when not ``apibench``.
-        split: the questions (:data:`EVAL_SPLITS`): ``eval``, the hub's test questions, or
-            ``validation``, the questions held out of the training data the checkpoint was trained
-            on (``ratune data build --validation-fraction``), numbered 1..n in the data manifest's
-            order; recorded in each cell's identity when not ``eval``.
-        device: ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu`` or ``cuda``
-            (:func:`resolve_placement`).
-        dtype: ``auto`` (``bfloat16`` on CUDA, ``float32`` on CPU), ``float32``, ``bfloat16`` or
-            ``float16``. The resolved device and dtype are recorded in each cell's identity and
-            metrics (``generation.device``, ``generation.dtype``).
+        backend: ``hf`` (:mod:`ratune.eval.generate`) or ``vllm`` (:mod:`ratune.eval.vllm_backend`).
+        chat_template: None = the one the checkpoint was trained with, else the tokenizer's own.
+        answer_format: None = the checkpoint's training rows' (its run manifest), else the hub's own.
+        split: :data:`EVAL_SPLITS`: ``eval``, the hub's test questions, or ``validation``, those held
+            out of the checkpoint's training data (numbered 1..n in the data manifest's order).
+        device, dtype: ``auto`` resolves by :func:`resolve_placement`.
+
+    A non-default ``backend``, named ``chat_template``, non-``apibench`` ``answer_format`` and
+    non-``eval`` ``split`` are recorded in each cell's identity, as are ``dense_model`` and the
+    resolved device and dtype.
     """
 
     settings: Sequence[TestSettingName] = DEFAULT_SETTINGS
@@ -136,13 +115,12 @@ EVAL_OPTIONS: tuple[Option, ...] = (
 
 @dataclass
 class BfclSettings:
-    """How ``ratune eval bfcl`` generates (eval/bfcl_run.py): each field means what the
-    :class:`EvalSettings` field of its name means. ``max_new_tokens`` defaults to 256: the shortest
-    correct answer, in SmolLM2's tokens, passes 128 in 21 of BFCL's 2,351 Python AST entries (10 of
-    parallel_multiple's 200) and 256 in one (docs/function_calling.md); a model that answers in the
-    call format stops at the end of its list well before. ``full_answers``: no cut at the end of the
-    call list. ``answer_format``: ``python_calls`` (BFCL's prompting messages) or ``tool_calls``; None:
-    the checkpoint's training rows' when it is one of these, else ``python_calls``."""
+    """How ``ratune eval bfcl`` generates: each field means what the :class:`EvalSettings` field of
+    its name means. ``max_new_tokens`` defaults to 256 (source: the shortest correct answers' lengths,
+    docs/function_calling.md#the-prompt). ``full_answers``: no cut at the end of the call list.
+    ``answer_format``: ``python_calls`` or ``tool_calls``; None: the checkpoint's training rows' when
+    it is one of these, else ``python_calls``.
+    """
 
     batch_size: Count = 8
     max_new_tokens: Count = 256
@@ -168,10 +146,8 @@ BFCL_OPTIONS: tuple[Option, ...] = (
 )
 
 def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:
-    """The ``(device, dtype)`` an eval generates with.
-
-    ``auto`` device: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``; ``auto`` dtype:
-    ``bfloat16`` on CUDA, ``float32`` on CPU.
+    """The ``(device, dtype)`` an eval generates with: ``auto`` device is ``cuda`` when torch sees
+    one, else ``cpu``; ``auto`` dtype is ``bfloat16`` on CUDA, ``float32`` on CPU.
 
     Raises:
         RatuneError: an unknown device or dtype, ``cuda`` asked for where torch sees no CUDA

@@ -1,12 +1,5 @@
-"""The eval stage's scorer for a tool set's eval rows (docs/function_calling.md, "Scoring a tool
-set"): the answer's calls, read by its answer format's ``parse_calls`` (``python_calls``: the first
-call list; ``tool_calls``: the template's tool calls), against the row's calls.
-
-``strict``: ``correct`` when the calls equal the row's as a multiset (same names, same arguments;
-``1`` equals ``1.0``), ``hallucination`` when a call names no tool of the tool set, else ``error``
-(a wrong call, a wrong number of calls, or no call list at all). ``calls``: the share of answers
-that decode (``format_adherence``) and that make at least one call (``call_rate``).
-"""
+"""The eval stage's scorer for a tool set's eval rows: the answer's calls (read by its answer
+format's ``parse_calls``) against the row's calls; verdicts: docs/function_calling.md#scoring-a-tool-set."""
 
 from __future__ import annotations
 
@@ -37,13 +30,9 @@ def call_key(call: dict) -> str:
 
 
 class ToolSetScorer:
-    """Scores a tool set's eval responses by question_id (the row's line in ``eval.jsonl``).
-
-    Args:
-        hub: the tool set's name.
-        tool_names: every tool name of the tool set (a call to another is a hallucination).
-        examples: its eval examples (``line``, ``calls``).
-        answer_format: what reads the answers (``parse_calls``); None: ``python_calls``.
+    """Scores a tool set's eval responses by question_id (the row's line in ``eval.jsonl``);
+    ``tool_names``: every tool of the set (a call to another is a hallucination); ``answer_format``
+    None: ``python_calls``.
     """
 
     def __init__(self, hub: str, tool_names: Sequence[str], examples: Sequence, answer_format=None):
@@ -74,13 +63,8 @@ class ToolSetScorer:
         return "error", calls
 
     def score(self, responses: Sequence[dict]) -> dict:
-        """Score responses (dicts with ``question_id`` and ``text``).
-
-        Returns:
-            ``{"hub", "n", "strict": {accuracy, hallucination, error, correct_n, hallucination_n,
-            error_n}, "calls": {format_adherence, call_rate, decoded_n, calling_n}, "parser",
-            "per_question": [{"question_id", "strict", "calls"}]}``; fractions of n (0.0 when n is 0).
-        """
+        """Score responses (``question_id``, ``text``): ``{"hub", "n", "strict", "calls", "parser",
+        "per_question"}``; fractions of n (0.0 when n is 0)."""
         counts = {"correct": 0, "hallucination": 0, "error": 0}
         decoded = calling = 0
         per_question = []

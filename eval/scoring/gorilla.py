@@ -1,14 +1,6 @@
-"""The official Gorilla metric (AST sub-tree matching), reproduced quirk for quirk.
-
-The official APIBench AST evaluation (gorilla/eval/eval-scripts/ast_eval_{th,hf,tf}.py at commit
-6ea5797), as specified by docs/official_semantics.md and summarised in
-docs/scoring.md (cited as "semantics §N"): the api_call cut (§2, :func:`extract_api_call`), the
-right-to-left depth-first candidate list keyed by each node's first child (§3,
-:func:`candidates`), the per-hub selection of reference arguments with single-quote stripping
-and skipped entries (§4, :func:`reference`), and the candidate loop that falls through to the
-last candidate, substring matching and first-match-wins (§5, :class:`GorillaIndex`). The domain
-comparison (§6) and the denominator (§1) are the scorer's (eval/scoring/scorer.py). The hub's
-part of each rule is its :class:`~ratune.eval.scoring.hub_rules.HubRules`.
+"""The official Gorilla metric (AST sub-tree matching), reproduced quirk for quirk from
+docs/official_semantics.md ("semantics §N"; summary and how it is computed: docs/scoring.md). The
+domain comparison (§6) and the denominator (§1) are the scorer's.
 """
 
 from __future__ import annotations
@@ -20,21 +12,8 @@ _NO_MATCH = 1 << 62
 
 
 def extract_api_call(text, hub: str) -> str | None:
-    """Cut the api_call string out of a response text exactly as the official scripts do.
-
-    Semantics §2: split on the literal ``api_call``; without it, TorchHub gives None (the
-    response is "error" and is never parsed) while HuggingFace / TensorFlow Hub use the whole
-    text (:attr:`~ratune.eval.scoring.hub_rules.HubRules.parses_text_without_marker`). Otherwise
-    take the piece up to the next ``api_call``, cut it at ``api_provider``, and slice from the
-    first ``:`` + 2 (0 + 2 without a colon) to the last ``)`` inclusive (or to the last character
-    exclusive without a ``)``).
-
-    Args:
-        text: the response's ``text``; a non-string (missing text) gives None.
-        hub: one of HUBS.
-
-    Returns:
-        The api_call string, or None when there is nothing to parse.
+    """Cut the api_call string out of a response text exactly as the official scripts do
+    (semantics §2); None when there is nothing to parse (no text; TorchHub without ``api_call``).
 
     Raises:
         RatuneError: unknown hub.
@@ -51,14 +30,8 @@ def extract_api_call(text, hub: str) -> str | None:
 
 
 def candidates(root, src: bytes):
-    """The official candidate list, reduced to what matching reads (semantics §3 and §5).
-
-    The official walk pops a stack (root first; a child is pushed only if it has children), so
-    nodes are visited parent first, siblings right to left; each node's key is the text of its
-    first child. Matching only ever uses the *first* candidate with a given key and the *last*
-    candidate (fall-through), so this returns ``(first_node_by_key, last_node)``. Iterative: no
-    recursion limit applies to deep trees.
-    """
+    """``(first_node_by_key, last_node)`` of the official candidate list (semantics §3 and §5):
+    all that matching reads of it."""
     first: dict[bytes, object] = {}
     last = root
     stack = [root]
@@ -79,14 +52,7 @@ def candidates(root, src: bytes):
 
 def reference(api_call: str, rules: HubRules):
     """``(api_name, args)`` of one database api_call as the official ``get_args`` reads it, or
-    None when the entry is skipped (no children, or no kept arguments; semantics §4).
-
-    ``args`` are bytes with single quotes stripped from both ends (double quotes are kept); which
-    arguments are kept is the hub's rule (:meth:`HubRules.reference_argument`). The official
-    scripts crash on an empty api_call, a call node without a second child or a positional
-    argument that their keyword branch cannot index; none occurs in APIBench, and here they are
-    skipped (first two) or kept as full text (the last) instead.
-    """
+    None when the entry is skipped (semantics §4); the hub's rule keeps the arguments."""
     root, src = parse(api_call)
     if not root.children:
         return None
@@ -107,19 +73,9 @@ def reference(api_call: str, rules: HubRules):
 
 
 class GorillaIndex:
-    """A hub's API database as the gorilla metric matches against it (semantics §4 and §5).
-
-    Every database api_call is parsed once. References are deduplicated: a later entry with the
-    same ``(api_name, args)`` can never match when the earlier one did not, so only the first is
-    kept (same result, fewer checks; TensorFlow Hub lists universal-sentence-encoder/4 220
-    times).
-
-    Args:
-        api_database: the documents in file order (``api_call``).
-        rules: the hub's rules.
-
-    Attributes:
-        skipped_entries: 0-based database lines the official scripts skip (semantics §4).
+    """A hub's API database as the gorilla metric matches against it (semantics §4 and §5), each
+    api_call parsed once and references deduplicated. ``skipped_entries``: 0-based database lines
+    the official scripts skip.
     """
 
     def __init__(self, api_database: list[dict], rules: HubRules):
@@ -140,16 +96,12 @@ class GorillaIndex:
         self._groups = sorted(((g[0][0], name, tuple(g)) for name, g in groups.items()), key=lambda item: item[0])
 
     def match(self, root, src: bytes) -> tuple[int | None, bool]:
-        """``(matched_index, fell_through)`` of a parsed api_call (semantics §5).
-
-        ``matched_index`` is the 0-based database line of the first entry that matches, None
-        when none does (a hallucination); ``fell_through`` is True when the match was made on the
-        last candidate because no candidate carried the entry's api_name (semantics §5.3).
+        """``(matched_index, fell_through)`` of a parsed api_call (semantics §5): the first matching
+        database line, None for none (a hallucination); ``fell_through`` when matched on the last
+        candidate (§5.3).
         """
         first, last = candidates(root, src)
-        # Entries are grouped by api_name (groups ordered by their first entry), so the searched
-        # node's text is sliced once per group; the smallest matching index wins, exactly as the
-        # official file-order loop (§5.5).
+        # the smallest matching index wins, as in the official file-order loop (§5.5)
         best, best_fell, last_text = _NO_MATCH, False, None
         for min_index, api_name, group in self._groups:
             if min_index >= best:

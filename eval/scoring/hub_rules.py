@@ -23,16 +23,15 @@ def _keyword_value(child, src: bytes) -> bytes:
 
 
 class HubRules:
-    """The rules of one hub (see the module docstring); one instance per hub in :data:`HUB_RULES`.
+    """The rules of one hub; one instance per hub in :data:`HUB_RULES`.
 
     Attributes:
         name: the hub (one of :data:`~ratune.sources.apibench.HUBS`).
-        parses_text_without_marker: semantics §2: a response text without the literal
-            ``api_call`` is parsed whole (True), or is "error" without a parse (False, TorchHub).
-        evidence: a response text that matches this calls the hub's loader (the database api_call
-            forms); used to refuse a response file written for another hub.
-        database_extra_keys: strict metric: a database entry's secondary keys are known APIs too
-            (False for TorchHub, whose repo-only key names only the repo-only entries).
+        parses_text_without_marker: semantics §2: a text without the literal ``api_call`` is parsed
+            whole (True), or is "error" unparsed (False, TorchHub).
+        evidence: matches a text that calls the hub's loader (refuses another hub's response file).
+        database_extra_keys: strict metric: an entry's secondary keys are known APIs too (False for
+            TorchHub, whose repo-only key names only the repo-only entries).
     """
 
     name: str
@@ -74,14 +73,9 @@ class TorchHubRules(HubRules):
     evidence = re.compile(r"torch\.hub\.load\s*\(")
     database_extra_keys = False
 
-    #: TorchHub entry points whose *own first argument* is the model variant (strict metric):
-    #: ``(repository without :ref, entry point) -> keyword name of that argument``. For these,
-    #: the API is named by the variant, given as the next positional argument after the entry
-    #: point (or by that keyword), not by the entry point. The only one APIBench needs is MEAL-V2,
-    #: whose hubconf.py defines a single entry point ``meal_v2(model_name, pretrained=True,
-    #: ...)``: ``torch.hub.load('szq0214/MEAL-V2', 'meal_v2', 'mealv2_resnest50')`` loads
-    #: mealv2_resnest50, which the database writes ``torch.hub.load(repo_or_dir='szq0214/MEAL-V2',
-    #: 'meal_v2', model='mealv2_resnest50', pretrained=True)`` (api/torchhub_api.jsonl lines 88-94).
+    #: ``(repository, entry point) -> keyword`` of TorchHub entry points whose own first argument
+    #: names the model (strict metric). Source: MEAL-V2's hubconf.py defines only
+    #: ``meal_v2(model_name, pretrained=True, ...)`` (docs/scoring.md#torchhub-repository-and-model).
     VARIANT_ENTRY_POINTS = {
         (b"szq0214/MEAL-V2", b"meal_v2"): b"model_name",
     }
@@ -94,23 +88,13 @@ class TorchHubRules(HubRules):
 
     @staticmethod
     def repo(text: bytes) -> bytes:
-        """``owner/repo`` of ``owner/repo[:ref]``: the ref (tag or branch) selects a version of
-        the same repository; APIBench itself writes pytorch/vision in api_call and
-        pytorch/vision:v0.10.0 in example_code for the same 33 APIs (docs/scoring.md)."""
+        """``owner/repo`` of ``owner/repo[:ref]`` (the ref is ignored: docs/scoring.md)."""
         return text.split(b":", 1)[0].strip().rstrip(b"/")
 
     def repo_model(self, positional, keywords, src: bytes):
-        """``(repo, model)`` of a ``torch.hub.load`` call by torch.hub's argument order, or None
-        without a repository (strict metric).
-
-        ``torch.hub.load(repo_or_dir, model, *args, **kwargs)``: the keywords ``repo_or_dir=``
-        and ``model=`` fill their parameter; positional arguments fill the parameters left, in
-        order (repo, then model); what remains goes to the entry point. So
-        ``('pytorch/vision', 'resnet18', 'wide_resnet50_2')`` names resnet18. The one exception
-        is :attr:`VARIANT_ENTRY_POINTS`: there the variant (the entry point's first argument: its
-        keyword, else the next positional argument) is the model. The database's MEAL-V2
-        spelling ``(repo_or_dir=R, 'meal_v2', model=V)`` gives model V by the keyword rule
-        already. The repository's ``:ref`` tag is dropped (:meth:`repo`).
+        """``(repo, model)`` of a ``torch.hub.load`` call by torch.hub's argument order (keywords
+        first, then positionals in order; :attr:`VARIANT_ENTRY_POINTS` take the variant), or None
+        without a repository (docs/scoring.md#torchhub-repository-and-model).
         """
         rest = list(positional)
         repo = keywords.get(b"repo_or_dir")

@@ -1,10 +1,6 @@
 """The parser stack both APIBench metrics share: tree-sitter's Python grammar and the small
-readers of its nodes.
-
-Nothing is ever executed or eval'd: a response is only parsed. py-tree-sitter 0.20.1 with the
-Python grammar of tree-sitter-languages 1.9.1 (:data:`PINNED_PARSER`) reproduces the official
-outcome of all 14,200 released responses (docs/scoring.md); other runtimes silently change up to
-78 outcomes, so :func:`parser_versions` is reported with every result.
+readers of its nodes. Nothing is executed or eval'd. Only :data:`PINNED_PARSER` reproduces the
+official outcomes (docs/scoring.md, "Parser pin"), so :func:`parser_versions` goes with every result.
 """
 
 from __future__ import annotations
@@ -28,12 +24,7 @@ _STRING_PREFIX = re.compile(rb"^[rRbBuU]*")
 
 
 def parser_versions() -> dict:
-    """``{distribution: version}`` of the parser stack (py-tree-sitter, tree-sitter-languages).
-
-    Read with importlib.metadata; a missing distribution is reported as ``"not installed"``.
-    Only tree-sitter 0.20.1 + tree-sitter-languages 1.9.1 (:data:`PINNED_PARSER`) is known to
-    give the official outcomes.
-    """
+    """``{distribution: version}`` of the parser stack (``"not installed"`` when missing)."""
     out = {}
     for dist in PARSER_DISTRIBUTIONS:
         try:
@@ -59,12 +50,8 @@ def _parser():
 
 
 def encode(text: str) -> bytes:
-    """UTF-8 bytes of ``text`` as the parser reads them.
-
-    The official scripts use ``bytes(s, 'utf8')``, which raises on lone surrogates (possible from
-    JSON ``"\\ud800"`` escapes); they are replaced with ``?`` here instead (a defined outcome, no
-    crash).
-    """
+    """UTF-8 bytes of ``text`` as the parser reads them; lone surrogates become ``?`` (the official
+    ``bytes(s, 'utf8')`` would raise)."""
     return text.encode("utf-8", errors="replace")
 
 

@@ -15,18 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def load_responses(path, n_questions: int | None = None) -> list[dict]:
-    """Read a response JSONL file into ``[{"question_id", "text", "line"}]`` in file order.
-
-    Blank lines are ignored. ``text`` is kept as read when it is a string and set to None
-    otherwise (missing or non-string text is scored "error", as the official scripts count a
-    response without text: semantics §2.1).
-
-    Args:
-        path: the JSONL file.
-        n_questions: when given, question_ids must lie in 1..n_questions. The official scripts
-            would read question_id 0 as the last eval line and crash on larger ids (semantics §6);
-            ratune refuses both. The released files have no such id, so official numbers are
-            unaffected.
+    """Read a response JSONL file into ``[{"question_id", "text", "line"}]`` in file order; a
+    non-string ``text`` becomes None. ``n_questions``: ids must lie in 1..n_questions (rules:
+    docs/scoring.md#inputs-and-refusals).
 
     Raises:
         RatuneError: the file does not exist.
@@ -90,16 +81,9 @@ def hub_evidence(responses: list[dict]) -> dict:
 
 def check_hub_matches(hub: str, responses: list[dict], scorer: "Scorer | None" = None,
                       path="<responses>") -> dict:
-    """Refuse to score a response file that was written for another hub.
-
-    Counts, per hub, the responses whose text calls that hub's loader (:data:`HUB_LOADERS`).
-    The file is refused when another hub's loader is called in at least
-    :data:`HUB_CHECK_MIN` responses and in more than half of the responses that call any
-    loader while the named hub's loader is called in fewer. Question ids beyond the named hub's
-    eval set (HuggingFace has 911 questions, TorchHub 186) are mentioned in the message.
-
-    Returns:
-        The evidence counts.
+    """Refuse to score a response file that was written for another hub, by how many responses
+    call each hub's loader (:data:`HUB_LOADERS`, :data:`HUB_CHECK_MIN`; docs/scoring.md#inputs-and-refusals).
+    Returns the evidence counts.
 
     Raises:
         RatuneError: with the counts, the likely hub and what to pass instead.

@@ -1,10 +1,5 @@
-"""The APIBench scorer: both metrics for every response of one hub.
-
-Both metrics are computed from the same extracted ``api_call`` string and the same tree-sitter
-parse (nothing is ever executed or eval'd): the official ``gorilla`` metric
-(eval/scoring/gorilla.py) and ratune's ``strict`` metric (eval/scoring/strict.py), each with the
-hub's rules (eval/scoring/hub_rules.py).
-"""
+"""The APIBench scorer: both metrics (docs/scoring.md) for every response of one hub, from the same
+extracted ``api_call`` and the same parse (nothing is executed or eval'd)."""
 
 from __future__ import annotations
 
@@ -28,14 +23,9 @@ METRICS = ("gorilla", "strict")
 
 @dataclass(frozen=True)
 class ResponseScore:
-    """The outcome of one response under both metrics.
-
-    Attributes:
-        api_call: the extracted api_call string (semantics §2), None when nothing was extracted
-            (no text, or a TorchHub text without ``api_call``).
-        gorilla: the official outcome, one of OUTCOMES.
-        strict: ratune's strict outcome, one of OUTCOMES.
-        matched_index: 0-based line of the API database that the gorilla metric matched, or None.
+    """The outcome of one response under both metrics (each one of OUTCOMES): ``api_call`` as
+    extracted (semantics §2; None when nothing was) and ``matched_index``, the 0-based database line
+    the gorilla metric matched, or None.
     """
 
     api_call: str | None
@@ -45,16 +35,9 @@ class ResponseScore:
 
 
 class Scorer:
-    """Scores responses for one hub with the ``gorilla`` and ``strict`` metrics.
-
-    Build it with :meth:`from_apibench` (reads ``api/{hub}_api.jsonl`` and the hub's eval file)
-    or directly from already-loaded data. Every database api_call is parsed once here.
-
-    Args:
-        hub: one of HUBS.
-        api_database: the API database documents in file order (``api_call``, ``domain``).
-        eval_api_data: the eval file's ``api_data`` objects in file order; question_id k is
-            element k-1 (semantics §6).
+    """Scores responses for one hub with the ``gorilla`` and ``strict`` metrics (built by
+    :meth:`from_apibench`, or from loaded data). ``eval_api_data``: the eval file's ``api_data``
+    objects in file order; question_id k is element k-1 (semantics §6).
 
     Raises:
         RatuneError: unknown hub.
@@ -74,11 +57,7 @@ class Scorer:
 
     @classmethod
     def from_apibench(cls, hub: str, apibench_dir=None) -> "Scorer":
-        """Build a scorer from an APIBench folder (``api/{hub}_api.jsonl`` and the eval file).
-
-        Args:
-            hub: one of HUBS.
-            apibench_dir: the folder; None resolves it with ``resolve_apibench_dir``.
+        """Build a scorer from an APIBench folder (None: ``resolve_apibench_dir``).
 
         Raises:
             RatuneError: unknown hub, or missing folder/files.
@@ -121,21 +100,14 @@ class Scorer:
         return self._strict.keys(api_call, parsed)
 
     def gorilla_match(self, api_call: str) -> tuple[int | None, bool]:
-        """``(matched_index, fell_through)`` of an extracted api_call under the gorilla metric.
-
-        ``matched_index`` is the 0-based database line that matched (semantics §5), None when none
-        did (a hallucination). ``fell_through`` is True when the match was made on the last
-        candidate because no candidate carried the entry's api_name (semantics §5.3).
-        """
+        """``(matched_index, fell_through)`` of an extracted api_call under the gorilla metric
+        (:meth:`ratune.eval.scoring.gorilla.GorillaIndex.match`)."""
         root, src = parse(api_call)
         return self._gorilla.match(root, src)
 
     def check_question_id(self, question_id) -> None:
-        """Raise RatuneError unless question_id is an int in 1..n_questions.
-
-        The official scripts read eval line ``question_id - 1``, so 0 silently means the last
-        line and larger ids crash (semantics §6); ratune refuses both.
-        """
+        """Raise RatuneError unless question_id is an int in 1..n_questions (the official scripts
+        would read 0 as the last line and crash above n: semantics §6)."""
         if isinstance(question_id, bool) or not isinstance(question_id, int) or not (
                 1 <= question_id <= self.n_questions):
             raise RatuneError(f"question_id {question_id!r} out of range 1..{self.n_questions} "
@@ -151,12 +123,7 @@ class Scorer:
         return self.eval_api_data[question_id - 1].get("api_call") or ""
 
     def score_text(self, text, question_id: int) -> ResponseScore:
-        """Score one response text for question ``question_id`` (1-based eval line).
-
-        A missing or non-string text is "error" under both metrics (semantics §2.1); so is a
-        TorchHub text without ``api_call`` (semantics §2.2). The gorilla outcome of a match is
-        "correct" when the matched entry's domain is the eval line's ``api_data.domain``
-        (semantics §6), else "error".
+        """Score one response text for question ``question_id`` (1-based eval line; semantics §2 and §6).
 
         Raises:
             RatuneError: question_id is not an int in 1..n_questions.
@@ -177,12 +144,8 @@ class Scorer:
         return ResponseScore(api_call, gorilla, strict, index)
 
     def names_api(self, text, api_call: str) -> bool:
-        """Whether a response names the API of ``api_call`` (a database or gold api_call), by the
-        strict metric's keys: the response's extracted call must carry the API's primary key.
-
-        Used by the document-swap experiment (:mod:`ratune.eval.swap`) to tell whether an answer
-        follows the given document or the memorised API. No call extracted: False.
-        """
+        """Whether a response's extracted call carries the strict primary key of ``api_call`` (a
+        database or gold api_call); False when no call is extracted."""
         extracted = extract_api_call(text, self.hub)
         if extracted is None:
             return False
@@ -200,13 +163,9 @@ class Scorer:
         return [i for i, key in enumerate(self._primary_keys) if key in keys]
 
     def score(self, responses: list[dict]) -> dict:
-        """Score a list of responses (dicts with ``question_id`` and ``text``).
-
-        Returns:
-            ``{"hub", "n", "gorilla": {...}, "strict": {...}, "parser": {...}, "per_question":
-            [{"question_id", "gorilla", "strict"}]}`` where each metric block holds
-            ``accuracy``, ``hallucination``, ``error`` (fractions of n, the number of responses:
-            semantics §1) and ``correct_n``, ``hallucination_n``, ``error_n``.
+        """Score responses (``question_id``, ``text``): ``{"hub", "n", "gorilla", "strict", "parser",
+        "per_question"}``, each metric block with ``accuracy``, ``hallucination``, ``error`` (fractions
+        of n: semantics §1) and their ``*_n`` counts.
 
         Raises:
             RatuneError: a question_id that is not an int in 1..n_questions.

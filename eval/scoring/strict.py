@@ -1,10 +1,5 @@
-"""ratune's strict metric: does the response name the question's own gold API?
-
-Correct only when the call names the gold API (the eval line's ``api_data.api_call``).
-Hallucination: it names nothing the hub's API database knows. Error: it names something the
-database knows, but not the gold API (or no call was given). What "names" means per hub is the
-hub's :meth:`~ratune.eval.scoring.hub_rules.HubRules.call_identity` (rules in docs/scoring.md).
-"""
+"""ratune's strict metric: does the response name the question's own gold API? Outcomes and each
+hub's rules: docs/scoring.md#the-strict-metric-ours."""
 
 from __future__ import annotations
 
@@ -25,15 +20,8 @@ _ESCAPED_NEWLINE = re.compile(r"\\+n")
 
 
 def normalize_call(api_call: str) -> str:
-    """The extracted api_call as the strict metric parses it.
-
-    Released responses often carry a layer or two of escaping inside the text (``\\'`` and
-    ``\\"`` for quotes, ``\\n`` for newlines, e.g. TorchHub's ``'api_call': \\"model =
-    torch.hub.load(\\'pytorch/vision\\', ...)``), which would turn every string literal into
-    garbage. Backslash runs before a quote or ``n`` are undone, then trailing ``<`` and ``,``
-    (remains of ``<<<api_provider>>>``) and surrounding whitespace and quotes are stripped.
-    The gorilla metric never sees this (it parses the raw cut).
-    """
+    """The extracted api_call as the strict metric parses it: escaped quotes and newlines undone,
+    ``<<<api_provider>>>`` remains, whitespace and quotes stripped (docs/scoring.md#what-is-parsed)."""
     text = _ESCAPED_QUOTE.sub(r"\1", api_call)
     text = _ESCAPED_NEWLINE.sub("\n", text)
     text = text.strip().rstrip("<,").strip()  # remains of "\n<<<api_provider>>>" and separators
@@ -46,16 +34,9 @@ def text_key(text: str) -> tuple:
 
 
 class StrictIndex:
-    """A hub's API database as the strict metric knows it: the keys its entries name.
-
-    Args:
-        api_database: the documents in file order (``api_call``).
-        rules: the hub's rules.
-
-    Attributes:
-        database_keys: every key a database entry names (its primary key, and its secondary keys
-            where :attr:`HubRules.database_extra_keys`).
-        loaders: the database's extra loader functions (:meth:`HubRules.loader_function`).
+    """A hub's API database as the strict metric knows it: ``database_keys`` (every key an entry
+    names; secondary keys where :attr:`HubRules.database_extra_keys`) and ``loaders`` (the
+    database's extra loader functions).
     """
 
     def __init__(self, api_database: list[dict], rules: HubRules):
@@ -87,20 +68,10 @@ class StrictIndex:
         return self.identity_of_reference(api_call)[0]
 
     def keys(self, api_call: str, parsed=None) -> set:
-        """The API keys a response's extracted api_call names (docs/scoring.md).
-
-        The call is normalised (:func:`normalize_call`); at each occurrence of a loader name
-        (:meth:`HubRules.loader_pattern`), in text order, a window of :data:`STRICT_WINDOW`
-        characters is parsed and its first loader call identified. The first such call with
-        arguments gives the keys (prose often mentions ``AutoModel.from_pretrained()`` before the
-        real call); failing that, the first loader call without arguments; failing that, the
-        whitespace-free text itself (which is what names the database's shell-line entries such
-        as ``./run.sh ...``).
-
-        Args:
-            api_call: the extracted string (:func:`~ratune.eval.scoring.gorilla.extract_api_call`).
-            parsed: ``(root, source)`` of ``api_call`` when already parsed (reused if the window
-                is the whole string).
+        """The API keys a response's extracted api_call names: the first loader call with arguments in a
+        window of :data:`STRICT_WINDOW` characters at each loader name, else the first without
+        arguments, else the whitespace-free text (docs/scoring.md#what-is-parsed). ``parsed``:
+        ``(root, source)`` of ``api_call`` when already parsed.
         """
         norm = normalize_call(api_call)
         fallback = None
