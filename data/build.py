@@ -1,8 +1,7 @@
 """The training-set builder: a hub's examples -> single-turn chats, per train-time retrieval mode
 (layout and over-length policy: docs/pipeline.md#data). Beyond that policy, a row that would keep
 fewer than ``MIN_DOCUMENT_TOKENS`` of its document is dropped, and so is an over-long tool-set row
-(tools are never cut).
-"""
+(tools are never cut)."""
 
 from __future__ import annotations
 

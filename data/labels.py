@@ -1,6 +1,5 @@
 """Where labels are made: prompt/completion token ids (answer + EOS) and the completion-only loss
-mask, built by position, never by searching for marker tokens (docs/prompts.md#bos-and-eos).
-"""
+mask, built by position, never by searching for marker tokens (docs/prompts.md#bos-and-eos)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Mixed retrieval training: per example, a document condition (component) drawn from a mixture,
-after RAFT (Zhang et al. 2024); components and spec: docs/experiments.md#retrieval-mixtures.
-"""
+after RAFT (Zhang et al. 2024); components and spec: docs/experiments.md#retrieval-mixtures."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ class Mixture:
     Attributes:
         name: ``[a-z0-9_]+``; the built mode is ``mix-{name}``.
         weights: ``{component: probability}`` over MIXTURE_COMPONENTS, summing to 1 (within 1e-6).
-        top1_retriever: the retriever of the ``top1`` component (one of TOP1_RETRIEVERS).
+        top1_retriever: the ``top1`` component's retriever (one of TOP1_RETRIEVERS).
         distractors: how many other APIs' documents join the gold one in ``distractors``.
-        seed: seed of the draws.
     """
 
     name: str
@@ -116,12 +114,11 @@ def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], t
 
     Args:
         split: the split name; each split has its own random stream.
-        gold_docs: the gold document of each example (length n).
-        top1_docs: the ``top1_retriever``'s ranked documents of each example (the first is used).
+        gold_docs, top1_docs: each example's gold document and ``top1_retriever`` ranking.
         database: the hub's API documents (the distractor pool, one per API identity).
 
     Returns:
-        ``(docs_per_example, components)``, both of length n.
+        ``(docs_per_example, components)``.
 
     Raises:
         RatuneError: fewer other APIs in the database than ``mixture.distractors``.

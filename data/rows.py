@@ -1,6 +1,5 @@
-"""One train-time mode's rows: documents per example (:func:`retrieve_for_mode`), the prompt and answer in
-the hub's answer format, the token length and the over-length policy (:func:`build_rows`; the data/build.py
-module docstring says the policy)."""
+"""One train-time mode's rows: documents per example, the prompt and answer in the hub's answer
+format, the token length and the over-length policy (docs/pipeline.md#data)."""
 
 from __future__ import annotations
 
@@ -27,11 +26,8 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
     """Render, measure and apply the over-length policy to one mode's rows.
 
     Args:
-        components: for a mixture mode, each example's drawn component (stored per row as
-            ``doc_component``); None otherwise. An ``irrelevant`` row's answer is the format's
-            answer that calls nothing.
-        answer_format: the hub's (:data:`ratune.sources.formats.ANSWER_FORMATS`); it renders the
-            prompt and the answer.
+        components: for a mixture mode, each example's drawn component (``doc_component``);
+            an ``irrelevant`` row's answer calls nothing.
     Returns:
         ``(rows, counts)``; ``counts`` has ``rows``, ``shortened`` and ``dropped``.
     """
@@ -90,8 +86,7 @@ def _fit_documents(ex: Example, docs: Sequence[dict], completion: str, tokenizer
 
 
 def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings) -> None:
-    """Refuse a split and mode whose every row the over-length policy dropped (an empty dataset
-    would be saved and marked complete, and training or eval would find nothing).
+    """Refuse a split and mode whose every row the over-length policy dropped.
 
     Raises:
         RatuneError: naming the split, the mode, the counts and the setting to raise.

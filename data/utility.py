@@ -1,7 +1,6 @@
 """Document utility (Toolformer, Schick et al. 2023, section 2): L(answer | instruction) -
 L(answer | instruction + document), mean cross-entropy per answer token in nats, from a data
-build's rows of mode ``none`` and the document mode (docs/experiments.md#document-utility).
-"""
+build's rows of mode ``none`` and the document mode (docs/experiments.md#document-utility)."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ class Hub(ABC):
             RatuneError: naming the file and how to make it.
         """
         if not self.examples_file(split).exists():
-            self.load_examples(split)  # the kind's own error names the file and how to make it
+            self.load_examples(split)
 
     @property
     def default_settings(self) -> tuple[str, ...]:

@@ -23,12 +23,9 @@ CATALOG_LAYOUT = "catalog"
 @register_hub_kind
 @dataclass(frozen=True)
 class CatalogHub(FolderHub):
-    """A catalog folder (``ratune catalog import``, docs/catalogs.md), named by its path: documents
-    ``apis.jsonl`` (:func:`~ratune.catalog.schema.load_catalog`), examples the split files
-    ``pairs/{train,eval}.jsonl`` of ``ratune catalog pairs``, read back with
-    :func:`~ratune.catalog.pairs.load_pairs` into :class:`~ratune.sources.apibench.Example` records
-    (``line`` the 1-based line of the split file; the answer's ``domain`` and ``api_provider`` the
-    document's ``domain`` and ``provider``; layout ``"catalog"``)."""
+    """A catalog folder (docs/catalogs.md), named by its path: documents ``apis.jsonl``, examples
+    the ``pairs/{train,eval}.jsonl`` of ``ratune catalog pairs`` (the answer's ``domain`` and
+    ``api_provider`` the document's ``domain`` and ``provider``)."""
 
     kind: ClassVar[str] = CATALOG
     scorer: ClassVar[str] = CATALOG

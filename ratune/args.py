@@ -2,8 +2,7 @@
 (docs/reliability.md#user-errors); a number's rule is the schema field's it sets (:func:`setting`).
 
 Each type carries ``good_example`` and ``bad_examples`` (paths as :data:`PATH_KINDS`, written into
-a value by ``template``), which tests/test_cli_errors.py feeds to every sub-command.
-"""
+a value by ``template``), which tests/test_cli_errors.py feeds to every sub-command."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Config loading and validation shared by every stage: the one bounded YAML loader
 (docs/reliability.md#user-errors), pydantic schemas that refuse unknown keys (docs/configs.md), and
-the bounded number types that schemas, settings dataclasses and flags all check with.
-"""
+the bounded number types that schemas, settings dataclasses and flags all check with."""
 
 from __future__ import annotations
 
@@ -178,9 +177,8 @@ def load_yaml(path: str | Path) -> dict:
     """Read a YAML mapping with the one config loader.
 
     Raises:
-        RatuneError: one line naming the file (and the line where there is one): missing, a
-            folder, too large, not UTF-8, YAML syntax, a duplicate key, aliases past the bound,
-            nesting too deep, or a top level that is not a mapping.
+        RatuneError: naming the file (and line): missing, a folder, too large, not UTF-8, as
+            :func:`parse_yaml`, or not a mapping.
     """
     path = Path(path)
     if path.is_dir():
@@ -209,14 +207,11 @@ def parse_yaml(text: str, source: str, *, max_values: int = MAX_CONFIG_VALUES, w
                noun: str = "the config"):
     """Parse YAML ``text`` with the one loader's guards (aliases expand to at most ``max_values``).
 
-    Args:
-        source: the file the text came from, named in every error.
-        what, noun: the document's kind and name in refusals ("a ratune config", "the config").
-    Returns:
-        The document (any YAML value; None for an empty one).
+    ``source`` is named in every error, ``what`` and ``noun`` in refusals. Returns the document
+    (None for an empty one).
+
     Raises:
-        InputError: ``source:line: not valid YAML: ...``, a duplicate key, nesting too deep or too
-            many values after aliases expand (a RatuneError).
+        InputError: invalid YAML, a duplicate key, nesting too deep or too many values.
     """
     loader = _ConfigLoader(text)
     loader.what = what

@@ -1,6 +1,5 @@
 """The CPU demo (docs/demo.md): the sweep file configs/demo.yaml run with the local launcher and
-reported, after converting the demo model, with the wall time per stage printed.
-"""
+reported, after converting the demo model, with the wall time per stage printed."""
 
 from __future__ import annotations
 

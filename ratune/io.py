@@ -1,6 +1,5 @@
 """File I/O shared by every stage: line-numbered JSONL reading, atomic file writes and folder
-swaps (docs/reliability.md#what-ratune-deletes-or-overwrites).
-"""
+swaps (docs/reliability.md#what-ratune-deletes-or-overwrites)."""
 
 from __future__ import annotations
 

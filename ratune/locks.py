@@ -1,7 +1,6 @@
 """One writer per output: an exclusive flock on the sibling ``PARENT/.NAME.ratune.lock`` (a sibling
 outlives a folder swap) that names its holder (docs/reliability.md#one-writer-per-output). Writers take it through
-:class:`ratune.output.StageOutput`, never directly.
-"""
+:class:`ratune.output.StageOutput`, never directly."""
 
 from __future__ import annotations
 

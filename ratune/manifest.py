@@ -1,6 +1,5 @@
 """Run manifests, completion markers and the owner marker that says which stage made a folder
-(docs/reliability.md#manifests-and-input-hashes, #what-ratune-deletes-or-overwrites).
-"""
+(docs/reliability.md#manifests-and-input-hashes, #what-ratune-deletes-or-overwrites)."""
 
 from __future__ import annotations
 

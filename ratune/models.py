@@ -66,12 +66,12 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = temp_folder(target)  # unique and ratune's: a concurrent conversion, or a user's folder, is never touched
+    tmp = temp_folder(target)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / ".complete").write_text("converted from " + gguf.name + "\n")
-        open_file_modes(tmp)  # safetensors writes 0600; the cached model gets open()'s mode
+        open_file_modes(tmp)
         try:
             os.rename(tmp, target)  # atomic; refused while target exists and is not empty
         except OSError:
@@ -82,7 +82,7 @@ def ensure_demo_model(cache_dir: str | os.PathLike | None = None) -> Path:
             else:
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # ours only; gone already when it was renamed into place
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -127,8 +127,7 @@ def resolve_model_path(model: str, cache_dir: str | os.PathLike | None = None) -
 
 
 def _is_safetensors(path: Path) -> bool:
-    """Whether ``path`` starts like a safetensors file: an 8-byte little-endian header length,
-    then that many bytes of JSON (a pickle starts with 0x80 or a zip's ``PK``)."""
+    """Whether ``path`` starts like a safetensors file (8-byte little-endian length, then JSON)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(9)
@@ -144,10 +143,8 @@ def require_model_files(folder: str | os.PathLike, *, weights: bool = True, toke
     """Refuse a local model folder that cannot be loaded (a missing one named like a hub id passes).
 
     Raises:
-        RatuneError: naming the folder and what is missing: no config.json (or adapter_config.json),
-            no safetensors weights (naming the pickled files it holds instead, which are never
-            loaded), a ``model.safetensors`` that is not safetensors, a shard the index names that
-            is missing, or no tokenizer files.
+        RatuneError: naming the folder and what is missing: config.json, safetensors weights
+            (naming any pickled files), a valid ``model.safetensors``, an indexed shard, tokenizer files.
     """
     path = Path(folder)
     if not path.exists():
@@ -192,8 +189,7 @@ HUB_UNREACHABLE_HINT = ("on a machine without the hub, use a local model folder;
 
 
 def _load_failed(what: str, model_path, exc: Exception) -> RatuneError:
-    """A one-line RatuneError for a ``from_pretrained`` that failed on a user's model reference
-    (with :data:`HUB_UNREACHABLE_HINT` when the hub could not be reached)."""
+    """A one-line RatuneError for a failed ``from_pretrained`` (with :data:`HUB_UNREACHABLE_HINT`)."""
     from huggingface_hub import constants
 
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
@@ -209,8 +205,7 @@ def load_tokenizer(model_path: str | os.PathLike, *, trust_remote_code: bool = F
     """Load a tokenizer with its own chat template; one without a pad token pads with EOS.
 
     Raises:
-        RatuneError: a folder without tokenizer files (:func:`require_model_files`), one that does
-            not load, or a tokenizer without an EOS token.
+        RatuneError: no tokenizer files, files that do not load, or no EOS token.
     """
     from transformers import AutoTokenizer
 
@@ -235,8 +230,7 @@ def check_attention(attn_implementation: str | None) -> None:
     """Refuse ``flash_attention_2`` where it cannot run (no flash-attn, no CUDA); others pass.
 
     Raises:
-        RatuneError: naming the missing package (flash-attn) and how to install it, or the missing
-            CUDA device; either way saying that ``attn_implementation: sdpa`` runs here.
+        RatuneError: naming the missing flash-attn package (and its install) or CUDA device.
     """
     if attn_implementation != "flash_attention_2":
         return
@@ -256,16 +250,11 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
     """Load a causal LM with ``from_pretrained`` (safetensors only; no pickles).
 
     Args:
-        model_path: a local folder (or a hub id where the hub is reachable).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
-        trust_remote_code: only when a config asks for it.
         attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``; None = transformers' default.
-        device: load the weights straight onto this device (``cpu``, ``cuda``); None: the CPU,
-            where a trainer or DeepSpeed places them afterwards.
+        device: load the weights straight onto this device; None: the CPU.
     Raises:
-        RatuneError: see :func:`check_attention`; a folder that is not a loadable model
-            (:func:`require_model_files`: no config, no safetensors weights, pickled weights only) or
-            whose files do not load.
+        RatuneError: as :func:`check_attention` and :func:`require_model_files`, or files that do not load.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -294,10 +283,8 @@ def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.
     Returns:
         A plain causal LM (no peft wrapper) in the base's dtype.
     Raises:
-        RatuneError: the base is quantized (``hf_quantizer`` set, or its config carries a
-            ``quantization_config``: a merge into quantized weights is rounded again); the adapter
-            does not load on it (another base's shapes, missing files) or its merge gives NaNs or
-            infinities. Each names the adapter folder and the base.
+        RatuneError: a quantized base; an adapter that does not load on it, or a merge with NaNs
+            or infinities (naming the adapter folder and the base).
     """
     import torch
     from peft import PeftModel
@@ -323,13 +310,8 @@ def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, 
     """A LoRA adapter merged into its base loaded unquantized (:func:`load_model`, then
     :func:`merge_adapter`): what eval and ``export --merge-lora`` use for an adapter-only run.
 
-    Args:
-        base: the base model, as the run manifest's ``model_path``; dtype, device,
-            trust_remote_code: as :func:`load_model`.
-        adapter: the peft adapter folder.
     Raises:
-        RatuneError: see :func:`load_model` and :func:`merge_adapter` (a base that loads
-            quantized; an adapter that does not load on it or whose merge is not finite).
+        RatuneError: as :func:`load_model` and :func:`merge_adapter`.
     """
     model = load_model(base, dtype=dtype, trust_remote_code=trust_remote_code, device=device)
     return merge_adapter(model, adapter, base=base)

@@ -1,6 +1,5 @@
 """Third-party messages ratune silences (matched by text, each with the reason it is noise here);
-every other warning and log line stays. Installed by the error boundary.
-"""
+every other warning and log line stays. Installed by the error boundary."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A stage's settings, defined once: its command-line flags, its config sections and the commands a
 sweep runs are derived from one list of :class:`Option` over the stage's settings dataclass
-(docs/pipeline.md#settings-one-definition-per-stage-option).
-"""
+(docs/pipeline.md#settings-one-definition-per-stage-option)."""
 
 from __future__ import annotations
 
@@ -28,17 +27,9 @@ FIELD_DEFAULT = object()
 
 @dataclass(frozen=True)
 class Option:
-    """One setting of a stage, as users give it.
-
-    Attributes:
-        field: the settings dataclass field it fills.
-        flag: its command-line flag (``--batch-size``); the config key is :attr:`key`.
-        help: the flag's help and the config field's description.
-        cli: argparse keywords that replace the derived ones (``type``, ``metavar``, ``choices``).
-        cli_default: the flag's default when it is not the field's.
-        config: whether config sections (sweep, demo) have it.
-        command: :data:`CommandPolicy` of :func:`command_arguments`.
-    """
+    """One setting of a stage, as users give it: the dataclass ``field`` it fills, its ``flag`` and
+    ``help``, argparse keywords (``cli``) and default (``cli_default``) replacing the derived ones,
+    whether config sections have it (``config``) and its ``command`` policy."""
 
     field: str
     flag: str

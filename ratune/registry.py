@@ -1,7 +1,6 @@
 """The names ratune knows, each typed once: retrievers, test-time settings, train-time modes,
 experiment settings and BM25 backends; everything else derives its names from here
-(docs/pipeline.md#names-one-registry; the BM25 names: docs/retrieval.md). Data only, no stage imports.
-"""
+(docs/pipeline.md#names-one-registry; the BM25 names: docs/retrieval.md). Data only, no stage imports."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """APIBench parsing (Patil et al., 2023, section 3.1): the released files in, typed records out
 (docs/pipeline.md#data). The ``code`` layouts: ``pseudo_dict`` (torchhub_train), ``hash_dict``
-(torchhub_eval), ``hash_markers`` (huggingface_eval, tensorflow_eval); none is JSON or eval'd.
-"""
+(torchhub_eval), ``hash_markers`` (huggingface_eval, tensorflow_eval); none is JSON or eval'd."""
 
 from __future__ import annotations
 

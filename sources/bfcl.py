@@ -1,6 +1,5 @@
 """BFCL's shipped data read from ratune's side (found in BFCL's own virtual environment, never
-imported), and its answer keys turned into answer text (docs/function_calling.md).
-"""
+imported), and its answer keys turned into answer text (docs/function_calling.md)."""
 
 from __future__ import annotations
 

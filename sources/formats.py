@@ -1,6 +1,5 @@
 """Answer formats, one class per kind (docs/function_calling.md): how an answer is written, where it
-is complete and what calling nothing looks like.
-"""
+is complete and what calling nothing looks like."""
 
 from __future__ import annotations
 

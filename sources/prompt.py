@@ -1,6 +1,5 @@
 """The prompt format: the one owner of how a RAT chat looks, at train time and at test time
-(Gorilla, section 3.2; docs/prompts.md).
-"""
+(Gorilla, section 3.2; docs/prompts.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ CHATML_TOOLS_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-#: How :data:`CHATML_TOOLS_TEMPLATE`'s answers are read back: a transformers ``response_template``
-#: (``transformers.utils.chat_parsing``): each ``<tool_call>`` body as JSON, the rest as content.
+#: How :data:`CHATML_TOOLS_TEMPLATE`'s answers are read back (``transformers.utils.chat_parsing``).
 CHATML_TOOLS_RESPONSE = {
     "start_anchor": "<|im_start|>assistant\n",
     "defaults": {"role": "assistant"},
@@ -91,15 +89,9 @@ CHATML_TOOLS_RESPONSE = {
 
 @dataclass(frozen=True)
 class ChatTemplate:
-    """A chat template ratune can give a tokenizer (``chat_template:``, ``--chat-template``).
-
-    Attributes:
-        jinja: the template text, set as the tokenizer's ``chat_template``.
-        answer_prefix: the text between the generation prompt and the answer in a training row
-            (gorilla_v0: one space), tokenized in context.
-        summary: one line for docs and help texts.
-        response_template: how answers are read back into messages (transformers'), or None.
-    """
+    """A chat template ratune can give a tokenizer: its ``jinja`` text, the ``answer_prefix`` between
+    prompt and answer in a training row (gorilla_v0: one space), a ``summary`` line and the
+    transformers ``response_template`` that reads answers back (or None)."""
 
     name: str
     jinja: str
@@ -135,8 +127,7 @@ def serialize_document(doc: dict) -> str:
 
 
 def join_documents(texts: Sequence[str]) -> str:
-    """Several (serialized, possibly shortened) documents as the one document text of a prompt:
-    each on its own line, in rank order (top_k > 1)."""
+    """Several serialized documents as a prompt's one document text, one per line in rank order."""
     return "\n".join(texts)
 
 
@@ -180,13 +171,8 @@ def format_answer(answer: Answer) -> str:
 
 def shorten_document(doc: dict, max_tokens: int | None, count_tokens: Callable[[str], int]
                      ) -> tuple[str, bool]:
-    """Serialize ``doc`` within ``max_tokens`` tokens (None: no limit), dropping fields in
-    SHORTENING_ORDER, then cutting the text (the KEPT_FIELDS come first, so the call survives);
-    ``count_tokens`` is the tokenizer's length function.
-
-    Returns:
-        ``(text, shortened)``: the serialized document and whether anything was removed.
-    """
+    """``(text, shortened)``: ``doc`` serialized within ``max_tokens`` tokens (None: no limit) of
+    ``count_tokens``, dropping fields in SHORTENING_ORDER, then cutting the text (KEPT_FIELDS first)."""
     text = serialize_document(doc)
     if max_tokens is None or count_tokens(text) <= max_tokens:
         return text, False
@@ -210,12 +196,8 @@ def shorten_document(doc: dict, max_tokens: int | None, count_tokens: Callable[[
 
 def render_user_turn(instruction: str, docs: Sequence[dict] | None, *, max_document_tokens: int | None,
                      count_tokens: Callable[[str], int]) -> tuple[str, bool]:
-    """Build the user turn for an instruction and its retrieved documents (None or [] = no doc),
-    each shortened to ``max_document_tokens``.
-
-    Returns:
-        ``(user_turn, shortened)``.
-    """
+    """``(user_turn, shortened)`` for an instruction and its documents (None or []: none), each
+    shortened to ``max_document_tokens``."""
     if not docs:
         return build_user_turn(instruction, None), False
     parts, shortened = [], False
@@ -227,8 +209,7 @@ def render_user_turn(instruction: str, docs: Sequence[dict] | None, *, max_docum
 
 
 def chat_messages(user_turn: str, system: str | None = None) -> list[dict]:
-    """The single-turn chat for generation: ``[{"role": "user", "content": user_turn}]``, behind a
-    system turn when ``system`` is given (the ``python_calls`` format's tool list)."""
+    """The single-turn chat for generation, behind a ``system`` turn when given."""
     head = [] if system is None else [{"role": "system", "content": system}]
     return head + [{"role": "user", "content": user_turn}]
 
@@ -250,8 +231,7 @@ def use_chat_template(tokenizer, name: str | None):
 
 
 def template_of(tokenizer) -> ChatTemplate | None:
-    """The registry template (:data:`CHAT_TEMPLATES`) the tokenizer carries, found by its
-    ``chat_template`` text; None for a tokenizer with its own template or none."""
+    """The registry template the tokenizer carries (by its ``chat_template`` text), or None."""
     text = getattr(tokenizer, "chat_template", None)
     return next((t for t in CHAT_TEMPLATES.values() if t.jinja == text), None) if text else None
 
@@ -263,10 +243,8 @@ def template_name(tokenizer) -> str | None:
 
 
 def require_chat_template(tokenizer, *, source: str, hint: str) -> None:
-    """Refuse a tokenizer without a chat template, in one line.
+    """Refuse a tokenizer without a chat template, naming ``source`` and the ``hint``.
 
-    Args:
-        source: what the tokenizer was loaded from; hint: how to give one (``give --chat-template``).
     Raises:
         RatuneError: the tokenizer has no chat template.
     """
@@ -293,9 +271,7 @@ def with_bos(tokenizer, ids: Sequence[int]) -> list[int]:
 
 
 def prompt_text(tokenizer, user_turn: str, system: str | None = None, tools: Sequence[dict] | None = None) -> str:
-    """The prompt as text: the tokenizer's chat template applied to :func:`chat_messages` (and
-    ``tools``, the ``tool_calls`` format's JSON schemas), with the generation prompt appended (no
-    BOS: that is added to the ids by :func:`encode_prompt`)."""
+    """The prompt as text (chat template, generation prompt; no BOS, which :func:`encode_prompt` adds)."""
     return tokenizer.apply_chat_template(chat_messages(user_turn, system), add_generation_prompt=True, tokenize=False,
                                          **_tools_kwargs(tools))
 
@@ -310,8 +286,7 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "ratune_probe_tool", "de
 
 
 def require_tool_template(tokenizer) -> None:
-    """Refuse a chat template that ignores ``tools=`` or does not write an assistant's
-    ``tool_calls`` (SmolLM2's own, chatml, gorilla_v0), in one line naming the way out.
+    """Refuse a chat template that ignores ``tools=`` or does not write an assistant's ``tool_calls``.
 
     Raises:
         RatuneError: naming the tokenizer and ``--chat-template chatml_tools``.
@@ -336,9 +311,8 @@ def require_tool_template(tokenizer) -> None:
 
 def assistant_text(tokenizer, user_turn: str, system: str | None, tools: Sequence[dict] | None,
                    message: dict) -> str:
-    """The text the chat template writes for assistant ``message`` behind the prompt: the chat with
-    the answer, less the prompt's text (:func:`prompt_text`) in front and the end of the turn (the
-    last EOS text and what follows it) behind; EOS is the answer's last token in a training row.
+    """The text the chat template writes for assistant ``message`` behind the prompt, up to the last
+    EOS text (EOS is a training row's last token).
 
     Raises:
         RatuneError: the chat with the answer does not start with the prompt's text.

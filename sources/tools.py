@@ -1,6 +1,5 @@
 """Tools as JSON schemas and function-calling rows, read from the shapes the field uses (OpenAI or
-BFCL tools; xLAM or chat rows: docs/function_calling.md). Errors name file, line and JSON pointer.
-"""
+BFCL tools; xLAM or chat rows: docs/function_calling.md). Errors name file, line and JSON pointer."""
 
 from __future__ import annotations
 

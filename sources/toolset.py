@@ -1,6 +1,5 @@
 """A tool set: function-calling rows and the tools they offer, imported into a folder of their own
-by ``ratune tools import`` and read as a hub (layout: docs/function_calling.md).
-"""
+by ``ratune tools import`` and read as a hub (layout: docs/function_calling.md)."""
 
 from __future__ import annotations
 

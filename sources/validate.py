@@ -1,6 +1,5 @@
 """Data checks across rows and files: duplicate examples, train/eval leakage, API calls listed under
-several domains (docs/reliability.md#bad-input, with the counts on the released files).
-"""
+several domains (docs/reliability.md#bad-input, with the counts on the released files)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,6 @@ def jaccard(a: frozenset | set, b: frozenset | set) -> float:
     return len(a & b) / union if union else 0.0
 
 
-# --------------------------------------------------------------------------------------------
-# Duplicates
 
 
 def find_duplicates(examples: Sequence[Example]) -> list[list[Example]]:
@@ -78,21 +75,12 @@ def dedupe(examples: Sequence[Example]) -> tuple[list[Example], list[Example]]:
     return kept, removed
 
 
-# --------------------------------------------------------------------------------------------
-# Leakage
 
 
 @dataclass(frozen=True)
 class LeakPair:
-    """An eval instruction found in the training data.
-
-    Attributes:
-        train_line: 1-based line of the training example.
-        eval_line: 1-based line of the eval example (its question_id).
-        kind: ``exact`` (identical text), ``normalised`` (identical after :func:`normalise`) or
-            ``near`` (token-set Jaccard >= the threshold).
-        similarity: the token-set Jaccard similarity (1.0 for most exact/normalised pairs).
-    """
+    """An eval instruction found in the training data: 1-based ``train_line`` and ``eval_line`` (its
+    question_id), ``kind`` (one of :data:`LEAK_KINDS`) and the token-set Jaccard ``similarity``."""
 
     train_line: int
     eval_line: int
@@ -175,13 +163,8 @@ def format_pairs(pairs: Sequence[LeakPair], train_path, eval_path, limit: int = 
 def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, train_path,
                   eval_path, allow: bool = False,
                   near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> list[LeakPair]:
-    """Find leakage (:func:`find_leakage`) and raise unless there is none or it is allowed.
+    """The leakage pairs (:func:`find_leakage`); ``allow``: never raise.
 
-    Args:
-        train_path, eval_path: the files the examples came from (named in the message).
-        allow: report only; never raise.
-    Returns:
-        The pairs (empty when clean).
     Raises:
         RatuneError: when pairs exist and ``allow`` is False (listing the first
             :data:`MAX_PAIRS_IN_MESSAGE`).
@@ -200,31 +183,18 @@ def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Exa
 
 def drop_leaked(train_examples: Sequence[Example], eval_examples: Sequence[Example], *,
                 near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> tuple[list[Example], list[LeakPair]]:
-    """Remove the training examples that leak into the eval set (the eval set is never touched).
-
-    Returns:
-        ``(kept, dropped_pairs)``: the training examples in no pair, and the pairs that caused a drop.
-    """
+    """``(kept, dropped_pairs)``: the training examples in no leakage pair, and the pairs that caused a drop."""
     pairs = find_leakage(train_examples, eval_examples, near_threshold=near_threshold)
     leaked = {p.train_line for p in pairs}
     return [ex for ex in train_examples if ex.line not in leaked], pairs
 
 
-# --------------------------------------------------------------------------------------------
-# Conflicting domains
 
 
 @dataclass(frozen=True)
 class DomainConflict:
-    """One API call listed in the database under more than one domain.
-
-    Attributes:
-        api_call: the call as the first entry writes it.
-        identity: :func:`~ratune.sources.apibench.api_identity` of the call.
-        entries: 1-based positions of every entry with this call, in file order.
-        domains: the distinct domains, in order of first appearance.
-        domain, decided_by: ``domains[0]`` and ``entries[0]``, by ``rule`` (:data:`DOMAIN_RULE`).
-    """
+    """One API call listed in the database under more than one domain: its 1-based ``entries`` and
+    distinct ``domains`` in file order; ``domain`` and ``decided_by`` are the first, by ``rule``."""
 
     api_call: str
     identity: str
@@ -236,14 +206,8 @@ class DomainConflict:
 
 
 def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | None = None) -> list[DomainConflict]:
-    """API calls that the database lists more than once with different ``domain`` values.
-
-    Args:
-        api_database: the documents in file order.
-        lines: the documents' line numbers, when they are not simply 1..n.
-    Returns:
-        One :class:`DomainConflict` per call, ordered by first entry (domains compared stripped).
-    """
+    """One :class:`DomainConflict` per call the database (in file order; ``lines``: when not 1..n)
+    lists with different (stripped) ``domain`` values, ordered by first entry."""
     if lines is None:
         lines = range(1, len(api_database) + 1)
     by_call: dict[str, list[tuple[int, dict]]] = {}
@@ -259,23 +223,12 @@ def conflicting_domains(api_database: Sequence[dict], *, lines: Sequence[int] | 
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# The report and the one-call entry point for the data build
 
 
 @dataclass
 class ValidationReport:
-    """What the data checks found and did, for the data manifest (:meth:`to_manifest`).
-
-    Attributes:
-        duplicate_groups: per group of duplicate training examples, their lines (first kept).
-        duplicates_removed: training rows removed as duplicates.
-        leakage_policy: one of :data:`LEAKAGE_POLICIES` (None when there was nothing to compare).
-        near_threshold: the Jaccard threshold used for near-duplicates.
-        leak_pairs: every (train, eval) leakage pair.
-        leaked_train_rows_dropped: training rows removed for leakage (policy ``drop``).
-        domain_conflicts: the API database's conflicting-domain calls.
-    """
+    """What the data checks found and did, for the data manifest (:meth:`to_manifest`);
+    ``leakage_policy`` is None when there was nothing to compare."""
 
     duplicate_groups: list[list[int]] = field(default_factory=list)
     duplicates_removed: int = 0
@@ -321,15 +274,9 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
                     eval_path=None, dedupe_train: bool = True, leakage: str = "error",
                     near_threshold: float | None = NEAR_DUPLICATE_JACCARD
                     ) -> tuple[dict[str, list[Example]], ValidationReport]:
-    """Run every check on one hub's parsed splits; return the (possibly reduced) splits and the report.
-
-    Duplicates are removed from ``train`` first, then leakage is checked; ``eval`` is never changed.
-
-    Args:
-        splits: ``{"train": [...], "eval": [...]}``; either may be absent.
-        api_database: the hub's API database in file order, or None to skip that check.
-        dedupe_train: remove duplicate training examples (True) or only report them.
-        leakage: one of :data:`LEAKAGE_POLICIES`.
+    """Run every check on one hub's ``{"train", "eval"}`` splits (``api_database`` None: not
+    checked); return the splits (``train`` deduplicated if ``dedupe_train``, then leakage-handled)
+    and the report.
 
     Raises:
         RatuneError: unknown policy, leakage under policy ``error``, or a train split without an
@@ -407,8 +354,7 @@ def grouped_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]
 
 def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
              ) -> tuple[list[Example], list[Example]]:
-    """``(train, held_out)`` of ``examples`` (each in input order), keyed by their gold API
-    (:func:`~ratune.sources.apibench.api_identity`), by :data:`HOLDOUT_KINDS` ``by``.
+    """``(train, held_out)`` of ``examples`` (each in input order), keyed by gold API, by ``by``.
 
     Raises:
         RatuneError: an unknown ``by``, a fraction outside (0, 1), or nothing held out (too few examples or APIs).
@@ -426,8 +372,7 @@ def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
 
 
 def near_duplicate_rate(train_examples: Sequence[Example], held_out: Sequence[Example]) -> float:
-    """The share of ``held_out`` examples whose instruction is a near-duplicate (or exact/normalised
-    copy) of a training instruction (:func:`find_leakage`); 0.0 for none held out."""
+    """The share of ``held_out`` examples that :func:`find_leakage` pairs with a training one (0.0 for none)."""
     if not held_out:
         return 0.0
     return len({p.eval_line for p in find_leakage(train_examples, held_out)}) / len(held_out)
