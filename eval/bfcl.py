@@ -120,9 +120,8 @@ def bfcl_prompt_messages(categories: Iterable[str], *, venv: str | os.PathLike |
 
 
 def category_metrics(scores: BfclScores) -> dict[str, dict]:
-    """Per category: ``n``, ``correct``, ``accuracy`` with its 95 % Wilson interval ``accuracy_ci``,
-    ``call_rate`` (texts that decode to at least one call), ``format_adherence`` (texts that decode
-    to BFCL's call format), and the ``bfcl_version`` and ``bfcl_model`` used."""
+    """Per category, the metrics of docs/function_calling.md#the-metrics-per-category-in-metricsjson,
+    with the ``bfcl_version`` and ``bfcl_model`` used."""
     by_category: dict[str, list[BfclVerdict]] = defaultdict(list)
     for v in scores.verdicts:
         by_category[v.category].append(v)

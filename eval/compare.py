@@ -50,12 +50,8 @@ def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, 
                      labels: tuple[str, str] = ("A", "B")) -> dict:
     """Compare two scored outcome lists (``per_question`` of :meth:`Scorer.score`), paired by
     question_id; a question is correct when its ``metric`` outcome is ``"correct"``. ``labels``
-    name A and B in errors.
-
-    Returns:
-        ``{"metric", "n", "a": {"correct_n", "accuracy", "accuracy_ci"}, "b": {...},
-        "contingency": {"both", "only_a", "only_b", "neither"}, "mcnemar_p",
-        "difference": {"value", "low", "high", "resamples", "seed"}}``; fractions, intervals 95 %.
+    name A and B in errors. Returns ``{"metric", "n", "a", "b", "contingency", "mcnemar_p",
+    "difference"}`` (fractions; 95 % intervals).
 
     Raises:
         RatuneError: unknown metric, empty lists, or the question_id sets differ (unpaired).
@@ -98,18 +94,14 @@ def compare_outcomes(per_question_a: list[dict], per_question_b: list[dict], *, 
 def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: str | None = None,
                   resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, hub_check: bool = True,
                   scorer=None) -> dict:
-    """Score two response files (or eval cell folders) for ``hub`` (``--hub`` text or a hub) and
-    compare them paired, by the hub's scorer (:func:`ratune.eval.hub_scoring.scoring_for`;
-    ``scorer``: one the caller built already) and ``metric`` (default: the hub's headline metric;
-    one the hub is not scored by is refused).
-
-    Returns:
-        :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
+    """Score two response files (or eval cell folders) by ``hub``'s scorer (``scorer``: one built
+    already) and compare them paired by ``metric`` (default: the hub's headline metric).
+    Returns :func:`compare_outcomes`'s dict plus ``"hub"`` and ``a.path`` / ``b.path``.
 
     Raises:
-        RatuneError / InputError: unknown hub, missing files, malformed lines, ids that are not
-            the hub's questions, a file for another hub (unless ``hub_check`` is False), unpaired
-            question sets.
+        RatuneError / InputError: unknown hub, a metric the hub is not scored by, missing files,
+            malformed lines, ids that are not the hub's questions, a file for another hub (unless
+            ``hub_check`` is False), unpaired question sets.
     """
     scoring = scoring_for(resolve_hub(hub, apibench_dir, locate=False))
     if scorer is not None:
@@ -134,12 +126,10 @@ def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: s
 
 
 def compare_bfcl_cells(cell_a, cell_b, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
-    """Two category folders of ``ratune eval bfcl`` (``OUT/CATEGORY``) compared paired by entry id,
-    each entry right or wrong by BFCL's own verdict.
+    """Two category folders of ``ratune eval bfcl`` compared paired by entry id, by BFCL's own
+    verdicts: :func:`compare_outcomes`'s dict (metric ``bfcl``) plus ``hub``, each side's ``path``
+    and ``model``, ``bfcl_version`` and ``bfcl_model``.
 
-    Returns:
-        :func:`compare_outcomes`'s dict (metric ``bfcl``) plus ``hub`` (``BFCL CATEGORY``), each
-        side's ``path`` and ``model``, ``bfcl_version`` and ``bfcl_model``.
     Raises:
         RatuneError: a folder that is not a complete category, two categories, two bfcl-eval
             versions or model keys, unpaired entries.

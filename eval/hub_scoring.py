@@ -26,9 +26,7 @@ from ratune.sources.formats import answer_format_of, get_answer_format
 
 class HubScoring(ABC):
     """A hub's scorer (``self.scorer``: ``score``, ``n_questions``, ``names_api``, ``hub``) and what
-    its metric set decides; ``examples``: the hub's eval examples when loaded already;
-    ``answer_format``: the one the answers are written in (None: the hub's own).
-    """
+    its metric set decides; ``answer_format``: the one the answers are written in (None: the hub's own)."""
 
     #: The metrics with correct / hallucination / error blocks, the headline metric first.
     metrics: ClassVar[tuple[str, ...]]

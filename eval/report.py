@@ -20,10 +20,8 @@ from ratune.registry import TABLE_SETTINGS, TRAIN_MODES
 
 
 def report_output(out_dir: str | Path, *, inside_ratune_folder: bool = False) -> StageOutput:
-    """The report folder ``out_dir`` as an output (:class:`ratune.output.StageOutput`): its
-    ``check()`` refuses a folder ratune did not make before anything is written.
-    ``inside_ratune_folder``: ``out_dir`` is the default ``report/`` of a ratune sweep or demo
-    folder, so it is ratune's whatever an interrupted report left in it."""
+    """The report folder ``out_dir`` as a :class:`ratune.output.StageOutput`;
+    ``inside_ratune_folder``: it is the default ``report/`` of a ratune sweep or demo folder."""
     return StageOutput(out_dir, REPORT_STAGE, known=inside_ratune_folder)
 
 
@@ -361,10 +359,8 @@ def _csv_values(m: dict) -> list[str]:
 
 
 def table2_csv(table: dict) -> str:
-    """CSV: one row per cell; gorilla and strict (``strict_`` prefix) fractions, each followed by
-    its 95 % Wilson interval bounds (``accuracy, accuracy_low, accuracy_high, ...``). A table with
-    replicate cells (:func:`aggregate_replicates`) has mean fractions, empty bounds and extra
-    columns ``n_seeds, seeds`` (space-separated), ``accuracy_sd, accuracy_min, accuracy_max, ...``."""
+    """CSV: one row per cell, each fraction followed by its interval bounds (columns:
+    docs/pipeline.md#report; replicate tables: docs/sweeps.md#seeds-and-chosen-pairs)."""
     replicate = any("n_seeds" in c for c in table["cells"])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

@@ -31,9 +31,7 @@ def call_key(call: dict) -> str:
 
 class ToolSetScorer:
     """Scores a tool set's eval responses by question_id (the row's line in ``eval.jsonl``);
-    ``tool_names``: every tool of the set (a call to another is a hallucination); ``answer_format``
-    None: ``python_calls``.
-    """
+    ``tool_names``: every tool of the set; ``answer_format`` None: ``python_calls``."""
 
     def __init__(self, hub: str, tool_names: Sequence[str], examples: Sequence, answer_format=None):
         self.hub, self.tool_names = hub, set(tool_names)

@@ -92,10 +92,8 @@ class TorchHubRules(HubRules):
         return text.split(b":", 1)[0].strip().rstrip(b"/")
 
     def repo_model(self, positional, keywords, src: bytes):
-        """``(repo, model)`` of a ``torch.hub.load`` call by torch.hub's argument order (keywords
-        first, then positionals in order; :attr:`VARIANT_ENTRY_POINTS` take the variant), or None
-        without a repository (docs/scoring.md#torchhub-repository-and-model).
-        """
+        """``(repo, model)`` of a ``torch.hub.load`` call by torch.hub's argument order, or None without
+        a repository (docs/scoring.md#torchhub-repository-and-model)."""
         rest = list(positional)
         repo = keywords.get(b"repo_or_dir")
         if repo is None:
@@ -168,8 +166,7 @@ class HuggingFaceRules(HubRules):
                 rest = positional[1:] if b"task" not in keywords else positional
                 model = rest[0] if rest else None
             if model is not None and model.type == "call":
-                # pipeline(task, model=X.from_pretrained('id')): the inner call names the model
-                # (one level only: no recursion on nested input).
+                # pipeline(task, model=X.from_pretrained('id')): one level only, no recursion
                 _, inner_pos, inner_kw = call_parts(model, src)
                 inner = next((inner_kw[kw] for kw in self.MODEL_KEYWORDS if kw in inner_kw),
                              inner_pos[0] if inner_pos else None)
