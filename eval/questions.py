@@ -10,11 +10,8 @@ from pathlib import Path
 from ratune.errors import RatuneError
 from ratune.hubs import Hub
 from ratune.io import read_json_object
+from ratune.registry import PRECOMPUTED_SETTINGS
 from ratune.train.layout import trained_data_dir
-
-#: The paper's own retrieved documents exist for its eval questions only.
-EVAL_ONLY_SETTINGS = ("gpt_index", "released_bm25")
-
 
 def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> tuple[list, dict | None]:
     """``(examples, record)``: the questions of ``split`` and, for ``validation``, what the cells'
@@ -56,7 +53,7 @@ def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> tuple[list
 
 def split_refusal(setting: str, split: str) -> str | None:
     """Why ``setting`` cannot be evaluated on ``split``'s questions, or None."""
-    if split != "eval" and setting in EVAL_ONLY_SETTINGS:
+    if split != "eval" and setting in PRECOMPUTED_SETTINGS:
         return (f"test setting {setting}: the paper's documents exist for its eval questions only, not for "
                 f"{split} questions")
     return None

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from ratune.errors import RatuneError
 from ratune.io import read_json_object
-from ratune.registry import unknown_name
+from ratune.registry import ZERO_SHOT_SETTING, unknown_name
 from ratune.train.layout import TRAINER_DIR
 
 
@@ -37,7 +37,7 @@ class SelectionRule:
 #: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``worst_case``
 #: the rule of a mixture, which should hold up under every retriever it may meet.
 SELECTION_RULES: dict[str, SelectionRule] = {r.name: r for r in (
-    SelectionRule("zero_shot", "most correct answers at 0_shot", min, setting="0_shot"),
+    SelectionRule("zero_shot", f"most correct answers at {ZERO_SHOT_SETTING}", min, setting=ZERO_SHOT_SETTING),
     SelectionRule("worst_case", "most correct answers in the checkpoint's worst setting", min),
     SelectionRule("mean", "most correct answers on average over the settings", fmean),
 )}
@@ -111,6 +111,22 @@ def select_from_curve(curve_dir: str | os.PathLike, rule: str, *, metric: str = 
             "checkpoint": str(run / TRAINER_DIR / f"checkpoint-{chosen['step']}")}
 
 
+def _check_replaceable(path: Path) -> None:
+    """Refuse to replace a file that is not an earlier choice (ratune overwrites only its own files).
+
+    Raises:
+        RatuneError: naming the file.
+    """
+    if not path.exists():
+        return
+    try:
+        earlier = read_json_object(path)
+    except RatuneError:
+        earlier = {}
+    if not {"rule", "curve", "checkpoint"} <= set(earlier):
+        raise RatuneError(f"--out {path}: exists and is not a ratune eval select choice; not overwritten")
+
+
 def cli_select(args) -> int:
     """``ratune eval select CURVE --rule R [--metric M] [--out FILE] [--json | --checkpoint-only]``:
     print the chosen checkpoint (``--checkpoint-only``: its folder alone, for a script); ``--out``
@@ -121,6 +137,7 @@ def cli_select(args) -> int:
 
     chosen = select_from_curve(args.curve, args.rule, metric=args.metric)
     if args.out:
+        _check_replaceable(Path(args.out))
         write_json(args.out, chosen)
     if args.checkpoint_only:
         print(chosen["checkpoint"])

@@ -147,6 +147,22 @@ def _output_dir(text: str) -> str:
 output_dir = _typed(_output_dir, "output_dir", good="new", bad=("file",))
 
 
+def _output_file(text: str) -> str:
+    path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: is a folder, expected a file")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: {parent} is a file, not a folder")
+    return text
+
+
+#: An output file: missing or an existing file (replaced), never a folder.
+output_file = _typed(_output_file, "output_file", good="new", bad=("folder",))
+
+
 def _model_ref(text: str) -> str:
     from ratune.models import DEMO_MODEL_ALIAS, is_hub_id
 

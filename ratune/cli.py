@@ -232,7 +232,7 @@ def _add_train(stages) -> None:
 
 
 def _add_eval(stages) -> None:
-    from ratune.args import add_apibench_argument, bounded, input_dir, model_ref, output_dir, registered
+    from ratune.args import add_apibench_argument, bounded, input_dir, model_ref, output_dir, output_file, registered
     from ratune.config import Count
     from ratune.eval.scoring import add_score_arguments
     from ratune.eval.selection import SELECTION_RULES
@@ -265,7 +265,7 @@ def _add_eval(stages) -> None:
     sel.add_argument("--rule", required=True, **registered("selection rule", tuple(SELECTION_RULES)),
                      help="; ".join(f"{r.name}: {r.summary}" for r in SELECTION_RULES.values()))
     sel.add_argument("--metric", choices=("strict", "gorilla"), default="strict", help="the counts compared")
-    sel.add_argument("--out", metavar="FILE", help="also write the choice as JSON to FILE")
+    sel.add_argument("--out", metavar="FILE", type=output_file, help="also write the choice as JSON to FILE")
     shown = sel.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="print the choice as one JSON object")
     shown.add_argument("--checkpoint-only", action="store_true", help="print the chosen checkpoint's folder alone")

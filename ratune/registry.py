@@ -104,6 +104,11 @@ TEST_SETTINGS: dict[str, TestSetting] = {s.name: s for s in TEST_SETTING_SPECS}
 TABLE_SETTINGS: tuple[str, ...] = tuple(TEST_SETTINGS)
 #: What ``ratune eval run`` runs without ``--settings``.
 DEFAULT_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS if s.default)
+#: The setting without documents (a model trained without them is chosen on it, eval/selection.py).
+ZERO_SHOT_SETTING: str = next(s.name for s in TEST_SETTING_SPECS if RETRIEVERS[s.retriever].kind == "none")
+#: The settings that replay the paper's documents, which exist for its eval questions only.
+PRECOMPUTED_SETTINGS: tuple[str, ...] = tuple(s.name for s in TEST_SETTING_SPECS
+                                              if RETRIEVERS[s.retriever].precomputed)
 #: What it runs without ``--settings`` on a catalog (which has no precomputed documents).
 CATALOG_DEFAULT_SETTINGS: tuple[str, ...] = tuple(s for s in DEFAULT_SETTINGS if not RETRIEVERS[TEST_SETTINGS[s].retriever].precomputed)
 

@@ -104,6 +104,10 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
                  "--out", str(tmp_path / "selection.json")]) == 0
     assert capsys.readouterr().out == chosen["checkpoint"] + "\n"  # for a script: CHECKPOINT=$(...)
     assert json.loads((tmp_path / "selection.json").read_text()) == chosen
+    (tmp_path / "mine.json").write_text("{}")  # a file ratune did not write is never replaced
+    assert main(["eval", "select", str(tmp_path / "curve"), "--rule", "mean", "--out", str(tmp_path / "mine.json")]) == 2
+    assert "exists and is not a ratune eval select choice; not overwritten" in capsys.readouterr().err
+    assert (tmp_path / "mine.json").read_text() == "{}"
     # a curve of the test questions is not chosen on
     evaluate_curve(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "test_curve",
                    settings=EvalSettings(settings=("0_shot",), n_questions=2, torch_threads=1), progress=False)

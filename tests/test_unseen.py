@@ -78,3 +78,13 @@ def test_eval_bfcl_leaves_out_the_entries_a_tool_set_has_seen(tmp_path, capsys):
     assert main(["eval", "bfcl", "--responses", str(tmp_path / "given"), "--unseen-by", str(tmp_path),
                  "--out", str(tmp_path / "refused")]) == 2
     assert "--unseen-by " + str(tmp_path) + ": not a tool-set folder" in capsys.readouterr().err
+
+
+def test_a_sweeps_bfcl_section_passes_the_tool_set_on(tmp_path):
+    import ratune.sweep as sw
+    from ratune.sweep.commands import bfcl_command
+    from test_sweep import write_sweep
+
+    sweep = sw.load_sweep(write_sweep(tmp_path, bfcl={"categories": ["multiple"], "unseen_by": "runs/tools/live"}))
+    command = bfcl_command(sweep, sw.expand(sweep)[0])
+    assert command[command.index("--unseen-by"):] == ["--unseen-by", "runs/tools/live"]

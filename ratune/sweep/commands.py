@@ -92,6 +92,8 @@ def bfcl_command(sweep: Sweep, cell: Cell) -> list[str]:
         cmd += ["--categories", *b.categories]
     if b.limit is not None:
         cmd += ["--limit", str(b.limit)]
+    if b.unseen_by is not None:
+        cmd += ["--unseen-by", b.unseen_by]
     cmd += command_arguments(b, BfclSettings, BFCL_OPTIONS, policy="changed")
     if cell.config.get("trust_remote_code"):
         cmd += ["--trust-remote-code"]

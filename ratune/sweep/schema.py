@@ -69,7 +69,9 @@ SweepBfcl = config_model(
     "SweepBfcl", BfclSettings, BFCL_OPTIONS, doc="Arguments of ``ratune eval bfcl`` for every cell.",
     extra={"categories": (list[Literal[BFCL_CATEGORIES]] | None, Field(
                None, description="BFCL categories to score (default: all of eval/bfcl.py CATEGORIES)")),
-           "limit": (Count | None, Field(None, description="the first N entries of each category (smoke runs)"))})
+           "limit": (Count | None, Field(None, description="the first N entries of each category (smoke runs)")),
+           "unseen_by": (str | None, Field(None, description="a tool-set folder: leave out the entries it has seen "
+                                                             "(ratune eval bfcl --unseen-by; the cells' training tools)"))})
 
 
 class SlurmSettings(BaseModel):
