@@ -131,36 +131,28 @@ input_dir = _input("folder")
 input_path = _input("path")
 
 
-def _output_dir(text: str) -> str:
-    path = Path(text)
-    if not text:
-        raise argparse.ArgumentTypeError("an empty path")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path}: exists and is not a folder")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{path}: {parent} is a file, not a folder")
-    return text
+def _output(kind: str) -> Callable[[str], str]:
+    """An output path's check: not empty, not the other kind where it exists, under folders."""
+    def convert(text: str) -> str:
+        path = Path(text)
+        if not text:
+            raise argparse.ArgumentTypeError("an empty path")
+        if kind == "folder" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{path}: exists and is not a folder")
+        if kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{path}: is a folder, expected a file")
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{path}: {parent} is a file, not a folder")
+        return text
+
+    return convert
 
 
 #: An output folder: missing (it is made) or an existing folder, never a file.
-output_dir = _typed(_output_dir, "output_dir", good="new", bad=("file",))
-
-
-def _output_file(text: str) -> str:
-    path = Path(text)
-    if not text:
-        raise argparse.ArgumentTypeError("an empty path")
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path}: is a folder, expected a file")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{path}: {parent} is a file, not a folder")
-    return text
-
-
+output_dir = _typed(_output("folder"), "output_dir", good="new", bad=("file",))
 #: An output file: missing or an existing file (replaced), never a folder.
-output_file = _typed(_output_file, "output_file", good="new", bad=("folder",))
+output_file = _typed(_output("file"), "output_file", good="new", bad=("folder",))
 
 
 def _model_ref(text: str) -> str:
