@@ -17,7 +17,7 @@ and the others still run (:data:`STAGES`):
 - ``models``: random-init models in the shapes of bench/gpu_train.py (``llama1b``: the
   Llama-3.2-1B shape; ``llama7b``: LLaMA-7B) saved in bf16 beside a byte-level LLaMA-style
   tokenizer (``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, one token per byte, BOS added, no pad token;
-  train/tiny.py ``build_llama_tokenizer``), and a
+  tests/tiny_llama_tokenizer.py ``build_llama_tokenizer``), and a
   ``ratune data build``-shaped data folder: rows of exactly ``row_tokens`` (512) tokens in the
   paper's gorilla_v0 format. The 7B folder is skipped when the disk lacks room for it.
 - ``train_1b_ratune``: ``python -m ratune.train`` on the 1B shape, one GPU: float32 weights with
@@ -159,9 +159,9 @@ if _FILE:
 '''
 
 
-def _bench_module(name: str):
-    """A bench script loaded as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+def _bench_module(name: str, folder: Path = BENCH):
+    """A bench script (or another file of ``folder``) loaded as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -209,12 +209,11 @@ def build_data(folder: Path, tokenizer_dir: Path, *, rows: int, row_tokens: int)
 
 
 def stage_models(plan: dict, work: Path, device: str) -> dict:
-    """Tokenizer (byte-level: train/tiny.py ``build_llama_tokenizer`` without pieces), data, and the
+    """Tokenizer (byte-level: tests/tiny_llama_tokenizer.py ``build_llama_tokenizer`` without pieces), data, and the
     two random-init model folders (bf16)."""
     import torch
 
-    from ratune.train.tiny import build_llama_tokenizer
-
+    build_llama_tokenizer = _bench_module("tiny_llama_tokenizer", ROOT / "tests").build_llama_tokenizer
     gt = _bench_module("gpu_train")
     tokenizer_dir = work / "tokenizer"
     shutil.rmtree(work, ignore_errors=True)

@@ -1,16 +1,4 @@
-"""``ratune catalog import``: one of the three sources in, one catalog folder out.
-
-:func:`import_catalog` reads a source (:mod:`ratune.catalog.jsonl`, :mod:`ratune.catalog.openapi`,
-:mod:`ratune.catalog.pyapi`), keeps the first document of each ``api_name`` and reports the others
-as duplicates with their locations, and writes ``OUT/apis.jsonl`` and ``OUT/manifest.json``
-(:mod:`ratune.catalog.schema`; docs/catalogs.md), each atomically, under the output's lock.
-
-It writes only into a folder that is new, empty, or an earlier ``catalog import`` output (the
-``.ratune-output`` marker, or a ``manifest.json`` of that command): any other folder is refused
-before anything is read or written, so files ratune did not create are never overwritten.
-Re-importing into a catalog folder replaces its ``apis.jsonl`` and ``manifest.json`` and leaves
-any other file there alone.
-"""
+"""``ratune catalog import``: one of the three sources in, one catalog folder out (docs/catalogs.md)."""
 
 from __future__ import annotations
 
@@ -33,18 +21,15 @@ PRINTED_PROBLEMS = 10
 
 
 def check_catalog_name(name: str) -> str:
-    """Return ``name`` if it can name a catalog (a Python identifier: it is the client of an
-    OpenAPI catalog's calls), else raise RatuneError."""
+    """Return ``name`` if it is a Python identifier (a catalog name), else raise RatuneError."""
     if not is_identifier(name):
         raise RatuneError(f"catalog name {name!r}: expected a Python identifier such as petstore or my_sdk")
     return name
 
 
 def check_source_text(text: str) -> str:
-    """Return ``text`` if it can be a source: an existing file, or a dotted module path
-    (``json``, even where a folder of that name exists: a package's source folder); refuse an
-    empty text, a missing path and a folder (RatuneError). The reader of the chosen source
-    checks the rest (a module path given to --from jsonl is a missing file there)."""
+    """Return ``text`` if it is an existing file or a dotted module path (which wins over a folder
+    of that name); RatuneError for an empty text, a missing path or a folder."""
     if not text:
         raise RatuneError("an empty source; give a file (jsonl, openapi) or a module path (python)")
     path = Path(text)
@@ -56,12 +41,8 @@ def check_source_text(text: str) -> str:
 
 
 def split_duplicates(entries: list[tuple[str, dict]]) -> tuple[list[dict], list[dict]]:
-    """Keep the first document of each ``api_name``.
-
-    Returns:
-        ``(documents, duplicates)``: the kept documents in source order, and one
-        ``{"api_name", "location", "first_location"}`` per document left out.
-    """
+    """``(kept documents, duplicates)``: the first document of each ``api_name`` in source order,
+    and ``{"api_name", "location", "first_location"}`` of each one left out."""
     first: dict[str, str] = {}
     kept, duplicates = [], []
     for location, doc in entries:
@@ -99,27 +80,15 @@ def _write_catalog(out_dir: Path, documents: list[dict], manifest: dict) -> None
 
 def import_catalog(source_kind: str, source: str | os.PathLike, out_dir: str | os.PathLike, name: str | None = None,
                    *, methods: bool = False) -> dict:
-    """Import a catalog: read ``source`` as ``source_kind`` and write the catalog folder ``out_dir``.
+    """Read ``source`` as ``source_kind`` (:data:`SOURCES`) into the catalog folder ``out_dir``
+    and return the manifest written; ``name`` defaults from the source, ``methods`` (python only)
+    adds the public methods of public classes.
 
-    Args:
-        source_kind: one of :data:`SOURCES` (``jsonl``, ``openapi``, ``python``).
-        source: the JSON-lines or OpenAPI file, or the Python module path.
-        out_dir: the catalog folder (made if missing).
-        name: the catalog name, a Python identifier (default: the JSON-lines file's stem, the
-            OpenAPI ``info.title`` in snake_case, the module path with ``_`` for ``.``).
-        methods: python only: also the public methods of public classes.
-    Returns:
-        The manifest written to ``out_dir/manifest.json``: ``kind``, ``command``,
-        ``schema_version``, ``name``, ``source`` (kind, path or module, sha256, ...), ``counts``
-        (``documents``, ``duplicates``, ``rejects``), ``duplicates`` and ``rejects`` (each listed),
-        ``notes``, ``files`` (sha256 of ``apis.jsonl``), ``versions``, ``git_commit``.
     Raises:
-        RatuneError: an unknown ``source_kind``; a bad ``name``; ``methods`` for a source that is
-            not python; ``out_dir`` is a file or a folder ratune's catalog import did not make
-            (checked before the source is read); the source gives no document at all (its
-            rejects are named); a module that cannot be imported.
-        InputError: from the source's reader, naming file and line, field or JSON pointer.
-        LockHeld: another process is writing ``out_dir``.
+        RatuneError: an unknown kind, a bad name, ``methods`` off python, an ``out_dir`` ratune
+            did not make (checked before reading), no document, a module that does not import.
+        InputError: from the source's reader.
+        LockHeld: another process writes ``out_dir``.
     """
     if source_kind not in SOURCES:
         raise RatuneError(f"unknown catalog source {source_kind!r}: expected one of {', '.join(SOURCES)}")
@@ -147,13 +116,9 @@ def import_catalog(source_kind: str, source: str | os.PathLike, out_dir: str | o
 def read_catalog_manifest(catalog_dir: str | os.PathLike) -> dict:
     """The ``manifest.json`` of a catalog folder that ``ratune catalog import`` wrote.
 
-    Returns:
-        The manifest (a JSON object whose ``kind`` is ``"catalog"`` and whose ``name`` is a
-        catalog name; the other keys as :func:`import_catalog` writes them).
     Raises:
-        RatuneError: ``catalog_dir`` is not a folder, holds no ``manifest.json``, or its manifest
-            is not a catalog import's (another ``kind``, or no valid ``name``).
-        InputError: the manifest is not valid JSON or not a JSON object (naming the file).
+        RatuneError: not a folder, no manifest, or not a catalog import's (``kind``, ``name``).
+        InputError: the manifest is not a JSON object.
     """
     folder = Path(catalog_dir)
     if not folder.is_dir():

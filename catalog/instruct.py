@@ -1,54 +1,6 @@
-"""Generated instruction pairs for a catalog: ``ratune catalog instruct`` (Gorilla, section 3.1).
-
-The paper's self-instruct step: for each API document, an instruction-following model is shown a
-few hand-written (instruction, API document) examples and the target document, and writes N
-instructions a user could give for that API without naming it. Here:
-
-* **seeds** (``--seeds FILE``): hand-written examples in the pairs format of
-  :mod:`ratune.catalog.pairs` (any pairs file is a seeds file; ``instruction`` and ``api_name``
-  are what a seed needs), validated against the catalog by
-  :func:`~ratune.catalog.pairs.load_pairs` (a bad line is an error naming the file and line).
-  Each API's prompt shows :data:`SEEDS_PER_PROMPT` of them, drawn with ``random.Random(f"{seed}:
-  {api_name}")`` (the paper samples 3 of its 6 seeds per API) and shown in file order;
-* **the prompt** (:func:`render_prompt`): :data:`PROMPT_TEMPLATE`, the one owner of its text,
-  with each seed rendered by :data:`EXAMPLE_TEMPLATE` and every document serialized by
-  :func:`ratune.sources.prompt.serialize_document` (the serialization training prompts use); given to
-  the model as one user turn of its chat template (:func:`ratune.sources.prompt.encode_prompt`), or
-  as plain text when its tokenizer has no template;
-* **parsing** (:func:`parse_lines`): every non-blank output line is one candidate, with a leading
-  number (``1.``, ``2)``, ``(3)``, ``4:``), bullet (``-``, ``*``, ``+``, ``•``), heading ``#``,
-  the label :data:`REQUEST_LABEL` and surrounding quotes stripped;
-* **filters** (:func:`filter_candidates`), checked in the order of :data:`DROP_REASONS`; each
-  dropped candidate is recorded with its reason and counted, never silently lost:
-  ``empty`` (nothing left after stripping), ``names_api`` (contains the api_name or the last
-  dotted part of the ``api_call``'s callee as a whole word, case-insensitive: ``list_pets`` for
-  ``petstore.list_pets(...)``, ``new`` for ``hashlib.new('md5')``), ``too_short`` (fewer than
-  :data:`MIN_WORDS` whitespace-separated words), ``copies_prompt`` (holds :data:`PROMPT_ECHO_WORDS`
-  consecutive words of the prompt's own text, or a document's ``"api_name"`` key,
-  :func:`echoes_prompt`: a small model often answers "Here are 10 different requests a user could
-  give that this API solves:" or repeats a document), ``copies_seed`` (equal to a seed's instruction
-  after :func:`ratune.sources.validate.normalise`), ``duplicate`` (equal, after normalising, to an
-  instruction kept earlier, for any API), ``beyond_per_api`` (the API already has ``per_api``
-  kept instructions). So ``generated = kept + sum(dropped)``;
-* **output** (:func:`instruct_catalog`): ``--out FILE``, one ``{"instruction", "api_name",
-  "api_call"}`` line per kept instruction (api_call: the document's), in catalog order: the
-  format ``ratune catalog pairs --pairs`` reads; and the sidecar ``FILE.manifest.json``
-  (:func:`sidecar_path`) recording the generator model, the exact prompt templates, the seeds
-  file's sha256, the sampling settings, the counts per filter reason, each dropped candidate,
-  the output's sha256 and the package versions. ``ratune catalog pairs`` copies that record
-  (:func:`generation_record`) into ``CATALOG/pairs/manifest.json``.
-
-An existing ``--out`` is replaced only with ``overwrite`` and only when its sidecar says
-``catalog instruct`` wrote it and its sha256 is still the one recorded (a file edited since is
-the user's). The sidecar is written before the file and records the sha256 of the file it
-replaces (``output.replaces_sha256``), so a run cut short between the two leaves a file the rerun
-may replace. Sampling is seeded (:func:`transformers.set_seed` once, before the first batch;
-batches in catalog order), so a rerun with the same settings on the same machine writes the
-same file. Generation is a parameter (:data:`Generate`): :func:`load_generator` builds the
-transformers one; tests give a fake.
-
-The model alias ``smollm2-135m-instruct`` is resolved by the caller (ratune/cli.py passes
-:func:`ratune.models.resolve_model_path`), so a test can pass any resolver.
+"""``ratune catalog instruct``: instruction pairs for a catalog, written by a model from seed
+examples (Gorilla, section 3.1, self-instruct); the prompt, the filters and the files written are
+in docs/catalogs.md, "Generate instructions".
 """
 
 from __future__ import annotations
@@ -80,17 +32,15 @@ DEFAULT_PER_API = 10
 SEEDS_PER_PROMPT = 3
 #: An instruction with fewer whitespace-separated words is dropped (``too_short``).
 MIN_WORDS = 4
-#: Why a candidate was dropped, in the order the filters run (module docstring).
+#: Why a candidate was dropped, in the order the filters run (docs/catalogs.md).
 DROP_REASONS = ("empty", "names_api", "too_short", "copies_prompt", "copies_seed", "duplicate", "beyond_per_api")
 
 #: The label of an instruction in :data:`EXAMPLE_TEMPLATE`; stripped when a model's line repeats it.
 REQUEST_LABEL = "Request:"
 #: One seed example in the prompt: its instruction and its API's document.
 EXAMPLE_TEMPLATE = REQUEST_LABEL + " {instruction}\nAPI document: {document}"
-#: The generation prompt (Gorilla, section 3.1, "self-instruct": hand-written instruction-API
-#: examples in context, then the target API document and the request for N instructions that do
-#: not name the API). Fields: ``{examples}`` (the seeds, each :data:`EXAMPLE_TEMPLATE`, a blank
-#: line between them), ``{document}`` (the target's serialized document), ``{n}``.
+#: The generation prompt (Gorilla, section 3.1, "self-instruct"). Fields: ``{examples}`` (the seeds,
+#: each :data:`EXAMPLE_TEMPLATE`, a blank line between), ``{document}`` (serialized), ``{n}``.
 PROMPT_TEMPLATE = (
     "You write requests that a user gives to a programming assistant. Each request describes a task that "
     "one API solves.\n\n"
@@ -101,8 +51,8 @@ PROMPT_TEMPLATE = (
     "Do not name the API or its function in a request."
 )
 
-#: Consecutive words of :data:`PROMPT_TEMPLATE`'s own text (placeholders left out) that make a
-#: candidate ``copies_prompt``: five, so that no ordinary request shares them by chance.
+#: Consecutive words of the prompt's own text that make a candidate ``copies_prompt`` (five: no
+#: ordinary request shares them by chance).
 PROMPT_ECHO_WORDS = 5
 
 
@@ -111,21 +61,18 @@ def _word_runs(text: str, k: int) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + k]) for i in range(len(words) - k + 1)}
 
 
-#: The runs of :data:`PROMPT_ECHO_WORDS` words of the prompt's fixed text (each part between
-#: placeholders on its own, so no run spans a seed or a document).
+#: The runs of :data:`PROMPT_ECHO_WORDS` words of the prompt's text between placeholders.
 _PROMPT_RUNS = frozenset(run for part in re.split(r"\{\w+\}", PROMPT_TEMPLATE)
                          for run in _word_runs(part, PROMPT_ECHO_WORDS))
 
 
 def echoes_prompt(text: str) -> bool:
-    """Whether a candidate holds :data:`PROMPT_ECHO_WORDS` consecutive words of the prompt's own
-    text (case and punctuation ignored), or a serialized API document's first key
-    (``"api_name"``): the model repeated its task or a document instead of doing the task."""
+    """Whether a candidate repeats :data:`PROMPT_ECHO_WORDS` words of the prompt's own text (case
+    and punctuation ignored) or a serialized document's ``"api_name"`` key."""
     return f'"{API_NAME}"' in text or not _PROMPT_RUNS.isdisjoint(_word_runs(text, PROMPT_ECHO_WORDS))
 
 
-#: A candidate's leading list marker: a bullet, a heading, or a number (``1.``, ``2)``, ``(3)``, ``4:``;
-#: not the ``1`` of ``1.5``).
+#: A candidate's leading list marker: a bullet, a heading, or a number (not the ``1`` of ``1.5``).
 _MARKER = re.compile(r"^(?:[-*+\u2022]\s+|#+\s*|\(\d{1,3}\)\s*|\d{1,3}[.):](?!\d)\s*)")
 _QUOTES = ("\"\"", "''", "\u201c\u201d")
 
@@ -139,15 +86,8 @@ def render_example(instruction: str, document: dict) -> str:
 
 
 def render_prompt(document: dict, examples: Sequence[tuple[str, dict]], n: int) -> str:
-    """The prompt for one API: :data:`PROMPT_TEMPLATE` filled in.
-
-    Args:
-        document: the target API's catalog document.
-        examples: ``(instruction, document)`` of the seeds to show, in order (at least one).
-        n: how many instructions to ask for.
-    Returns:
-        The user turn's text.
-    """
+    """The user turn for one API's ``document``: :data:`PROMPT_TEMPLATE` with the seeds'
+    ``(instruction, document)`` ``examples`` and ``n`` instructions asked for."""
     return PROMPT_TEMPLATE.format(examples="\n\n".join(render_example(i, d) for i, d in examples),
                                   document=serialize_document(document), n=n)
 
@@ -160,9 +100,8 @@ def choose_seeds(seeds: Sequence[Pair], api_name: str, seed: int, k: int = SEEDS
 
 
 def parse_lines(text: str) -> list[str]:
-    """Split a model's output into candidates (module docstring): one per non-blank line,
-    stripped of a leading list marker, :data:`REQUEST_LABEL` and surrounding quotes; a line that
-    was only a marker gives ``""`` (dropped as ``empty``)."""
+    """One candidate per non-blank output line, stripped of a leading list marker,
+    :data:`REQUEST_LABEL` and surrounding quotes (``""`` for a line that was only a marker)."""
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -194,13 +133,7 @@ def names_api(text: str, document: dict) -> bool:
 
 @dataclass(frozen=True)
 class Dropped:
-    """A candidate instruction that was not kept.
-
-    Attributes:
-        api_name: the API whose prompt produced it.
-        text: the candidate after :func:`parse_lines`.
-        reason: one of :data:`DROP_REASONS`.
-    """
+    """A candidate instruction that was not kept, with its API and one of :data:`DROP_REASONS`."""
 
     api_name: str
     text: str
@@ -212,13 +145,8 @@ class Dropped:
 
 @dataclass
 class Filtered:
-    """What :func:`filter_candidates` kept and dropped.
-
-    Attributes:
-        kept: ``(api_name, instruction)`` in input order.
-        dropped: every dropped candidate, in input order.
-        per_api: ``{api_name: {"generated", "kept"}}`` for every API given.
-    """
+    """What :func:`filter_candidates` kept (``(api_name, instruction)``) and dropped, in input
+    order, and ``{api_name: {"generated", "kept"}}``."""
 
     kept: list[tuple[str, str]]
     dropped: list[Dropped]
@@ -239,16 +167,8 @@ class Filtered:
 
 def filter_candidates(candidates: Sequence[tuple[dict, Sequence[str]]], seeds: Sequence[Pair], *,
                       per_api: int, min_words: int = MIN_WORDS) -> Filtered:
-    """Run the filters of the module docstring over each API's candidates, in order.
-
-    Args:
-        candidates: ``(document, lines)`` per API, ``lines`` from :func:`parse_lines`.
-        seeds: the seed pairs (an instruction equal to one after normalising is ``copies_seed``).
-        per_api: the most instructions kept per API (later ones: ``beyond_per_api``).
-        min_words: fewer words is ``too_short``.
-    Returns:
-        The :class:`Filtered` result; ``generated == kept + dropped`` by construction.
-    """
+    """Run the filters in :data:`DROP_REASONS` order over ``(document, parse_lines output)`` per
+    API, keeping at most ``per_api`` per API; fewer than ``min_words`` words is ``too_short``."""
     seed_keys = {normalise(s.instruction) for s in seeds}
     kept_keys: set[str] = set()
     result = Filtered([], [], {})
@@ -282,17 +202,12 @@ def filter_candidates(candidates: Sequence[tuple[dict, Sequence[str]]], seeds: S
 
 
 def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
-    """Refuse an ``--out`` that must not be written (before anything is loaded or generated).
-
-    A new path passes. An existing file passes only with ``overwrite``, when its sidecar
-    (:func:`sidecar_path`) is a ``catalog instruct`` manifest whose ``output.sha256`` is the
-    file's, or whose ``output.replaces_sha256`` is (the sidecar is written first: a run cut short
-    after it left the file it was replacing). A sidecar that exists without its pairs file must be
-    such a manifest too.
+    """Refuse an ``--out`` that must not be written: an existing file passes only with
+    ``overwrite`` and a sidecar showing that ``catalog instruct`` wrote it, unedited.
 
     Raises:
-        RatuneError: naming the path: a folder; an existing file without ``overwrite``; a file or
-            sidecar ratune did not write; a file edited since ratune wrote it.
+        RatuneError: naming the path: a folder, a file without ``overwrite``, a file or sidecar
+            ratune did not write, a file edited since.
         InputError: a sidecar that is not a JSON object.
     """
     out = Path(out)
@@ -317,40 +232,57 @@ def check_output(out: str | os.PathLike, *, overwrite: bool = False) -> None:
                           "overwrite files it did not create: choose another --out")
 
 
+def _generate_texts(prompts: list[str], generate: Generate, batch_size: int, desc: str, progress: bool) -> list[str]:
+    """One output text per prompt, ``batch_size`` prompts per ``generate`` call, under a tqdm bar."""
+    from tqdm.auto import tqdm
+
+    texts: list[str] = []
+    with tqdm(total=len(prompts), desc=desc, unit="API", disable=not progress) as bar:
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start:start + batch_size]
+            outputs = list(generate(batch))
+            if len(outputs) != len(batch):
+                raise RatuneError(f"the generator returned {len(outputs)} texts for {len(batch)} prompts")
+            texts.extend(outputs)
+            bar.update(len(batch))
+    return texts
+
+
+def _pairs_text(kept: list[tuple[str, str]], by_name: dict[str, dict]) -> str:
+    """The pairs file: one ``{"instruction", "api_name", "api_call"}`` line per kept instruction."""
+    return "".join(json.dumps({"instruction": instruction, "api_name": api_name,
+                               "api_call": by_name[api_name][API_CALL]}, ensure_ascii=False) + "\n"
+                   for api_name, instruction in kept)
+
+
+def _write_with_sidecar(out: Path, lines: str, pairs: int, manifest: dict) -> None:
+    """Write the sidecar, naming the file it replaces, then the file: a rerun after a fault between
+    the two may replace it (:func:`check_output`)."""
+    manifest["output"] = {"path": str(out), "sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest(),
+                          "pairs": pairs}
+    if out.exists():
+        manifest["output"]["replaces_sha256"] = sha256_file(out)
+    write_json(sidecar_path(out), manifest)
+    write_text(out, lines)
+
+
 def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLike, out: str | os.PathLike, *,
                      generate: Generate, generator: dict, sampling: dict | None = None,
                      per_api: int = DEFAULT_PER_API, seed: int = 0, batch_size: int = 8, overwrite: bool = False,
                      progress: bool = True) -> dict:
-    """Generate, filter and write a catalog's instruction pairs (module docstring).
+    """Generate, filter and write a catalog's instruction pairs to ``out``, and return the sidecar
+    manifest written beside it (docs/catalogs.md, "Generate instructions").
 
-    Args:
-        catalog_dir: a catalog folder (``ratune catalog import``).
-        seeds_path: the seeds file (pairs format).
-        out: the pairs file to write; its sidecar is :func:`sidecar_path`.
-        generate: prompt texts -> output texts (:func:`load_generator`, or a fake in tests).
-        generator: what the manifest records about the generator (model, path, config hash, ...).
-        sampling: the sampling settings the manifest records (temperature, max_new_tokens, ...).
-        per_api: instructions asked for, and the most kept, per API.
-        seed: draws each prompt's seeds (:func:`choose_seeds`); recorded.
-        batch_size: prompts per ``generate`` call.
-        overwrite: replace an ``out`` that this command wrote (:func:`check_output`).
-        progress: a tqdm bar over the APIs.
-    Returns:
-        The sidecar manifest: ``command``/``kind`` (``"catalog instruct"``), ``catalog`` (``name``,
-        ``path``, ``apis_sha256``), ``generator``, ``prompt`` (``template``,
-        ``example_template``, ``seeds_per_prompt``, ``per_api``), ``seeds`` (``path``,
-        ``sha256``, ``count``), ``sampling`` (with ``seed``, ``batch_size``), ``filters``
-        (``min_words``, ``reasons``), ``counts`` (``apis``, ``generated``, ``kept``,
-        ``dropped`` by reason, ``per_api``), ``dropped`` (each candidate: ``api_name``, ``text``,
-        ``reason``), ``output`` (``path``, ``sha256``, ``pairs``), ``versions``, ``git_commit``.
+    ``generate`` maps prompt texts to output texts (:func:`load_generator`, or a fake);
+    ``generator`` and ``sampling`` are recorded; ``seed`` draws each prompt's seeds;
+    ``batch_size`` prompts go to each ``generate`` call.
+
     Raises:
-        RatuneError: a bad catalog folder, an ``out`` that must not be written
-            (:func:`check_output`, checked again just before writing), ``generate`` returning the
-            wrong number of texts; LockHeld when another process writes ``out``.
-        InputError: a bad seeds line or catalog document (file, line, field).
+        RatuneError: a bad catalog, an ``out`` that must not be written (checked again before
+            writing), ``generate`` returning the wrong number of texts.
+        InputError: a bad seeds line or catalog document.
+        LockHeld: another process writes ``out``.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out)
     check_output(out, overwrite=overwrite)
     catalog = read_catalog_manifest(catalog_dir)
@@ -362,20 +294,10 @@ def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLi
         prompts = [render_prompt(doc, [(s.instruction, by_name[s.api_name])
                                        for s in choose_seeds(seeds, doc[API_NAME], seed)], per_api)
                    for doc in documents]
-        texts: list[str] = []
-        with tqdm(total=len(prompts), desc=f"instruct {catalog['name']}", unit="API", disable=not progress) as bar:
-            for start in range(0, len(prompts), batch_size):
-                batch = prompts[start:start + batch_size]
-                outputs = list(generate(batch))
-                if len(outputs) != len(batch):
-                    raise RatuneError(f"the generator returned {len(outputs)} texts for {len(batch)} prompts")
-                texts.extend(outputs)
-                bar.update(len(batch))
+        texts = _generate_texts(prompts, generate, batch_size, f"instruct {catalog['name']}", progress)
         filtered = filter_candidates([(doc, parse_lines(text)) for doc, text in zip(documents, texts)], seeds,
                                      per_api=per_api)
-        lines = "".join(json.dumps({"instruction": instruction, "api_name": api_name,
-                                    "api_call": by_name[api_name][API_CALL]}, ensure_ascii=False) + "\n"
-                        for api_name, instruction in filtered.kept)
+        lines = _pairs_text(filtered.kept, by_name)
         manifest = {
             **base_manifest(INSTRUCT_STAGE), "kind": INSTRUCT_STAGE,
             "catalog": {"name": catalog["name"], "path": str(Path(catalog_dir).resolve()),
@@ -390,41 +312,20 @@ def instruct_catalog(catalog_dir: str | os.PathLike, seeds_path: str | os.PathLi
             "dropped": [d.to_json() for d in filtered.dropped],
         }
         check_output(out, overwrite=overwrite)  # again: the file may have appeared while generating
-        # the sidecar first, naming the file it replaces: a fault between the two writes leaves a sidecar
-        # that vouches for the file there, so the rerun may replace it (check_output)
-        manifest["output"] = {"path": str(out), "sha256": hashlib.sha256(lines.encode("utf-8")).hexdigest(),
-                              "pairs": len(filtered.kept)}
-        if out.exists():
-            manifest["output"]["replaces_sha256"] = sha256_file(out)
-        write_json(sidecar_path(out), manifest)
-        write_text(out, lines)
+        _write_with_sidecar(out, lines, len(filtered.kept), manifest)
     return manifest
 
 
 def load_generator(model_path: str | os.PathLike, *, model: str | None = None, trust_remote_code: bool = False,
                    temperature: float = 0.7, max_new_tokens: int = 512, seed: int = 0,
                    dtype: str = "float32") -> tuple[Generate, dict, dict]:
-    """A transformers generator: the tokenizer and causal LM of ``model_path`` (``AutoTokenizer``,
-    ``AutoModelForCausalLM``, safetensors only), on the GPU when torch sees one.
+    """``(generate, generator_record, sampling_record)`` of the causal LM in ``model_path``
+    (safetensors, on the GPU when torch sees one), seeded once here. Each prompt is one user turn
+    of the chat template (plain text without one); ``temperature`` 0 is greedy, above it pure
+    temperature sampling (``top_k=0``, ``top_p=1.0``). ``model`` is what the user typed.
 
-    Each prompt is one user turn of the tokenizer's chat template
-    (:func:`ratune.sources.prompt.encode_prompt`), or plain text when the tokenizer has none; the
-    batch is left-padded. ``temperature > 0`` samples from the temperature-scaled distribution
-    alone (``top_k=0``, ``top_p=1.0``, whatever the model folder's generation config says);
-    ``temperature == 0`` is greedy. :func:`transformers.set_seed` runs once here, so the same
-    calls in the same order give the same texts on the same machine.
-
-    Args:
-        model_path: a local model folder (or a hub id where the hub is reachable), aliases
-            already resolved.
-        model: what the user typed (recorded); default ``model_path``.
-        trust_remote_code: passed to both loaders (only when the user asks).
-        temperature, max_new_tokens, seed: the sampling settings.
-        dtype: the weights' torch dtype name.
-    Returns:
-        ``(generate, generator_record, sampling_record)`` for :func:`instruct_catalog`.
     Raises:
-        RatuneError: naming the folder: it does not load (missing files, pickled weights only).
+        RatuneError: naming the folder: it does not load, or its tokenizer has no EOS token.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, set_seed
@@ -518,14 +419,8 @@ def add_instruct_arguments(parser) -> None:
 
 
 def cli_instruct(args, *, resolve_model: Callable[[str], Path] | None = None) -> int:
-    """``ratune catalog instruct``: check the output and the seeds, load the model, generate,
-    filter, write; print the counts.
-
-    Args:
-        args: the parsed arguments (:func:`add_instruct_arguments`).
-        resolve_model: maps ``--model`` to a folder (the CLI passes
-            :func:`ratune.models.resolve_model_path`, which knows the alias); None: the path as given.
-    """
+    """``ratune catalog instruct``: check, load the model, generate, filter, write; print the counts.
+    ``resolve_model`` maps ``--model`` to a folder (the CLI passes the alias resolver)."""
     check_output(args.out, overwrite=args.overwrite)  # cheap refusals before a model is converted or loaded
     load_pairs(args.seeds, load_catalog(args.catalog))
     model_path = resolve_model(args.model) if resolve_model is not None else Path(args.model)

@@ -1,21 +1,5 @@
-"""Catalog source 1: a JSON-lines file of API documents, one JSON object per line.
-
-Each line gives
-
-* required: ``api_name`` (non-empty str), ``api_call`` (str: one Python call with a dotted callee,
-  :func:`ratune.catalog.schema.parse_api_call`), ``description`` (str, may be empty);
-* optional (absent or null: the default): ``domain`` (non-empty str; default ``"default"``),
-  ``provider`` (non-empty str; default the catalog name), ``arguments`` (a list of objects with
-  ``name`` (required, non-empty str), ``type`` (str or null), ``required`` (bool, default false),
-  ``default`` (any JSON value, default null), ``description`` (str, default "")),
-  ``example_code`` (str, default ""), ``identifying_arguments`` (list of keyword names or
-  positional indexes of ``api_call``'s arguments, default []).
-
-Fields outside this list (an APIBench document's ``functionality``, ``performance``, ...) are
-not copied; they are counted per name in the manifest's ``notes.ignored_fields``. Blank lines are
-skipped. A line that is not JSON, a missing or ill-typed field is an
-:class:`~ratune.errors.InputError` naming the file, the line and the field; nothing is rejected
-silently (this source has no rejects: every problem is an error to fix in the file).
+"""Catalog source 1: a JSON-lines file of API documents, one object per line, optional fields
+defaulted and unknown ones counted (docs/catalogs.md, "Source 1: JSON lines").
 """
 
 from __future__ import annotations
@@ -58,19 +42,12 @@ def _arguments(value, *, path: str, line: int, ignored: Counter) -> list[dict]:
 
 
 def read_jsonl_source(path: str | os.PathLike, *, name: str) -> Imported:
-    """Read a JSON-lines file of API documents (module docstring) into catalog documents.
+    """Read a JSON-lines file into catalog documents located ``FILE:LINE``; ``name`` is the
+    ``provider`` of lines that give none.
 
-    Args:
-        path: the file.
-        name: the catalog name, the ``provider`` of lines that give none.
-    Returns:
-        :class:`~ratune.catalog.schema.Imported` with entries located ``FILE:LINE``, no rejects,
-        ``source = {"kind": "jsonl", "path", "sha256"}`` and ``notes = {"ignored_fields": {...}}``.
     Raises:
         RatuneError: the file does not exist or is a folder.
-        InputError: naming the file, line and field: bad JSON, a line that is not an object, a
-            required field missing, a field of the wrong type, an ``api_call`` that is not one call
-            with a dotted callee, ``identifying_arguments`` that the call does not have.
+        InputError: naming file, line and field: bad JSON, a field missing, ill-typed or invalid.
     """
     path = Path(path)
     if not path.is_file():

@@ -1,41 +1,5 @@
-"""Catalog source 2: an OpenAPI 3.x document (JSON or YAML), one API document per operation.
-
-Read with :func:`json.loads` (a ``.json`` file) or PyYAML's safe loader (anything else); nothing
-in the file is executed and only local references (``"$ref": "#/components/..."``) are followed,
-with a guard against reference cycles. Swagger 2.0 (``swagger: "2.0"``) and other versions are
-refused with a clear error.
-
-Each operation (an HTTP method under ``paths``, path items given by ``$ref`` included), in the
-order of ``paths`` and within a path in the order of :data:`HTTP_METHODS`, becomes:
-
-* ``api_name``: ``CLIENT.OPERATION``, where CLIENT is the catalog name (a Python identifier; by
-  default derived from ``info.title``, :func:`default_client_name`) and OPERATION is the
-  ``operationId`` in snake_case (``showPetById`` -> ``show_pet_by_id``), or without one the method
-  and the path's segments (``get /pets/{petId}`` -> ``get_pets_by_pet_id``), :func:`operation_name`;
-* ``arguments``: the path, query and header parameters (path-level ones first, overridden by the
-  operation's own of the same name and location), then the top-level properties of the request
-  body's JSON schema (``allOf`` members merged; ``readOnly`` properties left out); a body that is
-  not an object is one argument ``body``. Each has ``type`` from its schema (``integer``,
-  ``array[string]``, ``string|integer`` for a ``oneOf``, null when the schema names none),
-  ``required`` (path parameters always; a body property when the body is required and the schema
-  lists it), ``default`` (the schema's) and ``description``. Names that are not Python
-  identifiers become ones (``api-key`` -> ``api_key``); a name already taken gets its location
-  as a suffix (``name_body``);
-* ``api_call``: ``CLIENT.OPERATION(NAME=PLACEHOLDER, ...)`` with the required arguments only, in
-  the order above. PLACEHOLDER is the argument's example (the parameter's ``example`` or first
-  ``examples`` value, the schema's ``example`` or first ``examples`` item, a body property's value
-  in the media type's ``example``), else its default, else its schema's first ``enum`` value, else
-  a typed placeholder (:data:`TYPED_PLACEHOLDERS`: ``0``, ``0.0``, ``True``, ``"string"``,
-  ``[]``, ``{}``, ``None``), written as a Python literal; a literal longer than
-  :data:`MAX_PLACEHOLDER_CHARS` falls back to the typed placeholder;
-* ``description``: the ``summary``, then the first paragraph of ``description`` (when it says
-  something else); ``domain``: the first tag, else ``"default"``; ``provider``: ``info.title``;
-  ``example_code`` empty; ``identifying_arguments`` empty (the callee names the operation).
-
-Cookie parameters, ``readOnly`` body properties and ``webhooks`` are not arguments or operations
-a client calls; each is counted in the manifest's ``notes``. This source has no rejects: a
-malformed document is an :class:`~ratune.errors.InputError` naming the file and the JSON pointer
-of the fault (``/paths/~1pets/get/parameters/0/name``).
+"""Catalog source 2: an OpenAPI 3.x document (JSON or YAML), one API document per operation
+(docs/catalogs.md, "Source 2: OpenAPI 3"). Nothing in the file runs; only local ``$ref`` are followed.
 """
 
 from __future__ import annotations
@@ -72,8 +36,7 @@ MAX_DEPTH = 32
 #: JSON values copied from the document (defaults, examples) are cut off past this many nodes.
 MAX_VALUE_NODES = 1000
 
-#: Most values (scalars, lists, mappings) a YAML specification may hold once its aliases are
-#: expanded (ratune/config.py parse_yaml; configs get 100,000).
+#: Most values a YAML specification may hold, aliases expanded (ratune/config.py parse_yaml; configs: 100,000).
 MAX_DOCUMENT_VALUES = 5_000_000
 
 
@@ -87,8 +50,7 @@ def _ptr(base: str, *tokens) -> str:
 
 
 def snake_case(text: str) -> str:
-    """``listPets`` -> ``list_pets``, ``HTTPServer`` -> ``http_server``, ``find pets-by id`` ->
-    ``find_pets_by_id`` (runs of other characters become one ``_``)."""
+    """``listPets`` -> ``list_pets``, ``HTTPServer`` -> ``http_server``; other characters become ``_``."""
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", str(text))
     s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s)
     return re.sub(r"[^0-9A-Za-z]+", "_", s).strip("_").lower()
@@ -105,8 +67,7 @@ def _identifier(text: str, fallback: str) -> str:
 
 
 def default_client_name(title: str) -> str:
-    """The catalog name derived from ``info.title``: ``"Swagger Petstore"`` -> ``swagger_petstore``
-    (``api`` when the title has no letters or digits)."""
+    """The catalog name of an ``info.title``: ``"Swagger Petstore"`` -> ``swagger_petstore``, else ``api``."""
     s = snake_case(title)
     if s and s[0].isdigit():
         s = f"api_{s}"
@@ -114,9 +75,8 @@ def default_client_name(title: str) -> str:
 
 
 def operation_name(method: str, path: str, operation_id) -> str:
-    """The OPERATION of ``CLIENT.OPERATION``: the snake-cased ``operationId``, or without one
-    the method and the path's segments, a ``{param}`` read as ``by_param``
-    (``get /pets/{petId}`` -> ``get_pets_by_pet_id``); a keyword gets a trailing ``_``."""
+    """The OPERATION of ``CLIENT.OPERATION``: the snake-cased ``operationId``, else the method and
+    path (``get /pets/{petId}`` -> ``get_pets_by_pet_id``)."""
     name = snake_case(operation_id) if isinstance(operation_id, str) else ""
     if not name:
         words = [method] + [re.sub(r"\{([^}]*)\}", r" by \1 ", seg) for seg in path.split("/") if seg]
@@ -138,7 +98,7 @@ class _NotJSON(Exception):
 
 def _json_value(value, budget: list[int]):
     """``value`` as JSON (dates as ISO text, keys as strings); _NotJSON past the node budget or
-    for values JSON cannot hold (non-finite floats, bytes, ...)."""
+    for values JSON cannot hold."""
     budget[0] -= 1
     if budget[0] < 0:
         raise _NotJSON("too large")
@@ -170,13 +130,11 @@ def _json_or_missing(value):
 
 
 def load_openapi(path: str | os.PathLike) -> dict:
-    """Read an OpenAPI 3.x document.
+    """Read an OpenAPI 3.x document: JSON for a ``.json`` file, else YAML.
 
     Raises:
         RatuneError: the file does not exist.
-        InputError: naming the file (and line for syntax errors, the pointer ``/openapi`` or
-            ``/swagger`` for the version): not UTF-8, not JSON/YAML, not a mapping, Swagger 2.0,
-            an ``openapi`` version other than 3.x.
+        InputError: naming the file (line or pointer): not UTF-8, JSON or YAML, not a mapping, not 3.x.
     """
     path = Path(path)
     if not path.is_file():
@@ -242,11 +200,7 @@ class _Spec:
         return node
 
     def resolve(self, node, pointer: str):
-        """Follow ``$ref`` until a node without one: ``(node, its pointer)``.
-
-        Raises:
-            InputError: at the ``$ref``'s pointer: not a string, not local, unresolvable, a cycle.
-        """
+        """Follow ``$ref`` to ``(node, its pointer)``; InputError for a bad, non-local or circular one."""
         seen: list[str] = []
         while isinstance(node, dict) and "$ref" in node:
             ref, at = node["$ref"], _ptr(pointer, "$ref")
@@ -262,7 +216,7 @@ class _Spec:
         return node, pointer
 
     def schema_type(self, schema, pointer: str, depth: int = 0) -> str | None:
-        """The ``type`` text of a schema (module docstring), None when it names none."""
+        """The ``type`` text of a schema (``array[string]``, ``string|integer``), None when it names none."""
         if schema is None or depth > MAX_DEPTH:
             return None
         schema, pointer = self.resolve(schema, pointer)
@@ -289,13 +243,8 @@ class _Spec:
         return "object" if isinstance(schema.get("properties"), dict) else None
 
     def object_properties(self, schema, pointer: str, stack: tuple = ()) -> tuple[list, set]:
-        """Top-level properties of an object schema, ``allOf`` members first:
-        ``([(name, schema, pointer)], required names)``.
-
-        Raises:
-            InputError: at the pointer: ``properties`` not a mapping, ``allOf`` not a list, an
-                ``allOf`` that contains itself.
-        """
+        """``([(name, schema, pointer)], required names)`` of an object schema, ``allOf`` members
+        first; InputError for a bad ``properties`` or ``allOf``, or a circular ``allOf``."""
         schema, pointer = self.resolve(schema, pointer)
         if not isinstance(schema, dict):
             return [], set()
@@ -330,7 +279,7 @@ def _schema_example(schema: dict):
 
 
 def _placeholder(arg: dict, example, enum) -> str:
-    """The Python literal of a required argument in ``api_call`` (module docstring)."""
+    """The Python literal of a required argument in ``api_call``: example, default, enum, typed placeholder."""
     candidates = [_json_or_missing(example)]
     if arg["default"] is not None:
         candidates.append(arg["default"])
@@ -454,22 +403,12 @@ def _add_body(spec: _Spec, op: _Operation, body, at: str, notes: Counter) -> Non
 
 
 def read_openapi_source(path: str | os.PathLike, *, name: str | None = None) -> Imported:
-    """Read an OpenAPI 3.x document into catalog documents, one per operation (module docstring).
+    """One catalog document per operation, located ``FILE#POINTER``; ``name`` is the client of
+    every ``api_call`` (default from ``info.title``).
 
-    Args:
-        path: the JSON or YAML file.
-        name: the catalog name, CLIENT of every ``api_call`` (a Python identifier); None derives
-            it from ``info.title`` (:func:`default_client_name`).
-    Returns:
-        :class:`~ratune.catalog.schema.Imported` with entries located ``FILE#POINTER`` of the
-        operation, no rejects, ``source = {"kind": "openapi", "path", "sha256", "openapi", "title",
-        "version", "client"}`` and ``notes`` counting what was left out.
     Raises:
         RatuneError: the file does not exist; ``name`` is not a Python identifier.
-        InputError: naming the file and a JSON pointer (or line, for syntax errors): see
-            :func:`load_openapi`; ``info.title`` missing; ``paths`` or a path item or operation
-            not a mapping; a parameter without ``name`` or with a bad ``in``; a ``$ref`` that is
-            not local, does not resolve or is circular; a request body without ``content``.
+        InputError: naming the file and a JSON pointer (or line): a malformed document or ``$ref``.
     """
     path = Path(path)
     doc = load_openapi(path)

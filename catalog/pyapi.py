@@ -1,33 +1,5 @@
-"""Catalog source 3: the public callables of a Python module, read with :mod:`inspect`.
-
-The module path the user gives (``json``, ``huggingface_hub``) is imported with
-:func:`importlib.import_module` (running the module's own top-level code is the user's choice);
-none of its callables is called. The candidates are the names in ``__all__`` when the module
-defines it, else the names not starting with ``_`` whose object is a function or class defined in
-that module or one of its submodules (``obj.__module__``). With ``methods=True`` the public
-methods (own, not inherited; plain, static and class methods) of each public class are added as
-``MODULE.Class.method``.
-
-Each callable becomes:
-
-* ``api_name``: the dotted path under the given module (``json.dumps``);
-* ``api_call``: the dotted path with the required parameters: positional ones as bare names,
-  keyword-only ones as ``name=name`` (``json.dumps(obj)``); parameters with a default and
-  ``*args``/``**kwargs`` are left out. A class is called with its constructor's parameters; a
-  method without its ``self``/``cls``;
-* ``description``: the first paragraph of :func:`inspect.getdoc` (a class: of its own docstring,
-  not one inherited from a base class);
-* ``arguments``: from :func:`inspect.signature`: ``type`` the annotation as text (null without
-  one), ``default`` the default as JSON when it is a plain JSON value, else its ``repr``
-  (null without a default), ``required`` when there is no default; ``*args`` and ``**kwargs``
-  are listed with their stars, not required; ``description`` empty;
-* ``domain``: the module path; ``provider``: its top-level package; ``example_code`` empty;
-  ``identifying_arguments`` empty.
-
-Rejects (counted and listed in the manifest, never dropped silently): a name of ``__all__`` the
-module does not define (or whose lookup raises), one that is not a function or class, a callable
-whose signature :func:`inspect.signature` cannot read (many C builtins), and one whose call
-cannot be written as Python.
+"""Catalog source 3: the public callables of an imported Python module, read with :mod:`inspect`
+and never called (docs/catalogs.md, "Source 3: a Python module").
 """
 
 from __future__ import annotations
@@ -117,11 +89,8 @@ def _document(dotted: str, params: list[inspect.Parameter], *, module: str, doc_
 
 
 def _signature_params(obj, *, drop_first: bool) -> list[inspect.Parameter]:
-    """The parameters of ``obj``'s signature (without the first when ``drop_first``).
-
-    Raises:
-        ValueError, TypeError: from :func:`inspect.signature` (no signature to read).
-    """
+    """The parameters of ``obj``'s signature, the first dropped with ``drop_first``; ValueError
+    or TypeError from :func:`inspect.signature` when there is none to read."""
     params = list(inspect.signature(obj).parameters.values())
     if drop_first and params and params[0].kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
         params = params[1:]
@@ -184,12 +153,7 @@ def _version(mod, module: str) -> str | None:
 
 
 def import_module(module: str):
-    """Import the module path the user gave.
-
-    Raises:
-        RatuneError: naming the module: not a dotted module path (a file path, say), or not
-            importable (not installed, not on ``sys.path``, or its import raised ImportError).
-    """
+    """Import the module path the user gave; RatuneError when it is no dotted path or does not import."""
     if not isinstance(module, str) or not MODULE_PATH.fullmatch(module):
         raise RatuneError(f"python module {module!r}: expected a dotted module path such as json or "
                           "huggingface_hub (the module must be importable, not a file path)")
@@ -201,17 +165,9 @@ def import_module(module: str):
 
 
 def read_python_source(module: str, *, methods: bool = False) -> Imported:
-    """List a module's public callables as catalog documents (module docstring); calls none.
+    """The public callables of ``module`` (with ``methods``, also its public classes' methods as
+    ``MODULE.Class.method``) as catalog documents located by dotted path, and the rejects.
 
-    Args:
-        module: a dotted module path, imported with :func:`importlib.import_module`.
-        methods: also list the public methods of its public classes as ``MODULE.Class.method``.
-    Returns:
-        :class:`~ratune.catalog.schema.Imported` with entries located by dotted path, the rejects,
-        and ``source = {"kind": "python", "module", "file", "sha256", "version", "python",
-        "methods"}`` (``file`` is the module's file, for a package its ``__init__.py``; ``sha256``
-        of that file; ``version`` the distribution's or ``__version__``; ``python`` this
-        interpreter's version, which decides the standard library).
     Raises:
         RatuneError: from :func:`import_module`.
         InputError: the module's ``__all__`` is not a list of names.

@@ -1,33 +1,5 @@
-"""The catalog folder format: one API document per line of ``apis.jsonl``, and ``manifest.json``.
-
-A catalog folder (``ratune catalog import`` writes one; docs/catalogs.md) holds
-
-* :data:`APIS_FILE` (``apis.jsonl``): one API document per line, a JSON object with exactly the
-  fields of :data:`DOCUMENT_FIELDS`:
-
-  - ``api_name`` (str, non-empty, unique in the catalog), e.g. ``"petstore.list_pets"``;
-  - ``api_call`` (str): one Python call expression, the API's canonical call with its required
-    arguments, e.g. ``petstore.list_pets(limit=0)`` or ``json.dumps(obj)``; its callee is a dotted
-    name (``a.b.c``). It is parsed with :mod:`ast`, never executed (:func:`parse_api_call`);
-  - ``description`` (str, may be empty), ``domain`` and ``provider`` (non-empty str);
-  - ``arguments``: a list of ``{"name", "type", "required", "default", "description"}`` objects
-    (:data:`ARGUMENT_FIELDS`; ``type`` a str or null, ``default`` any JSON value);
-  - ``example_code`` (str, may be empty);
-  - ``identifying_arguments``: keyword names (str) or positional indexes (int >= 0) of the
-    ``api_call`` arguments whose literal values identify the API besides its callee; each must
-    be an argument of ``api_call``. Empty: the callee's dotted path plus its positional string
-    literals identify it.
-
-* :data:`MANIFEST_FILE` (``manifest.json``): ``{"kind": "catalog", "command": "catalog import",
-  "schema_version", "name", "source", "counts", "duplicates", "rejects", "notes", "files",
-  "versions", "git_commit"}`` (written by :func:`ratune.catalog.folder.import_catalog`).
-
-The sources (:mod:`ratune.catalog.jsonl`, :mod:`ratune.catalog.openapi`,
-:mod:`ratune.catalog.pyapi`) each return an :class:`Imported`: located documents and
-:class:`Reject` entries.
-
-:func:`validate_document` checks one document (raising :class:`~ratune.errors.InputError` naming
-file, line and field); :func:`load_catalog` reads and checks a whole folder.
+"""The catalog folder format: ``apis.jsonl``, one API document per line, and ``manifest.json``
+(docs/catalogs.md, "The catalog folder"); the checks of a document and of a folder.
 """
 
 from __future__ import annotations
@@ -45,9 +17,7 @@ from ratune.errors import InputError, RatuneError
 from ratune.io import iter_jsonl
 from ratune.sources.formats import dotted_name
 
-#: The API documents of a catalog folder.
 APIS_FILE = "apis.jsonl"
-#: The catalog folder's manifest.
 MANIFEST_FILE = "manifest.json"
 #: ``manifest.json``'s ``kind`` in a catalog folder.
 CATALOG_KIND = "catalog"
@@ -84,16 +54,8 @@ DEFAULT_DOMAIN = "default"
 
 
 def parse_api_call(text: str) -> tuple[str, ast.Call]:
-    """Parse an ``api_call``: one Python call expression whose callee is a dotted name.
-
-    Only :func:`ast.parse` runs; nothing is evaluated.
-
-    Returns:
-        ``(callee, call)``: the callee's dotted path (``"petstore.list_pets"``) and the call node.
-    Raises:
-        ValueError: saying why the text is not such a call (syntax error, several expressions, not
-            a call, a callee such as ``f()()`` or ``x[0]()``).
-    """
+    """``(callee dotted path, call node)`` of an ``api_call``, one Python call on a dotted callee;
+    only :func:`ast.parse` runs. ValueError says why the text is not such a call."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("empty; expected a Python call such as pkg.func(arg)")
     try:
@@ -141,11 +103,7 @@ def _text(doc: dict, key: str, where: tuple, *, empty: bool) -> None:
 
 
 def validate_argument(arg, *, path: str, line: int | None, index: int) -> None:
-    """Check one ``arguments`` entry (all of :data:`ARGUMENT_FIELDS`, typed).
-
-    Raises:
-        InputError: naming the file, line and field ``arguments[INDEX].KEY``.
-    """
+    """Check one ``arguments`` entry; InputError naming file, line and ``arguments[INDEX].KEY``."""
     field = f"{ARGUMENTS}[{index}]"
     if not isinstance(arg, dict):
         raise InputError(path, line, field, f"expected an object, got {type(arg).__name__}")
@@ -168,12 +126,8 @@ def validate_argument(arg, *, path: str, line: int | None, index: int) -> None:
 
 
 def check_identifying_arguments(value, call: ast.Call, *, path: str, line: int | None) -> None:
-    """Check ``identifying_arguments`` against the parsed ``api_call``: keyword names (str) that
-    the call passes by keyword, positional indexes (int >= 0) below its positional count.
-
-    Raises:
-        InputError: naming the file, line and field ``identifying_arguments``.
-    """
+    """Check ``identifying_arguments`` against the parsed ``api_call`` (keywords it passes,
+    positional indexes it has); InputError naming file, line and field."""
     if not isinstance(value, list):
         raise InputError(path, line, IDENTIFYING_ARGUMENTS, f"expected a list, got {type(value).__name__}")
     keywords = {k.arg for k in call.keywords if k.arg is not None}
@@ -188,14 +142,7 @@ def check_identifying_arguments(value, call: ast.Call, *, path: str, line: int |
 
 
 def validate_document(doc, *, path: str | os.PathLike, line: int | None) -> dict:
-    """Check one API document against the catalog schema (module docstring); returns it.
-
-    Raises:
-        InputError: naming ``path``, ``line`` and the field at fault: a missing field, an unknown
-            one, a wrong type, an empty ``api_name``/``domain``/``provider``, an ``api_call`` that
-            is not one call with a dotted callee (:func:`parse_api_call`), a bad ``arguments``
-            entry (field ``arguments[I].KEY``), ``identifying_arguments`` the call does not have.
-    """
+    """Return ``doc`` if it is a valid API document, else raise InputError naming path, line and field."""
     where = (str(path), line)
     if not isinstance(doc, dict):
         raise InputError(*where, None, f"expected a JSON object, got {type(doc).__name__}")
@@ -223,13 +170,11 @@ def validate_document(doc, *, path: str | os.PathLike, line: int | None) -> dict
 
 
 def load_catalog(catalog_dir: str | os.PathLike) -> list[dict]:
-    """Read and check a catalog folder's ``apis.jsonl``: the API documents in file order.
+    """The checked API documents of a catalog folder's ``apis.jsonl``, in file order.
 
     Raises:
-        RatuneError: the folder does not exist or holds no ``apis.jsonl``.
-        InputError: naming the file and line: a line that is not a JSON object, a document that
-            fails :func:`validate_document`, an ``api_name`` given twice (naming both lines), a
-            file without any document.
+        RatuneError: no such folder, or no ``apis.jsonl``.
+        InputError: naming file and line: a bad document, a repeated ``api_name``, an empty file.
     """
     folder = Path(catalog_dir)
     path = folder / APIS_FILE
@@ -265,13 +210,7 @@ def argument(name: str, *, type: str | None = None, required: bool = False, defa
 
 @dataclass(frozen=True)
 class Reject:
-    """An entry of a source that became no API document: where it is and why.
-
-    Attributes:
-        location: ``FILE:LINE`` (JSON lines), ``FILE#/json/pointer`` (OpenAPI) or the dotted
-            path (Python).
-        reason: one line.
-    """
+    """An entry of a source that became no API document: its ``location`` and a one-line ``reason``."""
 
     location: str
     reason: str
@@ -282,17 +221,8 @@ class Reject:
 
 @dataclass
 class Imported:
-    """What a source gave: its documents with their locations, its rejects, and what the
-    manifest records about it.
-
-    Attributes:
-        entries: ``(location, document)`` in source order; documents are complete (every field of
-            :data:`DOCUMENT_FIELDS`) but not yet checked for duplicate names (the folder writer
-            keeps the first of each name).
-        rejects: the entries that became no document.
-        source: the manifest's ``source`` object (kind, path or module, sha256, ...).
-        notes: other counts worth reporting (e.g. ignored fields), JSON-serialisable.
-    """
+    """What a source gave: ``entries`` ``(location, document)`` in source order (repeated names
+    not yet removed), ``rejects``, and the manifest's ``source`` and ``notes``."""
 
     entries: list[tuple[str, dict]] = dataclass_field(default_factory=list)
     rejects: list[Reject] = dataclass_field(default_factory=list)

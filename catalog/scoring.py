@@ -1,59 +1,7 @@
 """Scoring responses against an API catalog: which API a call names, and its argument score.
 
-This generalises ratune's ``strict`` APIBench metric (:mod:`ratune.eval.scoring`,
-docs/scoring.md) to any catalog (docs/catalog_scoring.md has the worked examples). A response's
-api_call is parsed with Python's own :mod:`ast` module, **parse only**: nothing in a response is
-ever compiled, evaluated or executed (``ast.literal_eval`` is applied only to nodes already checked
-to be plain literals).
-
-**Identity.** Every call whose callee is a dotted name (``a``, ``a.b.c``; a ``Name`` /
-``Attribute`` chain) has an identity key ``(callee dotted path, tuple of identifying values)``
-(:func:`call_identity`). A document's ``identifying_arguments`` lists keyword names or positional
-indexes; a name is read from its keyword, else from the positional argument at that name's place
-in the document's ``arguments`` order; an index from that positional argument, else from the
-keyword of the document argument at that index. When the list is empty or absent the
-identifying arguments are the positions at which the document's own ``api_call`` gives string
-literals (:func:`default_identifying`): ``torch.hub.load('pytorch/vision', 'resnet18')`` is
-identified by its first two positional values, ``json.dumps(obj)`` by its callee alone, so
-``json.dumps('hello')`` still names it. A value is the literal's string (a
-``str`` literal) or its ``repr`` (any other literal); an identifying argument that is missing or
-given as an expression (a variable, a call) has the value None. A callee that is not a dotted name
-(``f()()``, ``x[0]()``) identifies nothing. A document is *identified* by a call when the call's
-key under that document's rule equals the key of the document's own ``api_call``
-(:class:`CatalogIndex`); documents with equal keys are one API for scoring.
-
-**Verdicts** (:meth:`CatalogScorer.score_text`), as ratune's strict metric for APIBench:
-
-* ``correct``: some call in the api_call identifies the gold API;
-* ``error``: no call identifies the gold API but one identifies another catalog API, or **no call
-  could be parsed** (no text, a text that is not Python, or Python without any call). Counting an
-  unparseable answer as an error, not a hallucination, is the strict metric's convention ("a
-  response with no call at all is also an error");
-* ``hallucination``: the text parses to calls, none of which identifies a catalog API.
-
-**Argument score** (for a correct response only; False otherwise), in the manner of the AST
-checker of the Berkeley Function Calling Leaderboard (BFCL), on the first call (textual pre-order)
-that identifies the gold API. Positional arguments are mapped to names in the document's
-``arguments`` order (a positional argument past the end of that list is named ``"#i"``, i its
-0-based index; nothing after a ``*args`` is mapped):
-
-* ``required_present``: every argument the document marks ``required`` is given, positionally or
-  by keyword; ``missing`` lists the names that are not;
-* ``values_equal``: for every argument the *gold* call gives as a literal, the response gives an
-  equal literal (same Python type, containers compared element by element; ``10`` and ``10.0``
-  differ, as BFCL's type check), or omits an optional argument whose document ``default`` (not
-  null) equals the gold value; ``mismatched`` lists the names that fail (a different value, a
-  non-literal, or absent).
-
-**What is parsed.** A full answer's api_call is the text after ``<<<api_call>>>`` (and its
-colon) up to the next ``<<<`` marker; a text without that marker is taken as a bare call. At most
-:data:`MAX_CALL_CHARS` characters of it are parsed (the rest is ignored and the score says
-``truncated``), so a megabyte of output costs no more than a long call. The cut is tried as it is,
-then with trailing ``<`` / ``,`` and surrounding quotes or backticks stripped, then up to its
-last ``)``; the first that parses as Python (statements allowed: ``pets = petstore.list_pets()``)
-is used, and every call in it is identified. Parser failures on hostile input (``SyntaxError``,
-``ValueError`` for null bytes, ``RecursionError`` and ``MemoryError`` from deeply nested
-expressions) count as unparseable; ratune's own tree walks are iterative.
+The rules and worked examples are in docs/catalog_scoring.md. A response is parsed with :mod:`ast`
+only: nothing in it is compiled, evaluated or executed.
 """
 
 from __future__ import annotations
@@ -71,9 +19,7 @@ VERDICTS = ("correct", "error", "hallucination")
 #: The argument-level measures :meth:`CatalogScorer.score` aggregates besides the verdicts.
 ARGUMENT_MEASURES = ("args_required_present", "args_values_equal")
 
-#: Characters of a response's api_call that are parsed; the rest is ignored (``truncated``).
-#: A catalog call with its literal arguments is far shorter; the bound keeps hostile 1 MB texts
-#: as cheap as ordinary ones and, with the parser's own limits, bounds the parse tree.
+#: Characters of a response's api_call that are parsed (the rest: ``truncated``); bounds hostile input.
 MAX_CALL_CHARS = 10_000
 
 #: The marker that starts a full answer's api_call field (sources/prompt.py, ANSWER_MARKERS).
@@ -90,14 +36,10 @@ REASONS = {
 _PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 
 
-# --------------------------------------------------------------------------------------------
-# Calls and their identity.
-
 
 def is_literal(node: ast.AST) -> bool:
-    """Whether ``node`` is a plain literal: a constant, a signed number (``-1``), or a tuple,
-    list, set or dict of plain literals (no ``**`` or ``*`` inside). Only such nodes are ever
-    given to ``ast.literal_eval``. Iterative."""
+    """Whether ``node`` is a plain literal: a constant, a signed number, or a tuple, list, set or
+    dict of plain literals. Only such nodes are given to ``ast.literal_eval``."""
     stack = [node]
     while stack:
         n = stack.pop()
@@ -124,8 +66,7 @@ _NOT_LITERAL = object()
 
 
 def literal_value(node: ast.AST):
-    """The Python value of a plain literal node (:func:`is_literal`), else a private sentinel
-    (compare with :func:`has_value`). Nothing but ``ast.literal_eval`` on a checked node runs."""
+    """The Python value of a plain literal node (:func:`is_literal`), else a sentinel (:func:`has_value`)."""
     if not is_literal(node):
         return _NOT_LITERAL
     try:
@@ -140,8 +81,7 @@ def has_value(value) -> bool:
 
 
 def same_value(a, b) -> bool:
-    """Literal equality with types: ``1`` vs ``1.0`` vs ``True`` differ; lists, tuples, sets and
-    dicts are equal when their type and elements are (dict key order does not matter)."""
+    """Literal equality with types (``1``, ``1.0`` and ``True`` differ), containers element by element."""
     stack = [(a, b)]
     while stack:
         x, y = stack.pop()
@@ -161,8 +101,7 @@ def same_value(a, b) -> bool:
 
 
 def _as_string(node: ast.AST | None) -> str | None:
-    """Identifying value of an argument node: a str literal's content, another literal's repr,
-    None for a missing argument or a non-literal expression."""
+    """Identifying value of an argument node: a str literal's text, another literal's repr, else None."""
     if node is None:
         return None
     value = literal_value(node)
@@ -182,8 +121,7 @@ def _positional(call: ast.Call) -> list[ast.AST]:
 
 
 def _keywords(call: ast.Call) -> dict[str, ast.AST]:
-    """``{name: value_node}`` of a call's keywords (``**kw`` skipped; the first of a repeated
-    name kept)."""
+    """``{name: value_node}`` of a call's keywords (``**kw`` skipped, the first of a name kept)."""
     out: dict[str, ast.AST] = {}
     for kw in call.keywords:
         if kw.arg is not None:
@@ -201,8 +139,7 @@ def _argument_names(document: dict | None) -> list[str]:
 
 def bound_arguments(call: ast.Call, document: dict | None) -> dict[str, ast.AST]:
     """``{argument name: value node}`` of a call, positional arguments named in the document's
-    ``arguments`` order (one past the end is ``"#i"``); a keyword wins over a positional
-    argument of the same name. Nothing after a ``*args`` is placed."""
+    ``arguments`` order (past its end ``"#i"``); a keyword wins over a positional argument."""
     names = _argument_names(document)
     out: dict[str, ast.AST] = {}
     for i, node in enumerate(_positional(call)):
@@ -212,11 +149,8 @@ def bound_arguments(call: ast.Call, document: dict | None) -> dict[str, ast.AST]
 
 
 def default_identifying(document: dict | None) -> list | None:
-    """The identifying arguments of ``document``: its ``identifying_arguments`` when non-empty,
-    else the positional indexes at which its own ``api_call`` gives string literals (``[0, 1]``
-    for ``torch.hub.load('pytorch/vision', 'resnet18')``, ``[]`` for ``json.dumps(obj)``: the
-    callee alone identifies it); None without a document or a parseable api_call (then a call's
-    own positional string literals are its values)."""
+    """A document's ``identifying_arguments``, else the positions of string literals in its own
+    ``api_call``; None without a document or a parseable api_call."""
     if not document:
         return None
     given = document.get("identifying_arguments")
@@ -230,18 +164,9 @@ def default_identifying(document: dict | None) -> list | None:
 
 
 def call_identity(call: ast.Call, document: dict | None) -> tuple | None:
-    """The identity key ``(callee dotted path, tuple of identifying values)`` of one call under
-    ``document``'s rule, or None when the callee is not a dotted name.
-
-    Args:
-        call: a parsed call.
-        document: the catalog document whose ``identifying_arguments`` (keyword names or
-            positional indexes) and ``arguments`` order apply (:func:`default_identifying`
-            when it lists none); None: the call's own positional string literals.
-    Returns:
-        e.g. ``("torch.hub.load", ("pytorch/vision", "resnet18"))``; each value is a str, or None
-        for an identifying argument that is missing or not a literal (module docstring).
-    """
+    """The identity key ``(callee dotted path, identifying values)`` of ``call`` under
+    ``document``'s rule (None: the call's own positional string literals); None for a callee
+    that is not a dotted name."""
     callee = dotted_name(call.func)
     if callee is None:
         return None
@@ -274,8 +199,7 @@ def call_identity(call: ast.Call, document: dict | None) -> tuple | None:
 
 
 def iter_calls(tree: ast.AST) -> Iterable[ast.Call]:
-    """The ``Call`` nodes of a tree in textual pre-order (an outer call before the calls in its
-    arguments). Iterative: no recursion limit applies to deep trees."""
+    """The ``Call`` nodes of a tree in textual pre-order, iteratively (no recursion limit)."""
     stack = [tree]
     while stack:
         node = stack.pop()
@@ -285,28 +209,18 @@ def iter_calls(tree: ast.AST) -> Iterable[ast.Call]:
 
 
 def parse_call(text: str) -> ast.Call:
-    """Parse one call expression (a document's or a pair's ``api_call``), parse only: the
-    catalog schema's :func:`ratune.catalog.schema.parse_api_call`, for at most
-    :data:`MAX_CALL_CHARS` characters.
-
-    Raises:
-        ValueError: with the reason: not a string, too long, not Python, not a single call
-            expression, or a callee that is not a dotted name.
-    """
+    """The call node of an ``api_call`` of at most :data:`MAX_CALL_CHARS` characters
+    (:func:`ratune.catalog.schema.parse_api_call`); ValueError with the reason."""
     if isinstance(text, str) and len(text) > MAX_CALL_CHARS:
         raise ValueError(f"longer than {MAX_CALL_CHARS} characters")
     return parse_api_call(text)[1]
 
 
 class CatalogIndex:
-    """Identity keys of a catalog's documents, built once; answers which APIs a call names.
+    """Identity keys of a catalog's documents, built once; :meth:`identify` names a call's APIs.
 
-    Args:
-        documents: catalog documents (plain dicts; docs/catalogs.md schema); each needs a unique
-            ``api_name`` and an ``api_call`` that :func:`parse_call` accepts.
     Raises:
-        RatuneError: a document without a string api_name, a repeated api_name, or an api_call
-            that is not one call on a dotted callee (the message names the API).
+        RatuneError: naming the API: a missing or repeated api_name, or a bad api_call.
     """
 
     def __init__(self, documents: Sequence[dict]):
@@ -334,17 +248,13 @@ class CatalogIndex:
         return list(self.documents)
 
     def identify(self, call: ast.Call) -> tuple[str, ...]:
-        """The api_names (document order) whose identity key ``call`` has under each one's own
-        rule; () when the callee is no dotted name or no document matches."""
+        """The api_names (document order) whose identity key ``call`` has under each one's rule."""
         callee = dotted_name(call.func)
         if callee is None:
             return ()
         return tuple(name for name, key, doc in self._by_callee.get(callee, ())
                      if call_identity(call, doc) == key)
 
-
-# --------------------------------------------------------------------------------------------
-# Responses.
 
 
 def extract_call_text(text) -> str | None:
@@ -365,7 +275,7 @@ def extract_call_text(text) -> str | None:
 
 
 def _candidates(call_text: str) -> list[str]:
-    """The cuts tried, in order (module docstring)."""
+    """The cuts tried, in order (docs/catalog_scoring.md, "What is parsed")."""
     out = [call_text]
     stripped = call_text.strip().rstrip("<,").strip().strip("`'\"").strip()
     if stripped != call_text:
@@ -377,8 +287,7 @@ def _candidates(call_text: str) -> list[str]:
 
 
 def parse_response_calls(call_text: str) -> list[ast.Call] | None:
-    """Every call (textual pre-order) of the first cut of ``call_text`` that parses as Python, or
-    None when no cut parses. Parse only; parser failures on hostile input are caught."""
+    """Every call of the first cut of ``call_text`` that parses as Python, or None when none parses."""
     for candidate in _candidates(call_text):
         try:
             tree = ast.parse(candidate, mode="exec")
@@ -393,21 +302,8 @@ def parse_response_calls(call_text: str) -> list[ast.Call] | None:
 
 @dataclass(frozen=True)
 class CatalogScore:
-    """The score of one response.
-
-    Attributes:
-        verdict: one of VERDICTS.
-        gold: the gold api_name.
-        api_call: the api_call text that was parsed (after the cut and the length cap), None for
-            a response without text.
-        named: the catalog api_names the response's calls identify (first call first, no repeats).
-        reason: None when a call was parsed, else a key of REASONS.
-        truncated: the api_call was longer than MAX_CALL_CHARS and was cut there.
-        required_present: correct, and every required document argument is given.
-        values_equal: correct, and every literal argument of the gold call is matched.
-        missing: required argument names not given (correct responses only).
-        mismatched: gold literal argument names not matched (correct responses only).
-    """
+    """The score of one response (docs/catalog_scoring.md); ``reason`` is a key of :data:`REASONS`
+    when no call was parsed, the argument fields are set for correct responses only."""
 
     verdict: str
     gold: str
@@ -426,8 +322,7 @@ class CatalogScore:
 
 
 def argument_score(response: ast.Call, gold: ast.Call, document: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(missing, mismatched)`` argument names of a response call that names the gold API
-    (module docstring: required arguments present; gold literal values equal)."""
+    """``(missing, mismatched)`` argument names of a response call that names the gold API."""
     given = bound_arguments(response, document)
     specs = {a["name"]: a for a in document.get("arguments") or ()
              if isinstance(a, dict) and isinstance(a.get("name"), str)}
@@ -436,7 +331,7 @@ def argument_score(response: ast.Call, gold: ast.Call, document: dict) -> tuple[
     for name, gold_node in bound_arguments(gold, document).items():
         want = literal_value(gold_node)
         if not has_value(want):
-            continue  # the gold call fixes no value here (a placeholder expression)
+            continue  # the gold call fixes no value here
         node = given.get(name)
         if node is None:
             spec = specs.get(name, {})
@@ -453,8 +348,7 @@ def argument_score(response: ast.Call, gold: ast.Call, document: dict) -> tuple[
 
 
 def _jsonish(value):
-    """A literal as JSON would hold it (tuples as lists), to compare with a document default.
-    Recursive over container nesting only, which the parser bounds (200 brackets)."""
+    """A literal as JSON would hold it (tuples as lists), to compare with a document default."""
     if isinstance(value, (tuple, list)):
         return [_jsonish(v) for v in value]
     if isinstance(value, dict):
@@ -463,13 +357,7 @@ def _jsonish(value):
 
 
 class CatalogScorer:
-    """Scores responses against one catalog (module docstring: verdicts and argument score).
-
-    Args:
-        documents: the catalog's API documents (plain dicts, the catalog schema).
-    Raises:
-        RatuneError: as :class:`CatalogIndex`.
-    """
+    """Scores responses against one catalog's documents; RatuneError as :class:`CatalogIndex`."""
 
     def __init__(self, documents: Sequence[dict]):
         self.index = CatalogIndex(documents)
@@ -489,17 +377,11 @@ class CatalogScorer:
         return call
 
     def score_text(self, text, gold_api_name: str, gold_call: str | None = None) -> CatalogScore:
-        """Score one response.
+        """Score one response ``text`` (a full answer or a bare call) for ``gold_api_name``;
+        ``gold_call`` (default the document's api_call) decides ``values_equal``.
 
-        Args:
-            text: a full answer (with ``<<<api_call>>>:``) or a bare call; anything else (None, a
-                number) is an error with reason ``no_text``.
-            gold_api_name: the API the instruction asks for; must be in the catalog.
-            gold_call: the gold call with this instruction's argument values (a pair's
-                ``api_call``); None uses the document's api_call. It decides ``values_equal``.
         Raises:
-            RatuneError: unknown gold_api_name, or a gold_call that does not parse or does not
-                identify it.
+            RatuneError: an unknown gold_api_name, or a gold_call that does not parse or identify it.
         """
         if gold_api_name not in self.index.documents:
             raise RatuneError(f"gold API {gold_api_name!r} is not in the catalog")
@@ -531,17 +413,9 @@ class CatalogScorer:
                             missing=missing, mismatched=mismatched)
 
     def score(self, responses: Sequence[dict]) -> dict:
-        """Score a list of responses and aggregate.
+        """Score dicts of ``text``, ``api_name`` and optional ``api_call``: ``{"n", "counts",
+        "percent", "per_response"}``, percentages of all n (docs/catalog_scoring.md, "Aggregates").
 
-        Args:
-            responses: dicts with ``text`` (the response), ``api_name`` (the gold API) and
-                optionally ``api_call`` (the gold call for this instruction).
-        Returns:
-            ``{"n", "counts": {measure: int}, "percent": {measure: float}, "per_response":
-            [CatalogScore.as_dict()]}`` for the measures correct, error, hallucination,
-            args_required_present and args_values_equal. Every percentage is 100 * count / n
-            (all responses; the argument measures count correct responses only, so they never
-            exceed ``correct``); 0.0 when n is 0.
         Raises:
             RatuneError: as :meth:`score_text`.
         """

@@ -1,25 +1,5 @@
-"""Export a trained checkpoint as a self-contained Hugging Face model folder, optionally pushed to
-the hub: ``ratune export CHECKPOINT --out DIR [--merge-lora] [--push-to-hub REPO_ID] [--private]``.
-
-Exported folder (written into a new ratune-owned sibling ``.ratune-tmp.XXXXXXXX.DIR``, then
-renamed to ``DIR``, under ``DIR``'s lock)::
-
-    config.json, model.safetensors    the weights (safetensors only), LoRA merged
-    generation_config.json            greedy decoding; eos_token_id = the EOS the model was trained
-                                      to stop at (the training tokenizer's), pad_token_id set
-    tokenizer files                   the training tokenizer (chat template included)
-    README.md                         model card (huggingface_hub ModelCard): metadata, RAT recipe,
-                                      data file hashes, versions, measured Table 2 row
-    ratune_export.json                the same facts, machine-readable
-
-A run trained on an API catalog (its run manifest records ``catalog``, :func:`ratune.train.preflight.check_data_hub`)
-gets a card that names the catalog (its name, that it is the user's own APIs imported with ``ratune
-catalog import``, the import source's kind and sha256) and carries no APIBench dataset metadata.
-
-The hub token is read with :func:`huggingface_hub.get_token` (``$HF_TOKEN``, then the token file
-of ``hf auth login``); it is handed to :class:`huggingface_hub.HfApi` only and never written to
-any file. A push requested without a token fails before anything is loaded or written.
-"""
+"""``ratune export``: a trained checkpoint as a self-contained Hugging Face model folder, optionally
+pushed to the hub (folder layout, card and push: docs/pipeline.md#export)."""
 
 from __future__ import annotations
 
@@ -49,18 +29,13 @@ EXPORT_MANIFEST = "ratune_export.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-# ---------------------------------------------------------------------------------------------
-# reading the checkpoint
-
-
 def _read_json(path: Path) -> dict:
     return read_json(path)
 
 
 def _source(checkpoint: Path) -> tuple[Path, dict | None]:
-    """``(model folder, run manifest or None)`` of a run folder or a plain model folder; the model
-    folder of a run that saved only ``adapter/`` (QLoRA) is that adapter folder
-    (:func:`ratune.train.layout.resolve_checkpoint`)."""
+    """``(model folder, run manifest or None)`` of a run folder (``adapter/`` for a QLoRA run) or a
+    plain model folder."""
     if not checkpoint.exists():
         raise RatuneError(f"{checkpoint}: checkpoint does not exist")
     folder = model_folder(checkpoint)
@@ -75,8 +50,8 @@ def _source(checkpoint: Path) -> tuple[Path, dict | None]:
 
 
 def _resolve_base_model_id(manifest: dict | None, base_model: str | None) -> str | None:
-    """The hub id for the card's ``base_model``: explicit, else the alias map, else the config's
-    ``model`` when it looks like a hub id and is not a local folder; None when unknown."""
+    """The card's ``base_model`` hub id: explicit, else the alias's, else the config's hub-id-like
+    ``model``; None when unknown."""
     if base_model:
         return base_model
     if not manifest:
@@ -90,8 +65,7 @@ def _resolve_base_model_id(manifest: dict | None, base_model: str | None) -> str
 
 
 def _data_hashes(manifest: dict | None) -> tuple[dict | None, str]:
-    """``(inputs {file: sha256} or None, note)`` from the training data manifest, checked against
-    the data manifest hash the run recorded."""
+    """``(inputs {file: sha256} or None, note)`` from the training data manifest, if unchanged since training."""
     if not manifest:
         return None, "not a ratune run folder: training data unknown"
     data_dir = manifest.get("config", {}).get("data_dir")
@@ -123,8 +97,7 @@ def _table2_cell(path, i: int, cell: dict) -> dict:
     """One cell of a table2.json with its intervals (:func:`ratune.eval.report.with_intervals`).
 
     Raises:
-        InputError: naming the file and the cell: no ``test_retriever``, ``n`` not a count, or
-            rates and counts that give no interval (a hand-edited file).
+        InputError: no ``test_retriever``, ``n`` not a count, or rates that give no interval.
     """
     if not isinstance(cell.get("test_retriever"), str):
         raise InputError(str(path), None, f"cells[{i}].test_retriever", "missing or not a string")
@@ -172,14 +145,8 @@ def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
     return unique, hub
 
 
-# ---------------------------------------------------------------------------------------------
-# export
-
-
 def _check_export_arguments(checkpoint, out_dir, *, push_to_hub, private) -> None:
-    """What :func:`export_checkpoint` checks before it takes ``out_dir``'s lock, so that a refusal
-    writes nothing (no lock file either): the push's repo id and hub token (:func:`_hub_token`)
-    and the export folder.
+    """The checks of :func:`export_checkpoint` before it takes ``out_dir``'s lock (a refusal writes nothing).
 
     Raises:
         RatuneError: see :func:`ratune.export.push.hub_token` and :func:`ratune.export.checks.check_out_folder`.
@@ -193,33 +160,18 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
                       eval_dirs: Sequence[str | os.PathLike] | None = None,
                       table2: str | os.PathLike | None = None, base_model: str | None = None,
                       license: str = DEFAULT_LICENSE) -> Path:
-    """Export a checkpoint as a Hugging Face model folder (see the module docstring), holding
-    ``out_dir``'s lock (resolved) from before any model loads until the folder is in place; a push
-    uploads the folder before it is swapped in (a push cut short leaves no ``out_dir``, so the same
-    command pushes again; one the hub refuses keeps the export); the arguments, the hub token and
-    ``out_dir`` are checked before the lock (:func:`_check_export_arguments`).
+    """Export ``checkpoint`` (a run folder or a model folder) to the new folder ``out_dir`` and return
+    it; the push, if any, runs before the folder is swapped in (docs/pipeline.md#export).
 
     Args:
-        checkpoint: a ``ratune train`` run folder (its manifest gives the recipe, the data hashes and
-            the base model) or a model folder holding config.json (a run's ``model/`` with its
-            ``ratune_manifest.json``, which is not exported).
-        out_dir: the folder to create: new or empty, not inside the checkpoint nor holding it;
-            written into a ratune-owned temporary sibling and renamed.
-        merge_lora: merge the run's ``adapter/`` into its unquantized base (:mod:`ratune.export.merge`;
-            a QLoRA run needs it); without it ``model/``, merged at train time, is exported.
+        merge_lora: merge the run's ``adapter/`` into its unquantized base (a QLoRA run needs it).
         push_to_hub, private: ``OWNER/NAME`` to create (exist_ok, private if asked) and upload to.
-        eval_dirs: ``ratune eval run`` folders of this checkpoint whose complete cells go into the
-            card (a cell measured on another checkpoint is refused).
-        table2: a ``table2.json`` whose cells of this run's ``train_retriever`` go into the card.
-        base_model: the card's ``base_model`` hub id (default: the demo alias's, or the config's
-            ``model`` when it is a hub id); a push needs one.
-        license: the card's license.
-    Returns:
-        The exported folder.
+        eval_dirs, table2: eval folders or a ``table2.json`` whose cells of this run go into the card.
+        base_model, license: the card's ``base_model`` hub id (a push needs one) and license.
     Raises:
         RatuneError: bad arguments or no hub token (before any work); a missing or unfinished
-            checkpoint; as :func:`ratune.export.merge.load_export_model`; an ``out_dir`` refused
-            as above; a Table 2 file without this run's row; a failed upload (the export is kept).
+            checkpoint; a refused ``out_dir``; no Table 2 row for this run; a failed upload (the
+            export is kept); as :func:`ratune.export.merge.load_export_model`.
         LockHeld: another process is writing ``out_dir``.
     """
     _check_export_arguments(checkpoint, out_dir, push_to_hub=push_to_hub, private=private)
@@ -306,10 +258,6 @@ def _write_folder(tmp: Path, loaded, card, record: dict) -> None:
         stray.unlink()
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI
-
-
 def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the arguments of ``ratune export`` to ``parser`` (see :func:`cli_export`)."""
     parser.add_argument("checkpoint", metavar="CHECKPOINT", type=input_dir,
@@ -331,8 +279,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def cli_export(args) -> int:
-    """``ratune export CHECKPOINT --out DIR ...``: run :func:`export_checkpoint`, print
-    ``{"out": DIR, "pushed_to": REPO_ID or null}`` as JSON. Raises RatuneError like it."""
+    """``ratune export``: run :func:`export_checkpoint`, print ``{"out", "pushed_to"}`` as JSON."""
     out = export_checkpoint(args.checkpoint, args.out, merge_lora=args.merge_lora, push_to_hub=args.push_to_hub,
                             private=args.private, eval_dirs=args.eval_dirs, table2=args.table2,
                             base_model=args.base_model, license=args.license)

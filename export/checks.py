@@ -1,5 +1,4 @@
-"""What an export checks before it writes: the vocabulary against the embedding matrix, and the
-export folder against the checkpoint."""
+"""What an export checks before it writes: the vocabulary and the export folder."""
 
 from __future__ import annotations
 
@@ -9,26 +8,12 @@ from ratune.errors import RatuneError
 
 
 def check_vocabulary(model, tokenizer, *, base_rows: int | None = None) -> dict:
-    """Check that every token id the tokenizer can produce has an embedding row, and that the
-    embedding matrix was not resized during training.
+    """Check that every token id of ``tokenizer`` has an embedding row in ``model`` and that the matrix
+    was not resized in training: more rows than tokens only if the base model had ``base_rows`` (None:
+    unknown, accepted); return ``{"embedding_rows", "tokenizer_length"}``.
 
-    The rule: the input (and, when untied, output) embedding rows must equal ``len(tokenizer)``;
-    more rows than tokens is accepted only when the base model had exactly that many rows, i.e.
-    the padding is the base model's own (many models pad the matrix to a multiple of 64 or 128;
-    those rows are never indexed) and no vocabulary was added or removed during training. Fewer
-    rows than tokens is always refused: token ids >= rows (e.g. a pad token added to the tokenizer
-    without resizing the model) would index past the matrix. ratune itself never adds tokens
-    (:func:`ratune.models.load_tokenizer` pads with EOS).
-
-    Args:
-        model: a causal LM.
-        tokenizer: the tokenizer to export with it.
-        base_rows: embedding rows of the base model before training (None when unknown: then any
-            rows >= len(tokenizer) are accepted, the model's own config being the reference).
-    Returns:
-        ``{"embedding_rows", "tokenizer_length"}``.
     Raises:
-        RatuneError: naming both numbers when the rows and the tokenizer length disagree as above.
+        RatuneError: fewer rows than tokens, input and output rows differ, or rows != ``base_rows``.
     """
     rows = int(model.get_input_embeddings().weight.shape[0])
     out_emb = model.get_output_embeddings()
@@ -50,8 +35,7 @@ def check_vocabulary(model, tokenizer, *, base_rows: int | None = None) -> dict:
 
 
 def check_out_folder(checkpoint: Path, out: Path) -> None:
-    """Refuse an export folder that exists and is not empty, or that is inside the checkpoint or
-    holds it (compared resolved: symlinks and ``..`` followed).
+    """Refuse an export folder ``out`` that exists and is not empty, or is inside ``checkpoint`` or holds it.
 
     Raises:
         RatuneError: naming the folder and the reason.

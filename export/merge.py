@@ -1,6 +1,5 @@
-"""The model an export writes: a run's ``model/`` as it is, or its LoRA adapter merged into the
-unquantized base (``--merge-lora``), with the training tokenizer, the vocabulary checked and a
-greedy generation config whose EOS is the one the model was trained to stop at."""
+"""The model an export writes: a run's ``model/``, or its LoRA adapter merged into the unquantized
+base (``--merge-lora``), with the training tokenizer and a greedy generation config."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from ratune.models import load_model, load_tokenizer
 
 @dataclass
 class ExportModel:
-    """What :func:`load_export_model` loaded: the model (generation config set), its tokenizer,
-    the vocabulary check's record, and whether a LoRA adapter was merged at export."""
+    """What :func:`load_export_model` loaded."""
 
     model: object
     tokenizer: object
@@ -30,7 +28,7 @@ class ExportModel:
 
 
 def load_export_model(checkpoint: Path, folder: Path, manifest: dict | None, *, merge_lora: bool) -> ExportModel:
-    """Load what :func:`ratune.export.checkpoint.export_checkpoint` writes (see the module docstring).
+    """Load what :func:`ratune.export.checkpoint.export_checkpoint` writes, EOS the trained one.
 
     Raises:
         RatuneError: a QLoRA run (adapter only) without ``merge_lora``; a base model that is gone;

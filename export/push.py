@@ -1,6 +1,4 @@
-"""The hub push of an exported folder: the repo id and token checked before any work, then
-:class:`huggingface_hub.HfApi` creates the repo and uploads the folder. The token is never written
-to any file."""
+"""The hub push of an exported folder; the token is never written to any file."""
 
 from __future__ import annotations
 
@@ -37,16 +35,12 @@ def hub_token(push_to_hub: str | None, private: bool) -> str | None:
 
 def push_folder(folder: str | os.PathLike, repo_id: str, *, token: str, private: bool = False,
                 kept: str | os.PathLike | None = None) -> str:
-    """Create ``repo_id`` (a model repo; exist_ok) and upload ``folder`` to it.
+    """Create model repo ``repo_id`` (exist_ok), upload ``folder`` to it and return its URL; ``kept``
+    names where the export stays after a refused push (default ``folder``).
 
-    Args:
-        kept: where the export is kept after a refused push, named in the error (default ``folder``).
-    Returns:
-        The repo URL.
     Raises:
-        RatuneError: when the hub refuses or cannot be reached (the local folder is kept).
-        OSError: a write fault on this machine (a full disk: :func:`ratune.boundary.write_fault`),
-            which the error boundary reports as one.
+        RatuneError: the hub refuses or cannot be reached.
+        OSError: a write fault on this machine (:func:`ratune.boundary.write_fault`).
     """
     from huggingface_hub import HfApi
 

@@ -20,15 +20,12 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml
 
 def run_demo(config_path: str | None = None, *, out_dir: str | None = None, apibench: str | None = None,
              rerun_changed: bool = False) -> int:
-    """Run (or resume) the demo; returns 0 when every cell finished, else 1.
-
-    Args:
-        rerun_changed: delete and rerun an arm whose resolved config changed since it ran.
-        apibench: overrides the config's ``apibench`` key.
+    """Run (or resume) the demo; returns 0 when every cell finished, else 1. ``apibench`` overrides the
+    config's; ``rerun_changed`` reruns an arm whose resolved config changed.
 
     Raises:
-        RatuneError: a bad config, a missing APIBench, an output folder ratune did not make, a
-            changed arm without ``rerun_changed``, and the stages' errors.
+        RatuneError: a bad config, a missing APIBench, a refused output folder, a changed arm, and
+            the stages' errors.
         LockHeld: another process is writing the output folder (or one of its stages' folders).
     """
     path = Path(config_path) if config_path else DEFAULT_CONFIG

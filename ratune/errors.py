@@ -8,12 +8,8 @@ class RatuneError(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived (raised by :func:`ratune.boundary.terminate_like_ctrl_c`), so the
-    process unwinds as after Ctrl-C and removes its lock files.
-
-    Attributes:
-        signum: the signal's number; the exit status is ``128 + signum``.
-    """
+    """SIGTERM or SIGHUP (``signum``; exit status ``128 + signum``) arrived: the process unwinds as
+    after Ctrl-C (:func:`ratune.boundary.terminate_like_ctrl_c`)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -21,13 +17,7 @@ class Terminated(KeyboardInterrupt):
 
 
 class InputError(RatuneError):
-    """Bad input data, located by file, line (1-based) and field.
-
-    Attributes:
-        path: the file that holds the bad input.
-        line: 1-based line number, or None when the problem is not tied to a line.
-        field: the JSON field (or config key) at fault, or None.
-    """
+    """Bad input data, located by file ``path``, 1-based ``line`` and JSON ``field`` (either may be None)."""
 
     def __init__(self, path: str, line: int | None, field: str | None, message: str):
         self.path, self.line, self.field, self.reason = str(path), line, field, message

@@ -17,11 +17,8 @@ from ratune.errors import InputError
 
 def iter_jsonl(path: str | os.PathLike, *, lenient: bool = False, skipped: list | None = None
                ) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)`` for each non-blank line of a JSON-lines file.
-
-    Args:
-        lenient: skip lines that are not UTF-8 or not a JSON object, appending ``(line, reason)``
-            to ``skipped``, instead of raising.
+    """Yield ``(line_number, object)`` for each non-blank line of a JSON-lines file; ``lenient`` skips
+    bad lines instead of raising, appending ``(line, reason)`` to ``skipped``.
 
     Raises:
         InputError: naming the file and 1-based line: not UTF-8, not JSON, or not an object.
@@ -97,13 +94,10 @@ _TEMP_KINDS = ("tmp", "old")
 
 def temp_folder(out: str | os.PathLike, *, kind: str = "tmp", token: str | None = None,
                 create: bool = True) -> Path:
-    """A new, uniquely named folder ``.ratune-{kind}.XXXXXXXX.{out.name}`` beside ``out`` (mkdtemp).
+    """A new folder ``.ratune-{kind}.XXXXXXXX.{out.name}`` beside ``out`` (``kind``: ``tmp`` or ``old``);
+    ``token``: 8 characters of ``[a-z0-9_]`` for processes that must agree on the name, and with it
+    ``create=False`` returns the path without creating it.
 
-    Args:
-        kind: ``tmp`` (being written) or ``old`` (a replaced folder, during a swap).
-        token: 8 characters from ``[a-z0-9_]`` in place of mkdtemp's random ones, for processes
-            that must agree on the name (the ranks of a distributed run).
-        create: False (only with ``token``) returns the path without creating it.
     Raises:
         FileExistsError: ``token`` given and that folder exists.
         ValueError: a malformed ``token``, or ``create=False`` without one.

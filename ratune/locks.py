@@ -109,10 +109,8 @@ def _record_output(exc: BaseException, target) -> None:
 @contextlib.contextmanager
 def output_lock(target: str | os.PathLike, *, command: str | None = None, enabled: bool = True) -> Iterator[Path]:
     """Hold the lock of the output ``target`` (need not exist) for the body; yields the lock file.
+    ``command`` is recorded in it (default: argv); ``enabled=False`` does not lock (ranks other than 0).
 
-    Args:
-        command: recorded in the lock file (default: argv).
-        enabled: False yields without locking (ranks other than 0).
     Raises:
         LockHeld: another live process holds the lock (naming the lock file, pid and host).
         RatuneError: the lock file cannot be created.

@@ -43,13 +43,8 @@ def package_versions() -> dict:
 
 
 def host_facts(cpuinfo: str | Path = "/proc/cpuinfo", cpu_sysfs: str | Path = "/sys/devices/system/cpu/cpu0") -> dict:
-    """The processor a run computes on, for manifests and results files (the ``host`` layout:
-    docs/training.md#a-gpu-launch-never-trains-on-the-cpu); a missing file or field gives None.
-
-    Args:
-        cpuinfo: the file to read the first processor's block from.
-        cpu_sysfs: the first CPU's sysfs folder (``cache/index*/{level,type,size}``).
-    """
+    """The processor a run computes on (layout: docs/training.md#a-gpu-launch-never-trains-on-the-cpu),
+    read from ``cpuinfo`` and the first CPU's sysfs folder; a missing file or field gives None."""
     import hashlib
     import os
     import platform
@@ -137,11 +132,10 @@ def output_stage(folder: str | Path) -> str | None:
 
 def require_owned(folder: str | Path, stage: str, *, action: str = "replace", also: tuple[str, ...] = ()) -> None:
     """Refuse to ``action`` an existing non-empty ``folder`` unless it is a ratune output of
-    ``stage`` or of a stage in ``also`` (a missing or empty folder passes).
+    ``stage`` or of a stage in ``also``.
 
     Raises:
-        RatuneError: naming the folder: it is a file, or not a ratune output of ``stage`` (and what
-            made it, when it is another stage's output).
+        RatuneError: it is a file, or not a ratune output of ``stage`` (naming what made it).
     """
     from ratune.errors import RatuneError
 

@@ -273,15 +273,9 @@ def load_model(model_path: str | os.PathLike, *, dtype: str = "float32", trust_r
 
 
 def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.PathLike | None = None):
-    """ratune's one LoRA merge (peft ``merge_and_unload``, checked finite), used by training and
-    :func:`load_adapter_merged` alike (docs/training.md#loading-and-merging-models).
+    """ratune's one LoRA merge (peft ``merge_and_unload``, checked finite) of ``adapter_dir`` into the
+    loaded unquantized ``base_model`` (in place; ``base`` names it in messages): a plain causal LM.
 
-    Args:
-        base_model: the loaded, unquantized base (16 or 32 bits); merged into in place.
-        adapter_dir: the peft adapter folder.
-        base: what ``base_model`` was loaded from, for messages; default its ``name_or_path``.
-    Returns:
-        A plain causal LM (no peft wrapper) in the base's dtype.
     Raises:
         RatuneError: a quantized base; an adapter that does not load on it, or a merge with NaNs
             or infinities (naming the adapter folder and the base).
@@ -307,8 +301,7 @@ def merge_adapter(base_model, adapter_dir: str | os.PathLike, *, base: str | os.
 
 def load_adapter_merged(base: str | os.PathLike, adapter: str | os.PathLike, *, dtype: str = "float32",
                         device: str | None = None, trust_remote_code: bool = False):
-    """A LoRA adapter merged into its base loaded unquantized (:func:`load_model`, then
-    :func:`merge_adapter`): what eval and ``export --merge-lora`` use for an adapter-only run.
+    """A LoRA adapter merged into its base loaded unquantized (what eval and export use for an adapter-only run).
 
     Raises:
         RatuneError: as :func:`load_model` and :func:`merge_adapter`.

@@ -15,21 +15,13 @@ from ratune.manifest import OWNER_MARKER, claim_folder, mark_complete, require_o
 
 
 class StageOutput:
-    """The output folder ``out`` of ``stage``.
+    """The output folder ``out`` (need not exist) of ``stage`` (the name its OWNER_MARKER holds).
 
-    Args:
-        out: the folder; it need not exist.
-        stage: the stage name its :data:`ratune.manifest.OWNER_MARKER` holds.
-        replace: build a new folder beside ``out`` and swap it in when the body ends without an
-            error; otherwise write into ``out``.
-        action: the verb of the ownership refusal ("write into", "overwrite", ...).
-        also: other stages whose folders this one may write into.
-        known: :meth:`writing` skips the ownership check.
-        resolve: work on ``Path(out).resolve()`` (always so with ``replace``).
-        command: recorded in the lock file (default: the command line).
-        lock: False writes without the lock (the ranks of a distributed run other than rank 0).
-        claim: write into ``out``: create and mark it on entering; False leaves that to :meth:`claim`.
-        marker: False for a folder that carries its own record instead of the marker (an export).
+    ``replace``: build a new sibling and swap it in when the body ends without an error, else write
+    into ``out``; ``action``: the verb of the ownership refusal; ``also``: other stages whose folders
+    this one may write into; ``known``: skip the ownership check; ``command``: for the lock file;
+    ``lock=False``: no lock (non-zero ranks); ``claim=False``: leave creating and marking ``out`` to
+    :meth:`claim`; ``marker=False``: the folder carries its own record (an export).
     """
 
     def __init__(self, out: str | os.PathLike, stage: str, *, replace: bool = False, action: str | None = None,

@@ -10,17 +10,9 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class RetrieverSpec:
-    """One retriever name.
-
-    Attributes:
-        name: the name users type (CLI, configs, sweep files) and manifests record.
-        kind: which implementation builds it (retrieval/retrievers.py; ``bm25`` variants are keyed
-            by ``name`` in retrieval/bm25.py BM25_VARIANTS).
-        summary: one line for help texts and docs.
-        needs_model: needs a finetuned retriever folder (``dense_model``).
-        source: for ``precomputed``, the released ``questions_{hub}_{source}.jsonl`` setting.
-        components: for ``fusion``, the retrievers whose rankings are fused.
-    """
+    """One retriever name: its ``kind`` (what builds it, retrieval/retrievers.py), a one-line
+    ``summary``, whether it ``needs_model`` (a finetuned folder), the released questions file
+    ``source`` of a ``precomputed`` one and the ``components`` of a ``fusion``."""
 
     name: str
     kind: Literal["none", "oracle", "bm25", "dense", "precomputed", "fusion"]
@@ -68,16 +60,9 @@ RETRIEVERS: dict[str, RetrieverSpec] = {r.name: r for r in RETRIEVER_SPECS}
 
 @dataclass(frozen=True)
 class TestSetting:
-    """One test-time retrieval setting (a Table 2 column).
-
-    Attributes:
-        name: the setting's name (an eval cell's folder, a response file's suffix).
-        retriever: the retriever that supplies its documents (a key of RETRIEVERS).
-        default: run by ``ratune eval run`` when no ``--settings`` are given.
-        paper: the paper's own column (Gorilla, Table 2).
-        released: the suffix of the released Gorilla-7B response files with this setting's
-            documents (``responses/response_{hub}_Gorilla_{FT,RT}_{released}.jsonl``), or None.
-    """
+    """One test-time retrieval setting (a Table 2 column): its ``retriever``, whether it is a
+    ``default`` of ``ratune eval run`` and a ``paper`` column, and the ``released`` Gorilla-7B
+    response files' suffix with its documents (or None)."""
 
     __test__ = False  # not a pytest test class
     name: str

@@ -1,8 +1,5 @@
-"""The retriever interface every retriever implements: :class:`Query` in, ranked API documents
-out (retrieval/bm25.py, retrieval/dense.py, retrieval/precomputed.py and retrieval/fusion.py
-implement it; retrieval/retrievers.py builds one by name), the corpus deduplication they share
-(:func:`dedup_corpus`), and the two retrievers that need no index: ``none`` (:class:`NoRetriever`)
-and ``oracle`` (:class:`OracleRetriever`)."""
+"""The retriever interface (:class:`Query` in, ranked API documents out), :func:`dedup_corpus`, and
+the retrievers that need no index: ``none`` and ``oracle``."""
 
 from __future__ import annotations
 
@@ -15,15 +12,8 @@ from ratune.errors import RatuneError
 
 @dataclass(frozen=True)
 class Query:
-    """A retrieval query.
-
-    Attributes:
-        text: the instruction.
-        gold: the gold API document (needed by ``oracle``; used by metrics).
-        question_id: the paper's question id (line in the eval file; needed by precomputed
-            retrievers).
-        documents: what ``oracle`` shows when not ``[gold]``: a tool set's row's offered tools.
-    """
+    """A retrieval query: the instruction, its gold API document (``oracle``, metrics), the eval
+    file line (precomputed retrievers) and, for a tool set's row, its offered tools (``oracle``)."""
 
     text: str
     gold: dict | None = None
@@ -32,8 +22,7 @@ class Query:
 
     @classmethod
     def of(cls, example) -> "Query":
-        """The query of an :class:`~ratune.sources.apibench.Example`: its instruction, gold document,
-        line and, for a tool set's row, its offered tools."""
+        """The query of an :class:`~ratune.sources.apibench.Example`."""
         return cls(text=example.instruction, gold=example.api, question_id=example.line,
                    documents=tuple(example.tools) or None)
 

@@ -1,12 +1,5 @@
-"""BM25 retrieval over API documents: Okapi BM25 with rank-bm25's BM25Okapi scores.
-
-Two backends give the same scores, so the same rankings (ratune/registry.py BM25_BACKENDS):
-rank-bm25 (the reference implementation, one query at a time) and bm25s (a sparse index, all
-queries scored as one sparse product; tens of times faster on large catalogs). BM25_VARIANTS fixes,
-per variant (``bm25``, ``bm25_replica``), the text indexed, the tokenizer and deduplication. A
-bm25s index can be saved to a folder and loaded back (:meth:`BM25Retriever.save`,
-:meth:`BM25Retriever.load`, :func:`saved_index_metadata`).
-"""
+"""Okapi BM25 over API documents with rank-bm25's BM25Okapi scores, two backends with the same
+rankings, and saved indexes (docs/retrieval.md#bm25-backends-and-saved-indexes)."""
 
 from __future__ import annotations
 
@@ -31,27 +24,15 @@ def bm25_tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-#: BM25 variants (the retrievers of kind ``bm25`` in ratune/registry.py): the text indexed per
-#: document, the tokenizer, and whether the corpus is deduplicated.
-#: ``bm25`` is ours; ``bm25_replica`` is the closest variant we found to the paper's released BM25
-#: documents (Python ``str(dict)`` of each document, whitespace tokens, every database line kept,
-#: as LangChain's BM25Retriever does by default): its top-1 agrees with the paper's on 167/186
-#: TorchHub, 738/904 HuggingFace and 553/685 TensorFlow Hub questions, against 97, 329 and 127
-#: for ``bm25``.
+#: Per variant: the text indexed, the tokenizer, deduplication (docs/retrieval.md#bm25-variants).
 BM25_VARIANTS = {
     "bm25": {"text": "json", "tokenizer": "lowercase \\w+", "dedup": True},
     "bm25_replica": {"text": "python_repr", "tokenizer": "whitespace", "dedup": False},
 }
-# BM25 backends (ratune/registry.py BM25_BACKENDS): both give the same Okapi scores, so the same
-# rankings (tests/test_bm25_backends.py compares the top-10 lists on every APIBench eval
-# question); bm25s is tens of times faster on large catalogs. The backend is recorded in the metadata.
-
-#: Okapi BM25 parameters (rank-bm25's BM25Okapi defaults, which the paper's LangChain retriever
-#: uses): term-frequency saturation k1, length normalisation b, and the idf floor epsilon (an idf
-#: below 0, i.e. a term in more than half the documents, is replaced by epsilon x the mean idf).
+#: Okapi k1, b and idf floor epsilon: rank-bm25's BM25Okapi defaults, as the paper's LangChain retriever.
 BM25_K1, BM25_B, BM25_EPSILON = 1.5, 0.75, 0.25
 
-#: BM25 scores are compared at this many decimal places when ranking (see BM25Retriever.retrieve).
+#: BM25 scores are compared at this many decimal places when ranking (:func:`rank_scores`).
 SCORE_DECIMALS = 9
 
 #: Format tag of a saved BM25 index folder (:meth:`BM25Retriever.save`).
@@ -60,15 +41,8 @@ BM25_INDEX_METADATA = "ratune_bm25_index.json"
 
 
 def okapi_idf(document_frequencies: dict[str, int], n_documents: int) -> dict[str, float]:
-    """Okapi idf per term exactly as rank-bm25 0.2.2's BM25Okapi computes it.
-
-    ``idf(t) = log(N - df + 0.5) - log(df + 0.5)``; a negative idf is replaced by
-    ``BM25_EPSILON x mean idf`` (the mean over all terms, summed in first-occurrence order).
-
-    Args:
-        document_frequencies: term -> number of documents containing it, in first-occurrence order.
-        n_documents: N.
-    """
+    """Okapi idf per term as rank-bm25 0.2.2's BM25Okapi: ``log(N - df + 0.5) - log(df + 0.5)``, a
+    negative one replaced by ``BM25_EPSILON x mean idf``; ``document_frequencies`` in first-occurrence order."""
     import math
 
     idf, negative, total = {}, [], 0.0
@@ -106,13 +80,8 @@ def _texts_sha256(texts: Sequence[str]) -> str:
 
 
 def rank_scores(scores, top_k: int) -> list[list[int]]:
-    """Document indices of the ``top_k`` best scores per row of ``scores`` (shape (queries, docs)).
-
-    Scores equal to SCORE_DECIMALS places are ties, kept in database order (stable sort):
-    mathematically equal sums differ in their last bits with the order of additions, which differs
-    between backends (on APIBench no ranking changes; on a 20k-API synthetic catalog one query in
-    300 had such a tie in its top 10).
-    """
+    """Document indices of the ``top_k`` best scores per row of ``scores`` (queries x docs); scores
+    equal to SCORE_DECIMALS places are ties, kept in database order."""
     import numpy as np
 
     return [[int(i) for i in np.argsort(-np.round(row, SCORE_DECIMALS), kind="stable")[:top_k]] for row in scores]
@@ -135,14 +104,9 @@ class _RankBM25Index:
 
 
 class _BM25SIndex:
-    """bm25s's sparse index with rank-bm25's Okapi scores, queries scored as one sparse product.
-
-    bm25s stores, per term, ``idf(t) x tfc(t, d)`` for the documents containing it. It is built
-    with the ATIRE term-frequency part, which is BM25Okapi's ``tf (k1 + 1) / (tf + k1 (1 - b + b
-    |d| / avgdl))``, and the Lucene idf (always positive, so no term's column is lost); each column
-    is then rescaled from the Lucene idf to :func:`okapi_idf`, so scores equal rank-bm25's up to
-    float64 rounding.
-    """
+    """bm25s's sparse index with rank-bm25's Okapi scores, queries scored as one sparse product: built
+    with ATIRE term frequencies (BM25Okapi's) and the always-positive Lucene idf, each term's column
+    then rescaled to :func:`okapi_idf`."""
 
     name = "bm25s"
 
@@ -164,9 +128,7 @@ class _BM25SIndex:
         index.index(documents, create_empty_token=False, show_progress=False)
         self.n_documents = len(documents)
         data, indptr = np.array(index.scores["data"], dtype=np.float64), np.asarray(index.scores["indptr"])
-        # a term's column holds one positive entry per document containing it, so its length is the
-        # document frequency (bm25s counted it); okapi_idf sums its mean in first-occurrence order,
-        # as rank-bm25 does, and bm25s's vocabulary is in another order
+        # a column's length is the term's document frequency; okapi_idf wants first-occurrence order
         column_lengths = np.diff(indptr)
         first_occurrence = dict.fromkeys(itertools.chain.from_iterable(documents))
         df = {term: int(column_lengths[index.vocab_dict[term]]) for term in first_occurrence}
@@ -210,16 +172,11 @@ class _BM25SIndex:
 
 
 class BM25Retriever(Retriever):
-    """Okapi BM25 (k1=1.5, b=0.75, idf floor epsilon=0.25; see BM25_K1) over API documents.
+    """Okapi BM25 over the hub's API documents ``corpus``, for ``variant`` (a key of BM25_VARIANTS)
+    with ``backend`` (one of BM25_BACKENDS).
 
-    Args:
-        corpus: the hub's API documents.
-        hub: recorded in the metadata.
-        variant: a key of BM25_VARIANTS, fixing the text indexed, the tokenizer and whether the
-            corpus is deduplicated (all recorded in :meth:`metadata`).
-        backend: one of BM25_BACKENDS; rankings are the same with either.
     Raises:
-        RatuneError: unknown variant or backend.
+        RatuneError: unknown variant or backend, or an empty corpus.
     """
 
     def __init__(self, corpus: Sequence[dict], *, hub: str, variant: str = "bm25", backend: str = DEFAULT_BM25_BACKEND,
@@ -260,14 +217,11 @@ class BM25Retriever(Retriever):
                 "k1": BM25_K1, "b": BM25_B, "epsilon": BM25_EPSILON, "corpus_size": len(self.corpus)}
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write the index (backend ``bm25s`` only) to ``out_dir``: ``arrays.npz`` (numpy, no
-        pickles) and :data:`BM25_INDEX_METADATA` (format, hub, variant, parameters, corpus sha256,
-        bm25s version). An existing ``out_dir`` is replaced only when it is a saved index
-        (:class:`ratune.output.StageOutput`: written beside it, swapped in when complete).
+        """Write the bm25s index to ``out_dir`` (``arrays.npz`` and BM25_INDEX_METADATA), replacing
+        only an earlier saved index.
 
         Raises:
-            RatuneError: for the rank_bm25 backend (its index is Python objects, which we do not pickle);
-                an existing non-empty ``out_dir`` that is not a ratune index, or a file.
+            RatuneError: the rank_bm25 backend; ``out_dir`` a file or a non-empty folder not an index.
             LockHeld: another process is writing ``out_dir``.
         """
         import numpy as np
@@ -288,8 +242,7 @@ class BM25Retriever(Retriever):
     @classmethod
     def load(cls, index_dir: str | Path, corpus: Sequence[dict], *, hub: str, variant: str = "bm25"
              ) -> "BM25Retriever":
-        """Load an index written by :meth:`save`, refusing one built for another hub, variant,
-        parameters or corpus.
+        """Load an index written by :meth:`save`.
 
         Raises:
             RatuneError: no index there, another format, or a mismatch (naming the field and both values).
@@ -314,8 +267,7 @@ class BM25Retriever(Retriever):
 
 
 def saved_index_metadata(index_dir: str | Path) -> dict:
-    """The metadata (``ratune_bm25_index.json``) of a BM25 index folder written by
-    :meth:`BM25Retriever.save`: hub, variant, tokenizer settings, k1/b/epsilon, corpus sha256, vocab.
+    """The metadata (BM25_INDEX_METADATA) of an index folder written by :meth:`BM25Retriever.save`.
 
     Raises:
         RatuneError: the folder holds no index metadata, or its format is not this version's.

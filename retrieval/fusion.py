@@ -1,11 +1,5 @@
-"""Hybrid retrieval: reciprocal-rank fusion of several retrievers' rankings.
-
-Reciprocal-rank fusion (RRF; Cormack, Clarke and Buettcher, SIGIR 2009) scores a document by
-the sum over the component rankings of ``1 / (k + rank)``, rank counted from 1, and ranks by that
-score. It needs no score normalisation, so a sparse (BM25) and a dense ranking fuse without
-calibration; k = 60 is the constant of that paper. The registry (ratune/registry.py) names the
-fused retrievers: ``hybrid`` (bm25 + dense) and ``hybrid_ft`` (bm25 + dense_ft).
-"""
+"""Hybrid retrieval: reciprocal-rank fusion (RRF) of several retrievers' rankings
+(docs/retrieval.md#hybrid-retrievers)."""
 
 from __future__ import annotations
 
@@ -17,25 +11,15 @@ from ratune.retrieval.base import Query, Retriever
 
 #: RRF's k (Cormack et al. 2009, who found 60 near-optimal across collections).
 RRF_K = 60
-#: How deep each component ranking is read: a document below every component's top RRF_DEPTH
-#: gets no score (and is never returned ahead of one that has a score).
+#: How deep each component ranking is read; a document below all of them gets no score.
 RRF_DEPTH = 100
 
 
 class FusionRetriever(Retriever):
-    """Reciprocal-rank fusion of ``components`` (see the module docstring).
+    """Reciprocal-rank fusion of ``components`` (two or more): a document (by API identity) scores
+    ``fsum(1 / (k + rank))`` over the components whose top ``depth`` holds it; ties go to the one
+    seen first, in component order.
 
-    A document's score is ``sum(1 / (k + rank))`` over the components whose top ``depth`` holds
-    it (summed with :func:`math.fsum`, so the order of the components never changes a score in
-    its last bit). Documents are the same API when their :func:`ratune.sources.apibench.api_identity`
-    is; equal scores are ordered by first appearance, reading the first component's ranking, then
-    the second's, and so on, so the ranking is defined on any machine.
-
-    Args:
-        name: the registry name (``hybrid``, ``hybrid_ft``).
-        components: the retrievers to fuse (at least two).
-        k: RRF's constant (default RRF_K).
-        depth: how many documents of each component ranking count (default RRF_DEPTH).
     Raises:
         ValueError: fewer than two components, ``k < 0`` or ``depth < 1``.
     """

@@ -1,10 +1,5 @@
-"""Retrieval quality measured on its own: top-1 accuracy, recall@k and NDCG@k.
-
-Each query has exactly one relevant API (the gold API, compared by
-:func:`~ratune.sources.apibench.api_identity`, never by text). With one relevant item at rank r
-(1-based), recall@k = 1 if r <= k else 0, and NDCG@k = 1 / log2(r + 1) if r <= k else 0 (the
-ideal DCG is 1). Top-1 accuracy equals recall@1.
-"""
+"""Retrieval quality: top-1, recall@k and NDCG@k, one relevant API per query (the gold one, by
+:func:`~ratune.sources.apibench.api_identity`) at 1-based rank r: NDCG@k = 1 / log2(r + 1) if r <= k."""
 
 from __future__ import annotations
 
@@ -33,12 +28,8 @@ def ndcg_at_k(rank: int | None, k: int) -> float:
 
 
 def evaluate_retriever(retriever: Retriever, examples: Sequence[Example], *, ks: Sequence[int] = KS) -> dict:
-    """Measure a retriever on eval examples (question_id = example line).
-
-    Returns:
-        ``{"retriever", "n", "top1", "recall@k"..., "ndcg@k"..., "misses": [{"question_id",
-        "gold", "retrieved"}], "metadata"}``; the rates are fractions in [0, 1].
-    """
+    """Measure a retriever on eval examples: ``{"retriever", "n", "top1", "recall@k"..., "ndcg@k"...,
+    "misses", "metadata"}``, rates as fractions in [0, 1]."""
     queries = [Query.of(e) for e in examples]
     ranked = retriever.retrieve(queries, top_k=max(ks))
     ranks = [gold_rank(r, e.api) for r, e in zip(ranked, examples)]
@@ -69,11 +60,8 @@ def retrieval_markdown(results: Sequence[dict], *, hub: str, ks: Sequence[int] =
 
 
 def top1_agreement(a: Retriever, b: Retriever, examples: Sequence[Example]) -> dict:
-    """How often two retrievers put the same API first, over queries where both return one.
-
-    Returns:
-        ``{"a", "b", "n", "agree", "rate"}`` (``n`` counts queries with a top-1 from both).
-    """
+    """How often two retrievers put the same API first: ``{"a", "b", "n", "agree", "rate"}``, over the
+    ``n`` queries where both return one."""
     queries = [Query.of(e) for e in examples]
     pairs = [(x[0], y[0]) for x, y in zip(a.retrieve(queries, top_k=1), b.retrieve(queries, top_k=1)) if x and y]
     agree = sum(api_identity(x) == api_identity(y) for x, y in pairs)
@@ -85,12 +73,8 @@ CHART_MEASURES = ("top1", "recall@5", "ndcg@10")
 
 
 def retrieval_chart(results_by_hub: dict[str, Sequence[dict]], path) -> None:
-    """A bar chart of top-1, recall@5 and NDCG@10 (percent) per retriever, one panel per hub.
-
-    Args:
-        results_by_hub: ``{hub: [evaluate_retriever result, ...]}``.
-        path: the PNG to write.
-    """
+    """Write to PNG ``path`` a bar chart of CHART_MEASURES (percent) per retriever, one panel per hub of
+    ``results_by_hub`` (``{hub: [evaluate_retriever result, ...]}``)."""
     import matplotlib
 
     matplotlib.use("Agg")

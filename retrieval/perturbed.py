@@ -1,15 +1,6 @@
-"""Retrievers that perturb the documents of the eval stage's experiments (docs/experiments.md):
-they give a query a document chosen against its gold API, so they need the gold document and run
-at test time only. Both draw deterministically, ``random.Random(f"{seed}:{question_id}")`` over
-API identities in sorted order, so a cell is the same on any machine.
-
-- :class:`SwapRetriever` (the ``swap`` setting; Gorilla, section 4.4 and Figure 6): another API's
-  document of the gold API's domain; questions whose domain has a single API get none (and are
-  left out of the setting, counted). eval/swap.py scores whether answers follow it.
-- :class:`IrrelevantRetriever` (the ``irrelevant`` setting; BFCL's irrelevance category): a
-  document of an API from another domain, which cannot answer; eval/abstain.py measures
-  abstention.
-"""
+"""Test-time retrievers that give a query a document chosen against its gold API, ``swap`` and
+``irrelevant`` (docs/experiments.md), drawn with ``random.Random(f"{seed}:{question_id}")`` over
+sorted API identities."""
 
 from __future__ import annotations
 
@@ -25,12 +16,7 @@ DEFAULT_SWAP_SEED = 0
 
 
 class SwapRetriever(Retriever):
-    """Gives each query another API's document of its gold API's domain (see the module docstring).
-
-    Args:
-        database: the hub's API documents.
-        seed: seed of the draws.
-    """
+    """Gives each query another API's document of its gold API's domain, from ``database`` (the hub's)."""
 
     name = "swap"
 
@@ -67,7 +53,7 @@ DEFAULT_IRRELEVANT_SEED = 0
 
 
 class IrrelevantRetriever(Retriever):
-    """Gives each query one document of an API from another domain (see the module docstring)."""
+    """Gives each query one document of an API from another domain."""
 
     name = "irrelevant"
 

@@ -1,10 +1,5 @@
-"""Precomputed retrieval: the paper's own retrieved documents (``gpt_index``, ``released_bm25``).
-
-:class:`PrecomputedRetriever` reads the released question files (questions_{hub}_{source}.jsonl
-of APIBench), parses the document the paper's retriever put in each question
-(:func:`_paper_doc_keys`) and maps it back to the API-database record, so our serializer renders
-it. APIBench only: a catalog has no released question files.
-"""
+"""Precomputed retrieval: the paper's own retrieved documents (``gpt_index``, ``released_bm25``),
+read from APIBench's released question files (docs/pipeline.md#retrieval)."""
 
 from __future__ import annotations
 
@@ -45,17 +40,9 @@ def _paper_doc_keys(text: str) -> tuple[str | None, str | None]:
 
 
 class PrecomputedRetriever(Retriever):
-    """The paper's retrieved documents (top-1), from questions_{hub}_{source}.jsonl, where
-    ``source`` is the registry's (ratune/registry.py: ``gpt_index`` and ``released_bm25``).
-
-    Each document is mapped back to the API-database record with the same api_call identity
-    (quotes normalised when needed), else to the first record with the same api_name when exactly
-    one API has that name (the paper's index was built from an older HuggingFace database whose
-    calls differ in arguments, e.g. an extra ``torch_dtype=torch.float16``), so the prompt is
-    rendered by our serializer exactly like training prompts. ``mapped_by_name`` lists the
-    question ids mapped by name; ``unmapped`` those whose document matches no record (those
-    queries get no document).
-    """
+    """The paper's top-1 documents from questions_{hub}_{source}.jsonl, each mapped back to the
+    database record with its api_call identity, else with its api_name when one API has it (an
+    older HuggingFace database); ``mapped_by_name`` and ``unmapped`` list those question ids."""
 
     def __init__(self, corpus: Sequence[dict], *, hub: str, apibench_dir, name: str):
         self.name, self.hub, self.setting = name, hub, RETRIEVERS[name].source

@@ -49,7 +49,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from ratune.sources.apibench import APIBENCH_ENV, resolve_apibench_dir  # noqa: E402
 from ratune.errors import RatuneError  # noqa: E402
 from ratune.sources.prompt import GORILLA_V0_SYSTEM  # noqa: E402
-from ratune.train.tiny import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
+from tiny_llama_tokenizer import BYTE_OFFSET, SPECIAL_TOKENS, build_llama_tokenizer  # noqa: E402
 
 #: Whether torch sees a CUDA device on this machine, read before anything is hidden (pytest_configure).
 CUDA_AVAILABLE = False
@@ -300,7 +300,7 @@ BOS, EOS, NL = SPECIAL_TOKENS["<s>"], SPECIAL_TOKENS["</s>"], BYTE_OFFSET + ord(
 
 def build_llama1_tokenizer(folder) -> None:
     """Write a LLaMA-1-shaped tokenizer folder (tokenizer.json + tokenizer_config.json, class
-    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template): train/tiny.py
+    LlamaTokenizerFast, add_bos_token true, no pad token, no chat template): tests/tiny_llama_tokenizer.py
     ``build_llama_tokenizer`` with :data:`PIECES` in :data:`MERGE_ORDER` and LLaMA's Metaspace."""
     build_llama_tokenizer(folder, pieces=PIECES, merge_order=MERGE_ORDER, metaspace=True)
 

@@ -652,3 +652,25 @@ def test_resume_soak_survives_kills_to_identical_weights(tmp_path):
     result = json.loads(out.read_text())
     assert (result["kills"], result["in_save"], result["restarts_failed"], result["identical"]) == (2, 1, 0, True)
     assert result["rounds"] >= 1 and result["rounds_identical"] == result["rounds"]
+
+
+def test_house_figures_count_docstrings_comments_and_long_functions_by_hand(tmp_path, capsys):
+    hf = _load("house_figures")
+    module = tmp_path / "m.py"
+    module.write_text('"""Module.\n\nSecond paragraph."""\n'   # lines 1-3: a 3-line docstring
+                      "# a comment\n"                          # line 4
+                      "def short():\n"                         # lines 5-7: 3 lines, 1 docstring line
+                      '    """Short."""\n'
+                      "    return 1  # trailing comment\n"
+                      "\n"
+                      "def long():\n"                          # lines 9-13: 5 lines
+                      + "    x = 1\n" * 3 + "    return x\n")
+    figures = hf.module_figures(module)
+    assert figures["lines"] == 13
+    assert figures["docstrings"] == 4
+    assert figures["comments"] == 2
+    assert sorted(figures["functions"]) == [("long", 9, 5), ("short", 5, 3)]
+    assert {p.name for p in hf.package_dirs()} >= {"ratune", "train", "eval", "catalog"}
+    hf.main(["--max-function", "1000", "--max-module", "100000"])
+    out = capsys.readouterr().out
+    assert "functions over 1000 lines: 0" in out and "modules over 100000 lines: 0" in out

@@ -16,9 +16,10 @@ import pytest
 
 from ratune.sources.apibench import api_database_path, load_api_database, load_examples
 from ratune.errors import RatuneError
+from ratune.retrieval.bm25 import _BM25SIndex, _RankBM25Index
 from ratune.retrieval.retrievers import (BM25_INDEX_METADATA, RETRIEVER_METADATA_FILE, BM25Retriever, Query,
-                                         _BM25SIndex, _RankBM25Index, default_dense_model, make_retriever,
-                                         okapi_idf, rank_scores, saved_index_metadata)
+                                         default_dense_model, make_retriever, okapi_idf, rank_scores,
+                                         saved_index_metadata)
 
 HUBS = ("torchhub", "huggingface", "tensorflowhub")
 #: three documents: "a b", "a c c", "d" (avgdl = 2)

@@ -196,3 +196,16 @@ def test_the_demo_refuses_a_changed_arm_before_converting_the_model_and_writes_i
     assert main(["demo", "--out", str(out), "--apibench", str(apibench_tiny)]) == 2
     err = capsys.readouterr().err
     assert f"{cell.name}: config.max_steps" in err and "pass --rerun-changed" in err
+
+
+def test_every_training_option_has_one_row_in_docs_configs():
+    """docs/configs.md's TrainConfig table lists exactly TrainConfig's fields (nested keys such as
+    ``lora.r`` count as their section), so a new training option fails here until it is documented."""
+    import re
+
+    text = (ROOT / "docs" / "configs.md").read_text()
+    section = text.split("## Training configs (TrainConfig)", 1)[1].split("\n## ", 1)[0]
+    section = section.split("| key | default | meaning |", 1)[1]  # the keys' table
+    documented = {re.match(r"\| `([a-z0-9_]+)", line).group(1) for line in section.splitlines()
+                  if re.match(r"\| `[a-z0-9_]+[`.]", line)}
+    assert documented == set(TrainConfig.model_fields)

@@ -174,7 +174,7 @@ def test_a_merge_across_the_prompt_answer_boundary_is_one_line_naming_template_t
     from ratune.cli import main
     from ratune.data.labels import AnswerMerge
     from ratune.sources.prompt import use_chat_template
-    from ratune.train.tiny import SPACE, build_llama_tokenizer
+    from tiny_llama_tokenizer import SPACE, build_llama_tokenizer
     from transformers import AutoTokenizer
 
     folder = tmp_path / "merging_tokenizer"
@@ -204,7 +204,7 @@ def test_separate_answer_tokenization_is_the_way_out_and_training_follows_the_bu
     from ratune.cli import main
     from ratune.data.labels import tokenize_row
     from ratune.sources.prompt import use_chat_template
-    from ratune.train.tiny import SPACE, build_llama_tokenizer
+    from tiny_llama_tokenizer import SPACE, build_llama_tokenizer
 
     folder = tmp_path / "merging_model"
     folder.mkdir()

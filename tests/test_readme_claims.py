@@ -1,5 +1,5 @@
-"""README's reproduction headline (and the comparison sentences of docs/reproduction/README.md that
-issue 49 item 4 reworded), read back from the committed cells.
+"""README's reproduction headline and the comparison sentences of docs/reproduction/README.md, each
+worded by its paired test and read back from the committed cells.
 
 - The headline table's counts are the committed cells' (``docs/reproduction/ARM/SETTING/metrics.json``
   for our models; the released models' from the committed paired comparisons).
@@ -458,7 +458,7 @@ def test_the_recipe_is_said_to_be_chosen_on_the_test_questions():
 
 
 def test_the_known_offenders_are_gone():
-    """Issue 49 item 4's sentences, as they read before."""
+    """Sentences that said more than their paired tests, as they once read, are gone."""
     text = _flat(README) + " " + _flat(REPRO_README)
     assert "more exact ones than the 7B FT model" not in text
     assert "beats the released RT model's best retrieved cell, 37 against 17" not in text
@@ -542,7 +542,7 @@ def _worst_pairs(arm, others, metric, settings=FOUR):
     return tuple(_pair(worst(arm, metric, settings), worst(o, metric, settings), metric) for o in others)
 
 
-#: Comparison sentences of docs/reproduction/README.md reworded by issue 49 item 4, each read back.
+#: Comparison sentences of docs/reproduction/README.md, each worded by its paired test and read back.
 DOC_CLAIMS: list[Claim] = [
     Claim("and its worst cell is the best of every model (significantly by the official metric, {p}; by the "
           "strict one in count only against our `none` arm's and the released FT model's, {p2} and {p3})",

@@ -1,33 +1,5 @@
-"""Save-time checks: every saved model or adapter folder must reload and reproduce the model.
-
-After each save (a Trainer checkpoint, the final ``model/``, the LoRA ``adapter/``) the folder
-is checked before the run goes on:
-
-1. every ``*.safetensors`` file in it holds only non-empty tensors (a ZeRO-3 run that saves its
-   partitioned parameters writes tensors of shape ``[0]``);
-2. it loads with ``from_pretrained`` (adapter folders: ``peft.PeftModel.from_pretrained`` on a
-   freshly loaded base) with no missing, unexpected or mismatched weights (a partial save would
-   otherwise be filled with random weights and only noticed at export or eval);
-3. every weight of the reloaded model equals the in-memory model's BIT FOR BIT (the in-memory
-   tensor cast to the saved dtype; adapters: the trainable adapter weights; under ZeRO-3 each
-   parameter is gathered in turn on every rank), so an empty, partial or wrong tensor always
-   fails, whatever the dtype (:func:`compare_weights`);
-4. the reloaded model's logits on two fixed short prompts (:data:`PROMPTS`) match the in-memory
-   model's, both computed on the SAME device, with the same attention kernel and the same
-   autocast, within :func:`logit_tolerance` of the compute dtype. This catches what the weights
-   alone do not (a config that does not reload as trained) and never fails on a mere change of
-   floating-point order (a LoRA adapter merged into its base, bf16 kernels).
-
-A failure raises :class:`~ratune.errors.RatuneError` naming the folder and the tensor or prompt.
-When the check itself cannot run (for example a forward pass that fails on this device), the
-error says so and that the save was not judged: a check's own failure never reads as a corrupt
-save.
-
-Distributed runs: the in-memory logits and the weight comparison are computed on EVERY rank
-(under ZeRO-3 the forward pass and the parameter gathering are collective); only rank 0 reloads
-and compares; its verdict is then broadcast, so every rank raises the same error and no rank
-waits forever at the next collective.
-"""
+"""Save-time checks: a saved model or adapter folder must reload and reproduce the in-memory model
+(:func:`verify_saved`); the steps and tolerances: docs/scale-out.md#what-every-run-checks."""
 
 from __future__ import annotations
 
@@ -43,19 +15,9 @@ PROMPTS = ("Load a pretrained image classifier", "api_call: torch.hub.load(")
 
 
 def logit_tolerance(dtype, reference: list) -> float:
-    """Absolute logit tolerance for a comparison computed in ``dtype`` (a torch dtype).
-
-    ``sqrt(eps(dtype)) x max(1, max |reference|)``: the two sides must agree to half the
-    mantissa bits of the compute dtype, relative to the largest logit. float32 (eps 1.2e-7) at
-    logits of size 30 gives 0.010; bfloat16 (eps 7.8e-3) 2.65; float16 (eps 9.8e-4) 0.94. A
-    change of floating-point order (a merged LoRA adapter: about 3e-6 relative in float32;
-    bf16 kernels: about 4e-3 relative) stays far below it; a wrong weight is caught bit for bit
-    by :func:`compare_weights` before logits are compared.
-
-    Args:
-        dtype: the lowest precision the forward passes ran in (weights or autocast).
-        reference: the in-memory logits (:func:`prompt_logits`).
-    """
+    """Absolute logit tolerance for forward passes run in ``dtype`` (the lowest precision, weights or
+    autocast): ``sqrt(eps(dtype)) x max(1, max |reference|)`` over the in-memory logits ``reference``
+    (at logits of size 30: 0.010 in float32, 2.65 in bfloat16)."""
     import math
 
     import torch
@@ -90,22 +52,9 @@ def model_device(model):
 
 
 def prompt_logits(model, tokenizer, device=None, prompts=PROMPTS, autocast_dtype=None) -> list:
-    """Logits of ``model`` on each prompt, in float32 on the CPU.
-
-    The model is put in eval mode (no dropout) for the forward passes and given back in the mode
-    it was in. Under DeepSpeed ZeRO-3 all ranks must call this together.
-
-    Args:
-        model: a causal LM (or a peft model) taking ``input_ids``.
-        tokenizer: turns each prompt into ids (no special tokens added).
-        device: where the inputs go; default: the device of the model's first parameter.
-        prompts: the texts.
-        autocast_dtype: run the forward passes under ``torch.autocast`` in this dtype (the run's
-            mixed precision: accelerate wraps the trained model's forward in it, so the reloaded
-            model must run under it too); None: autocast off.
-    Returns:
-        One tensor per prompt, shape ``[n_tokens, vocab_size]``, float32, on the CPU.
-    """
+    """Logits of ``model`` on each prompt, a float32 CPU tensor ``[n_tokens, vocab_size]`` each, in eval
+    mode (the model's mode is restored) on ``device`` (default: the model's), under ``torch.autocast``
+    in ``autocast_dtype`` (None: off). Under ZeRO-3 every rank calls it."""
     import torch
 
     device = torch.device(device) if device is not None else model_device(model)
@@ -124,12 +73,10 @@ def prompt_logits(model, tokenizer, device=None, prompts=PROMPTS, autocast_dtype
 
 
 def check_tensors_non_empty(folder: str | os.PathLike) -> int:
-    """Check that ``folder`` holds at least one ``*.safetensors`` file and no empty tensor.
+    """The number of tensors in ``folder``'s ``*.safetensors`` files.
 
-    Returns:
-        The number of tensors checked.
     Raises:
-        RatuneError: no safetensors file, or a tensor with zero elements (named with its file).
+        RatuneError: no safetensors file, or an empty tensor (named with its file).
     """
     from safetensors import safe_open
 
@@ -158,13 +105,9 @@ def _prod(shape) -> int:
 
 @contextlib.contextmanager
 def plain_loading():
-    """Load models on this process alone, even inside a DeepSpeed ZeRO-3 run.
-
-    The HF Trainer registers its ZeRO-3 config globally, and ``from_pretrained`` then builds
-    every model under ``deepspeed.zero.Init``, partitioning it with collectives that the other
-    ranks never join (a deadlock or a gloo size mismatch). The registration is lifted for the
-    duration of the block and restored after it.
-    """
+    """Load models on this process alone, even in a ZeRO-3 run: the HF Trainer's global ZeRO-3
+    registration (``from_pretrained`` would partition with collectives no other rank joins) is lifted
+    for the block."""
     try:
         from transformers.integrations import deepspeed as hf_ds
     except ImportError:  # pragma: no cover - transformers always has it
@@ -180,21 +123,11 @@ def plain_loading():
 
 def load_saved(folder: str | os.PathLike, *, adapter: bool, load_base: Callable[[], object] | None, dtype=None,
                attn_implementation: str | None = None):
-    """Reload a saved folder the way a user would.
+    """Reload a saved folder as a user would: a model folder in ``dtype`` (default float32), or with
+    ``adapter`` a peft adapter on ``load_base()``; returns the model in eval mode.
 
-    Args:
-        folder: a model folder (``config.json`` + safetensors) or, with ``adapter=True``, a peft
-            adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``).
-        adapter: whether ``folder`` is an adapter.
-        load_base: returns a fresh base model (adapters only).
-        dtype: torch dtype to load a full model in (default float32).
-        attn_implementation: attention kernel of the reloaded full model (None: transformers'
-            default); adapters take the base's from ``load_base``.
-    Returns:
-        The model in eval mode, on the CPU (a 4-bit base: on its GPU).
     Raises:
-        RatuneError: the folder does not load, or loads with missing, unexpected or mismatched
-            weights (named).
+        RatuneError: the folder does not load, or loads with missing, unexpected or mismatched weights.
     """
     import torch
 
@@ -244,17 +177,10 @@ def saved_weights(model, *, adapter: bool):
 
 
 def compare_weights(folder, reloaded, expected, *, adapter: bool) -> tuple[int, str | None]:
-    """Compare the reloaded model's weights with the in-memory model's, bit for bit.
-
-    Every rank calls it with the same ``expected`` model (under ZeRO-3 each parameter is gathered
-    in turn, a collective); only the rank holding ``reloaded`` (rank 0; None elsewhere) compares.
-    The in-memory tensor is cast to the saved tensor's dtype first (a bf16 save of float32
-    weights must equal their rounding; a float32 reload of a bf16 save is exact).
-
-    Returns:
-        ``(tensors compared, first error or None)``; no exception inside the loop, so every rank
-        finishes its collectives.
-    """
+    """Compare the reloaded model's weights with ``expected``'s bit for bit (the in-memory tensor cast to
+    the saved dtype). Every rank calls it (ZeRO-3 gathers each parameter in turn); only the rank holding
+    ``reloaded`` compares. Returns ``(tensors compared, first error or None)``, never raising, so every
+    rank finishes its collectives."""
     import torch
 
     own = dict(reloaded.named_parameters()) if reloaded is not None else {}
@@ -292,13 +218,10 @@ def _gathered(param):
 
 
 def compare_logits(folder, reference: list, reloaded: list, atol: float, prompts=PROMPTS) -> float:
-    """Compare two lists of prompt logits.
+    """The largest absolute difference between two lists of prompt logits.
 
-    Returns:
-        The largest absolute difference.
     Raises:
-        RatuneError: a shape differs, a value is not finite, or a difference exceeds ``atol``
-            (naming the folder, the prompt and the difference).
+        RatuneError: a shape differs, a value is not finite, or a difference exceeds ``atol``.
     """
     import torch
 
@@ -326,35 +249,17 @@ def _check_could_not_run(folder, what: str, exc: Exception) -> RatuneError:
 def verify_saved(folder: str | os.PathLike, model, tokenizer, *, adapter: bool,
                  load_base: Callable[[], object] | None = None, dtype=None, device=None, autocast_dtype=None,
                  reference: list | None = None, expected=None, expected_on_rank0_only: bool = False) -> dict | None:
-    """The save-time check of one folder (the module docstring's four steps); every rank calls it.
+    """Check one saved folder (docs/scale-out.md#what-every-run-checks); every rank calls it.
 
-    Args:
-        folder: the saved folder.
-        model: the in-memory model (a peft model for adapters); its logits are the reference
-            unless ``reference`` is given, and its weights are what the folder must hold unless
-            ``expected`` is given.
-        tokenizer: the run's tokenizer.
-        adapter: ``folder`` is a peft adapter (reloaded on ``load_base()``).
-        load_base: returns a fresh base model (adapters only).
-        dtype: the torch dtype to reload a full model in (default: the dtype of the weights it
-            must hold, ``expected`` or ``model``).
-        device: where the in-memory model computes; the reloaded model is moved there (default:
-            the device of ``model``'s first parameter).
-        autocast_dtype: the run's mixed precision (both sides run under it); None: off.
-        reference: precomputed in-memory logits (:func:`prompt_logits` with the same device and
-            autocast).
-        expected: the model whose weights the folder holds when it is not ``model`` (the LoRA
-            ``model/`` is the adapter merged into its base: its weights are the merged model's
-            while its logits must stay the adapter model's).
-        expected_on_rank0_only: ``expected`` is a model rank 0 built alone (no ZeRO-3
-            partitions; None on the other ranks, which then skip the weight comparison).
-    Returns:
-        ``{"folder", "tensors", "weights_compared", "max_abs_logit_diff", "tolerance"}`` on
-        rank 0, None on the other ranks.
+    The reload must reproduce the logits of ``model`` (or ``reference``) on ``device`` (default: the
+    model's) under ``autocast_dtype``, and hold the weights of ``expected`` (default ``model``; a
+    merged LoRA ``model/``'s, built by rank 0 alone with ``expected_on_rank0_only``). ``adapter``: a
+    peft adapter, reloaded on ``load_base()``; ``dtype``: a full model's reload dtype (default: that
+    of the weights it holds). Returns rank 0's summary; None on the other ranks.
+
     Raises:
-        RatuneError: on every rank: an empty tensor, a load failure, missing/unexpected weights, a
-            weight that is not bit-identical, or logits out of tolerance (naming the folder and the
-            tensor or prompt), or the check itself failing (saying the save was not judged).
+        RatuneError: on every rank, naming the folder and the tensor or prompt, or saying that the
+            check itself failed and the save was not judged.
     """
     import torch
 
@@ -422,16 +327,11 @@ def _broadcast(error: str | None, world: int) -> str | None:
 
 def make_save_callback(tokenizer, *, adapter: bool, load_base: Callable[[], object] | None, dtype=None,
                        autocast_dtype=None, record: list | None = None):
-    """A ``transformers.TrainerCallback`` whose ``on_save`` checks each Trainer checkpoint folder
-    (``args.output_dir/checkpoint-<global_step>``) with :func:`verify_saved`.
-
-    Args:
-        record: when given, each rank-0 summary is appended to it.
-    """
+    """A TrainerCallback checking each Trainer checkpoint with :func:`verify_saved` when it is saved;
+    rank 0's summaries are appended to ``record`` when given."""
     from transformers import TrainerCallback
 
     class VerifySaves(TrainerCallback):
-        """Check every Trainer checkpoint as soon as it is written (ratune.train.checks)."""
 
         def on_save(self, args, state, control, model=None, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"

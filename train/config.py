@@ -1,10 +1,5 @@
-"""The training config: one YAML file per run, validated before any model is loaded.
-
-The paper recipe for 7B (Gorilla, appendix): lr 2e-5, global batch 64, 5 epochs, warmup ratio
-0.03, max length 2048; it ships as configs/train/llama7b_rat_paper.yaml. Batch arithmetic has
-one owner, :meth:`TrainConfig.resolve_batch`: global batch = per-device batch x gradient
-accumulation x processes.
-"""
+"""The training config: one YAML file per run, validated before any model is loaded. Its keys:
+docs/configs.md#training-configs-trainconfig."""
 
 from __future__ import annotations
 
@@ -33,80 +28,16 @@ class LoraSettings(BaseModel):
 
 
 class TrainConfig(BaseModel):
-    """A training run.
+    """A training run. The batch and schedule defaults are the paper's 7B recipe (Gorilla, appendix:
+    lr 2e-5, global batch 64, 5 epochs, warmup ratio 0.03, max length 2048)."""
 
-    Attributes (the paper's values in brackets where it gives them):
-        model: local folder (or hub id) of a causal LM, or ``smollm2-135m-instruct``.
-        data_dir: output folder of ``ratune data build``.
-        hub: the hub the data was built from, as ``ratune data build --hub`` took it: an APIBench
-            hub (``torchhub``, the default; ``huggingface``, ``tensorflowhub``) or the path of a
-            catalog folder (``ratune catalog import``; checked with
-            :func:`ratune.hubs.check_hub_ref` when the config is validated). Training refuses
-            data whose manifest names another hub (:func:`ratune.train.preflight.check_data_hub`), so a
-            catalog-built ``data_dir`` needs ``hub: CATALOG_DIR``; the run manifest records the
-            hub's name and, for a catalog, the data manifest's ``catalog`` record, and
-            ``ratune export`` names the catalog on the model card (docs/catalogs.md).
-        train_retriever: which built mode to train on (one of ratune/registry.py
-            TRAIN_MODES), or a mixture ``mix-NAME`` built
-            with ``ratune data build --mixture`` (data/mixture.py).
-        output_dir: the run folder; refused when it exists unless resuming.
-        max_length: tokens per row [2048]; rows are never truncated here (the builder already
-            applied the over-length policy; a longer row is an error).
-        global_batch_size: examples per optimizer step [64].
-        per_device_batch_size: micro-batch per process.
-        gradient_accumulation_steps: derived from the two above and the process count when
-            null; checked against them when given.
-        learning_rate [2e-5], num_epochs [5], warmup_ratio [0.03], lr_scheduler.
-        max_steps: stop after this many optimizer steps (overrides num_epochs when set).
-        max_examples: train on the first N examples after a seeded shuffle (CPU demo).
-        chat_template: a template of :data:`ratune.sources.prompt.CHAT_TEMPLATES` (``chatml``;
-            ``gorilla_v0``, the paper's FastChat format) for a tokenizer without one (base
-            LLaMA); null keeps the tokenizer's own. Must be the one the data was built with
-            (``ratune data build --chat-template``); training refuses another (docs/prompts.md).
-        load_in_4bit: QLoRA (Dettmers et al., 2023): load the frozen base in 4-bit NF4 with
-            bitsandbytes (optional extra ``qlora``; CUDA only) and train LoRA on top; needs
-            ``lora.enabled``. Only ``adapter/`` is saved (no merged ``model/``); ``ratune eval run``
-            and ``ratune export --merge-lora`` load it on the unquantized base. Refused with a
-            ZeRO-3 ``deepspeed`` JSON (peft's QLoRA + ZeRO-3 recipe needs another 4-bit storage
-            dtype and no device_map; ZeRO-2 and no DeepSpeed are fine).
-        deepspeed: a DeepSpeed JSON (configs/deepspeed/); ZeRO-3 ones must set
-            ``stage3_gather_16bit_weights_on_model_save: true``.
-        packing: TRL packing (bfd): whole rows packed into bins of max_length, padding-free;
-            the batch size then counts bins, not examples (about 3 oracle rows per 2048 bin).
-        padding_free: TRL padding-free batching without packing: each micro-batch of whole
-            examples is one concatenated row with per-example position_ids, no padding; batch
-            sizes keep counting examples (the paper's 64). The GPU configs use it.
-        attn_implementation: attention kernel passed to from_pretrained (None: transformers'
-            default, sdpa). All three keep packed / padding-free examples apart
-            (tests/test_packing.py checks sdpa and eager); flash_attention_2 (CUDA, ``pip install
-            flash-attn``) takes the example boundaries from TRL's position_ids without a mask and
-            is the fast choice on GPUs; sdpa/eager build a block-diagonal mask (exact, slower).
-        dtype: the weights' dtype. ``bfloat16``/``float16`` need LoRA (frozen base) or DeepSpeed
-            (fp32 master weights in its optimizer); a full finetune without DeepSpeed trains in
-            ``float32`` with ``bf16: true`` (autocast), because 16-bit weights alone lose most
-            updates at the paper's learning rate (refused).
-        save_strategy: ``epoch`` (a Trainer checkpoint at the end of every epoch), ``steps`` (every
-            ``save_steps`` optimizer steps) or ``no``; null: ``steps`` when ``save_steps`` is set,
-            else ``no``. A ``save_steps`` larger than the run's optimizer steps is refused (no
-            checkpoint would exist to resume from).
-        save_total_limit: keep only the newest N Trainer checkpoints (a 7B ZeRO-3 checkpoint is
-            about 94 GB; docs/training.md).
-        verify_saves: check every save when it is made (reload, non-empty tensors, weights bit
-            for bit, logits on two prompts; :mod:`ratune.train.checks`). Costs one model load on
-            rank 0 per save (seconds for a small model, a minute or more for 7B); keep it on
-            unless saves are frequent and the model is large.
-        report_to: live logging of loss, learning rate and token counts: ``tensorboard``
-            (event files in ``output_dir/tensorboard``) and/or ``wandb`` (needs the wandb package
-            and a login). Every run also writes ``training_curves.png`` (:mod:`ratune.train.curves`).
-    """
-
-    model_config = SCHEMA_CONFIG  # unknown keys are errors; every float is finite (no .inf, no .nan)
+    model_config = SCHEMA_CONFIG
 
     model: str
     data_dir: str
     train_retriever: str
     output_dir: str
-    hub: str = "torchhub"  # an APIBench hub name or a catalog folder, dumped as given (sweeps hash the dump)
+    hub: str = "torchhub"  # dumped as given: sweeps hash the dump
     max_length: MaxLength = 2048
     global_batch_size: Count = 64
     per_device_batch_size: Count = 1
@@ -132,7 +63,7 @@ class TrainConfig(BaseModel):
     save_steps: Count | None = None
     save_strategy: Literal["no", "steps", "epoch"] | None = None
     save_total_limit: int | None = Field(None, ge=1)
-    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None  # the names of sources/prompt.py CHAT_TEMPLATES
+    chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
     trust_remote_code: bool = False
     load_in_4bit: bool = False
     verify_saves: bool = True
@@ -151,7 +82,7 @@ class TrainConfig(BaseModel):
     @field_validator("hub")
     @classmethod
     def _hub(cls, value: str) -> str:
-        from ratune.hubs import check_hub_ref  # the one place that knows what a hub is
+        from ratune.hubs import check_hub_ref
 
         try:
             return check_hub_ref(value)
@@ -200,13 +131,9 @@ class TrainConfig(BaseModel):
         return "steps" if self.save_steps is not None else "no"
 
     def optimizer_steps_bound(self, examples: int, num_processes: int) -> int:
-        """An upper bound on the optimizer steps the Trainer makes on ``examples`` rows (exact
-        without packing, which only lowers the count): ``max_steps`` when set, else
-        ``ceil(num_epochs x ceil(ceil(examples / (per_device x processes)) / accumulation))``.
-
-        Raises:
-            RatuneError: see :meth:`resolve_batch`.
-        """
+        """An upper bound on the Trainer's optimizer steps over ``examples`` rows (exact without packing):
+        ``max_steps`` when set, else ``ceil(num_epochs x ceil(ceil(examples / (per_device x processes)) /
+        accumulation))``. Raises as :meth:`resolve_batch`."""
         import math
 
         if self.max_steps is not None:
@@ -219,8 +146,7 @@ class TrainConfig(BaseModel):
         """``(per_device_batch_size, gradient_accumulation_steps)`` for ``num_processes``.
 
         Raises:
-            RatuneError: when global batch is not per-device x accumulation x processes, naming
-                all the numbers.
+            RatuneError: global batch is not per-device x accumulation x processes (naming the numbers).
         """
         per_step = self.per_device_batch_size * num_processes
         if self.gradient_accumulation_steps is None:
@@ -242,12 +168,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 
 def read_deepspeed_config(path: str | os.PathLike) -> dict:
-    """A DeepSpeed JSON as a dict whose ``zero_optimization`` is a dict with an integer ``stage``
-    (0 when the JSON has none), checked where the training config names it.
+    """A DeepSpeed JSON whose ``zero_optimization`` is an object with an integer ``stage`` (0 when absent).
 
     Raises:
-        RatuneError: one line naming the file: missing, a folder, not UTF-8 or not JSON, not an
-            object, ``zero_optimization`` not an object, or a stage that is not one of ZERO_STAGES.
+        RatuneError: naming the file: unreadable, not a JSON object, or a bad ``zero_optimization``.
     """
     path = Path(path)
     if not path.is_file():

@@ -1,10 +1,5 @@
-"""Training curves: the loss and learning rate of a run, drawn from the Trainer's log history.
-
-Every training run writes ``training_curves.png`` beside ``log_history.json`` (module
-:mod:`ratune.train.sft`): the training loss per logged optimizer step (top) and the learning
-rate (bottom), so a diverging or flat run is seen at a glance. Live curves go to TensorBoard
-or Weights & Biases with ``report_to`` in the training config.
-"""
+"""Training curves: a run's loss and learning rate against the optimizer step, drawn from the
+Trainer's log history into ``training_curves.png``."""
 
 from __future__ import annotations
 
@@ -15,11 +10,8 @@ from ratune.io import atomic_write
 
 
 def curve_points(log_history: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    """``{"loss": [(step, value), ...], "learning_rate": [...]}`` from a Trainer log history.
-
-    Only the per-step training logs count (entries with ``loss``; the final summary entry has
-    ``train_loss`` instead and is skipped). Steps are optimizer steps.
-    """
+    """``{"loss": [(step, value), ...], "learning_rate": [...]}`` from a Trainer log history's per-step
+    training logs (entries with ``loss``); steps are optimizer steps."""
     points: dict[str, list[tuple[int, float]]] = {"loss": [], "learning_rate": []}
     for entry in log_history:
         if "loss" not in entry or "step" not in entry:
@@ -31,11 +23,8 @@ def curve_points(log_history: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_training_curves(log_history: list[dict], out: str | os.PathLike, title: str = "") -> Path | None:
-    """Draw loss and learning rate against the optimizer step into ``out`` (PNG, written atomically).
-
-    Returns:
-        ``out``, or None when the history holds no training log (nothing is written then).
-    """
+    """Draw loss and learning rate against the optimizer step into the PNG ``out``, atomically; returns
+    ``out``, or None (nothing written) when the history holds no training log."""
     points = curve_points(log_history)
     if not points["loss"]:
         return None

@@ -1,13 +1,5 @@
-"""Launcher and distributed checks of a training run (:mod:`ratune.train.sft`).
-
-Before any data or model is loaded: the launcher started as many processes as asked
-(:func:`check_launcher`), and a GPU launch (:func:`gpu_launch_evidence`) where torch sees no CUDA
-device is refused (:func:`check_cuda_launch`; never a silent CPU run). The DeepSpeed JSON is read
-and checked (:func:`deepspeed_settings`), and DeepSpeed on CPU gets its gloo process group
-(:func:`init_deepspeed_on_cpu`). Once the trainer exists, the process count, distributed type and
-ZeRO stage it actually runs (:func:`distributed_facts`) must be the launcher's and the config's
-(:func:`check_distributed`); :func:`device_facts` is the device the manifest records.
-"""
+"""Launcher and distributed checks of a training run (docs/training.md#a-gpu-launch-never-trains-on-the-cpu,
+docs/scale-out.md#what-every-run-checks)."""
 
 from __future__ import annotations
 
@@ -29,12 +21,9 @@ def num_processes() -> int:
 
 
 def check_launcher() -> None:
-    """Refuse a launcher that silently started fewer processes than asked.
-
-    ``accelerate launch --cpu --num_processes N`` (N > 1) and a MULTI_CPU config without an MPI
-    hostfile (configs/accelerate/cpu_2proc.yaml) run ONE process with no WORLD_SIZE/RANK, but set
-    MASTER_ADDR/MASTER_PORT as for a distributed run (accelerate 1.15, simple launcher); that
-    combination is detected here.
+    """Refuse a launch that started one process where more were asked: ``accelerate launch --cpu
+    --num_processes N`` and a MULTI_CPU config without MPI (accelerate 1.15) set MASTER_ADDR but no
+    WORLD_SIZE or RANK.
 
     Raises:
         RatuneError: naming the launcher to use instead.
@@ -55,25 +44,12 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 def gpu_launch_evidence(env=None) -> str | None:
-    """Why this process's ``accelerate launch`` asked for a GPU run; None when it asked for the
-    CPU, gave no sign either way, or the process was not started by ``accelerate launch``.
-
-    What accelerate 1.15 hands its processes (accelerate/utils/launch.py): the simple launcher
-    (``distributed_type: "NO"``, MULTI_CPU, or no config) sets ``ACCELERATE_USE_CPU`` to
-    ``True`` for ``--cpu`` / ``use_cpu: true`` and ``False`` otherwise; the torchrun launchers
-    (MULTI_GPU, DEEPSPEED, FSDP configs) never set it and drop ``use_cpu``, so there only the
-    mixed precision tells: ``bf16``/``fp16``/``fp8`` (configs/accelerate/8gpu_zero3.yaml,
-    multinode_zero3.yaml) is a GPU launch, ``no`` (configs/accelerate/cpu_2proc_deepspeed.yaml,
-    the CPU torchrun launch) is not. ``ACCELERATE_USE_CPU=true`` in the environment always means CPU.
-
-    Args:
-        env: the environment (default ``os.environ``).
-    Returns:
-        A short reason naming the variable and value, or None.
-    """
+    """Why this process's ``accelerate launch`` asked for a GPU run, a short reason naming the variable;
+    None for a CPU launch, no sign either way, or no ``accelerate launch``. ``env`` defaults to
+    ``os.environ``; what accelerate 1.15 sets: docs/training.md#a-gpu-launch-never-trains-on-the-cpu."""
     env = os.environ if env is None else env
     if not any(k in env for k in _ACCELERATE_LAUNCH_VARS + ("ACCELERATE_USE_CPU",)):
-        return None  # not started by accelerate launch (python -m ratune.train, the demo, tests)
+        return None
     use_cpu = env.get("ACCELERATE_USE_CPU")
     if use_cpu is not None:
         if use_cpu.strip().lower() in _TRUE:
@@ -87,16 +63,11 @@ def gpu_launch_evidence(env=None) -> str | None:
 
 
 def check_cuda_launch(env=None) -> None:
-    """Refuse a GPU launch that would silently train on the CPU because torch sees no CUDA device
-    (a CPU-only torch build, or a CUDA build newer than the driver).
-
-    The launch counts as a GPU launch by :func:`gpu_launch_evidence`; plain ``python -m
-    ratune.train`` and CPU launches (configs/accelerate/cpu_*.yaml, ``accelerate launch --cpu``)
-    are never refused here.
+    """Refuse a GPU launch (:func:`gpu_launch_evidence`) where torch sees no CUDA device and would
+    silently train on the CPU.
 
     Raises:
-        RatuneError: one line naming torch.__version__, torch.version.cuda, the launch's evidence
-            and what to install (or how to ask for the CPU on purpose).
+        RatuneError: one line naming torch's version and CUDA build, the evidence and what to install.
     """
     reason = gpu_launch_evidence(env)
     if reason is None:
@@ -132,15 +103,11 @@ def device_facts(device) -> dict:
 
 
 def deepspeed_settings(path: str | None) -> dict | None:
-    """Read a DeepSpeed JSON and check what the save-time checks rely on.
+    """``{"path", "zero_stage"}`` of a DeepSpeed JSON; None for no ``path``.
 
-    Returns:
-        ``{"path", "zero_stage"}`` (stage 0 when the JSON has no ``zero_optimization``), or None
-        when ``path`` is None.
     Raises:
-        RatuneError: see :func:`read_deepspeed_config`; or it is ZeRO-3 without
-            ``stage3_gather_16bit_weights_on_model_save: true`` (its saves would hold only each
-            rank's empty partitions).
+        RatuneError: see :func:`read_deepspeed_config`; ZeRO-3 without
+            ``stage3_gather_16bit_weights_on_model_save: true`` (its saves would hold empty partitions).
     """
     if path is None:
         return None
@@ -153,14 +120,10 @@ def deepspeed_settings(path: str | None) -> dict | None:
 
 
 def init_deepspeed_on_cpu(config: TrainConfig) -> bool:
-    """On a machine without CUDA, initialise DeepSpeed's process group with gloo before the
-    training arguments are built (otherwise accelerate counts 1 process where DeepSpeed counts
-    WORLD_SIZE, and DeepSpeed's train_batch_size assertion fails). A process started without a
-    distributed launcher is set up as rank 0 of 1 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT, only where unset).
+    """Without CUDA, start DeepSpeed's gloo process group before the training arguments are built (else
+    accelerate counts 1 process where DeepSpeed counts WORLD_SIZE); a process without a launcher
+    becomes rank 0 of 1. Returns whether it did (the arguments must then say ``use_cpu``).
 
-    Returns:
-        True when it initialised DeepSpeed here (the training arguments must then say use_cpu).
     Raises:
         RatuneError: deepspeed is not installed.
     """
@@ -201,15 +164,9 @@ def distributed_facts(trainer) -> dict:
 
 
 def check_distributed(facts: dict, *, expected_processes: int, deepspeed: dict | None) -> None:
-    """Refuse a silent fallback to fewer processes or to training without DeepSpeed.
-
-    Args:
-        facts: :func:`distributed_facts`.
-        expected_processes: WORLD_SIZE from the launcher (1 without one).
-        deepspeed: :func:`deepspeed_settings` of the config.
-    Raises:
-        RatuneError: naming the expected and the actual value.
-    """
+    """Refuse a trainer (``facts``: :func:`distributed_facts`) that runs other than the launcher
+    started (``expected_processes``) or without the configured ``deepspeed`` (:func:`deepspeed_settings`),
+    with a RatuneError naming the expected and the actual value."""
     seen = {facts["world_size"], facts["accelerator_num_processes"]}
     if seen != {expected_processes}:
         raise RatuneError(f"the launcher started {expected_processes} process(es) (WORLD_SIZE) but the trainer sees "

@@ -1,16 +1,5 @@
-"""The layout of a ``ratune train`` run folder, and what a checkpoint path loads as.
-
-Training writes it (train/sft.py) and every later stage reads it through this module: the eval
-stage (which model, tokenizer, chat template and document budget to evaluate with) and export
-(which folder to export). A run folder holds::
-
-    RUN/manifest.json                the run manifest: config, model_path, prompt settings, ...
-    RUN/model/                       the final model (LoRA merged), config.json + safetensors
-    RUN/adapter/                     the LoRA adapter (a QLoRA run saves only this)
-    RUN/trainer/checkpoint-STEP/     the Trainer's checkpoints (full weights or an adapter); one
-                                     without a readable trainer_state.json is partial
-    RUN/.complete                    written last
-"""
+"""The layout of a ``ratune train`` run folder (docs/pipeline.md#train) and what a checkpoint path
+loads as: training writes the folder, eval and export read it through this module."""
 
 from __future__ import annotations
 
@@ -33,8 +22,8 @@ _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
 def checkpoint_folders(run: str | os.PathLike) -> list[Path]:
-    """The folders ``RUN/trainer/checkpoint-STEP`` by increasing step (numeric), whatever they hold;
-    other names there (``checkpoint-old``) are ignored. Empty when the run has none (or no folder)."""
+    """The folders ``RUN/trainer/checkpoint-STEP`` by increasing step, whatever they hold; other names
+    are ignored. Empty when there are none."""
     trainer = Path(run) / TRAINER_DIR
     found = [(int(m.group(1)), p) for p in (trainer.iterdir() if trainer.is_dir() else ())
              if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()]
@@ -73,11 +62,7 @@ def complete_checkpoint_folders(run: str | os.PathLike, *, say: bool = True) -> 
 
 
 def require_complete_checkpoint(folder: str | os.PathLike) -> None:
-    """Refuse a partial Trainer checkpoint (:func:`checkpoint_gap`), naming what it lacks.
-
-    Raises:
-        RatuneError: naming the folder, the gap and the complete checkpoints to use instead.
-    """
+    """Refuse a partial Trainer checkpoint (:func:`checkpoint_gap`): RatuneError naming what it lacks."""
     gap = checkpoint_gap(folder)
     if gap is not None:
         run = Path(folder).parent.parent
@@ -91,18 +76,11 @@ class Checkpoint:
     """What a checkpoint loads as (:func:`resolve_checkpoint`).
 
     Attributes:
-        folder: the folder holding the weights and the tokenizer: a model folder (config.json),
-            or, for a run that saved only its LoRA adapter (QLoRA, ``load_in_4bit: true``), the
-            run's ``adapter/``.
-        base: None for a model folder; for an adapter, the base model it was trained on (the run
-            manifest's ``model_path``: a local folder, resolved, or a hub id).
-        base_in_4bit: the adapter was trained on the base loaded in 4-bit NF4 (the run config's
-            ``load_in_4bit``). It is loaded on the unquantized base all the same
-            (:func:`ratune.models.load_adapter_merged`).
-        run: the run folder whose ``manifest.json`` describes the checkpoint (chat template,
-            document budget, base model) when that is not the folder given: a Trainer
-            checkpoint's run; None otherwise.
-        step: the optimizer step of a Trainer checkpoint (``trainer/checkpoint-STEP``), else None.
+        folder: the weights and the tokenizer: a model folder, or a QLoRA run's ``adapter/``.
+        base: for an adapter, the base it was trained on (the run manifest's ``model_path``); else None.
+        base_in_4bit: the adapter was trained on a 4-bit base (it loads on the unquantized one).
+        run: a Trainer checkpoint's run folder, whose manifest describes it; else None.
+        step: a Trainer checkpoint's optimizer step; else None.
     """
 
     folder: Path
@@ -113,13 +91,11 @@ class Checkpoint:
 
 
 def adapter_base(manifest: dict, source: str | os.PathLike, *, hint: str = "") -> str:
-    """The base model of a run's adapter: the run manifest's ``model_path``, resolved when it is a
-    local folder, kept as it is when it is a hub id that is not a local folder.
+    """The base model of a run's adapter: the manifest's ``model_path``, resolved when it is a local
+    folder, as it is when it is a hub id.
 
     Raises:
-        RatuneError: the manifest records no ``model_path``, or it is neither a model folder
-            (config.json) nor spelled like a hub id (a base folder that is gone); ``hint`` ends
-            the message.
+        RatuneError: no ``model_path``, or a gone base folder; ``hint`` ends the message.
     """
     recorded = manifest.get("model_path")
     if not isinstance(recorded, str) or not recorded:
@@ -128,19 +104,14 @@ def adapter_base(manifest: dict, source: str | os.PathLike, *, hint: str = "") -
     if (path / "config.json").is_file():
         return str(path.resolve())
     if not path.exists() and not path.is_absolute() and is_hub_id(recorded):
-        return recorded  # from_pretrained resolves it (hub cache, or the hub where reachable)
+        return recorded
     raise RatuneError(f"{recorded}: the base model folder recorded in {source} is gone (no config.json); the "
                       f"adapter loads only on it{hint}")
 
 
 def _trainer_checkpoint(path: Path) -> Checkpoint | None:
-    """A run's Trainer checkpoint ``RUN/trainer/checkpoint-STEP`` (full weights or a LoRA adapter),
-    described by ``RUN/manifest.json``; None for any other folder.
-
-    Raises:
-        RatuneError: a checkpoint without loadable weights (DeepSpeed shards only), or a LoRA
-            checkpoint whose base is gone (:func:`adapter_base`).
-    """
+    """A run's Trainer checkpoint ``RUN/trainer/checkpoint-STEP`` (full weights or a LoRA adapter); None
+    for any other folder. Raises RatuneError for one without weights or whose base is gone."""
     match = _CHECKPOINT_NAME.fullmatch(path.name)
     run = path.parent.parent
     if not match or path.parent.name != TRAINER_DIR or not (run / "manifest.json").is_file():
@@ -160,16 +131,12 @@ def _trainer_checkpoint(path: Path) -> Checkpoint | None:
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike) -> Checkpoint:
-    """What ``checkpoint`` loads as: a ``ratune train`` run folder's ``model/``, a Trainer
-    checkpoint of a run (``RUN/trainer/checkpoint-STEP``: its weights, or its LoRA adapter on the
-    run's base, with the run's prompt settings and the step recorded; what a learning curve
-    evaluates), a folder with config.json itself, or a complete run folder with ``adapter/`` and
-    no ``model/`` (what a QLoRA run leaves, ``train/sft.py``): its adapter on the base its
-    ``manifest.json`` names.
+    """What ``checkpoint`` loads as: a run folder's ``model/``, a run's Trainer checkpoint, a model
+    folder, or a finished QLoRA run's ``adapter/`` on its base.
 
     Raises:
-        RatuneError: none of these; a Trainer checkpoint without weights; an adapter-only run that
-            is not complete (no .complete marker) or whose base is gone (:func:`adapter_base`).
+        RatuneError: none of these; a Trainer checkpoint without weights; an unfinished adapter-only
+            run, or one whose base is gone.
     """
     path = Path(checkpoint)
     trainer_checkpoint = _trainer_checkpoint(path)
@@ -192,12 +159,7 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Checkpoint:
 
 
 def model_folder(checkpoint: str | os.PathLike) -> Path:
-    """The folder of a checkpoint's weights and tokenizer: :attr:`Checkpoint.folder` of
-    :func:`resolve_checkpoint` (a run's ``model/``, a model folder, or a QLoRA run's ``adapter/``).
-
-    Raises:
-        RatuneError: see :func:`resolve_checkpoint`.
-    """
+    """The weights' and tokenizer's folder of a checkpoint (:func:`resolve_checkpoint`, raising as it does)."""
     return resolve_checkpoint(checkpoint).folder
 
 
@@ -205,7 +167,7 @@ def trained_document_budget(checkpoint: str | os.PathLike) -> int | None:
     """The max_document_tokens the checkpoint's training data was built with, if recorded."""
     manifest = Path(checkpoint) / "manifest.json"
     if manifest.exists():
-        prompt = read_json_object(manifest).get("prompt") or {}  # a torn manifest: InputError naming it
+        prompt = read_json_object(manifest).get("prompt") or {}
         return prompt.get("max_document_tokens") if isinstance(prompt, dict) else None
     return None
 
@@ -216,14 +178,13 @@ def _run_manifest_of(checkpoint: str | os.PathLike) -> dict | None:
     path = Path(checkpoint)
     for manifest in (path / "manifest.json", path / "ratune_manifest.json", path / "model" / "ratune_manifest.json"):
         if manifest.exists():
-            return read_json_object(manifest)  # a torn manifest: InputError naming it
+            return read_json_object(manifest)
     return None
 
 
 def trained_chat_template(checkpoint: str | os.PathLike) -> str | None:
-    """The chat template name the checkpoint was trained with, from its run manifest:
-    ``prompt.chat_template``, else the training config's ``chat_template``; None when not recorded
-    (the tokenizer's own)."""
+    """The chat template name the checkpoint was trained with (its run manifest's
+    ``prompt.chat_template``, else ``config.chat_template``); None: not recorded."""
     data = _run_manifest_of(checkpoint) or {}
     prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
     if "chat_template" in prompt:
@@ -249,13 +210,11 @@ def trained_answer_format(checkpoint: str | os.PathLike) -> str | None:
 
 
 def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
-    """The complete Trainer checkpoints ``RUN/trainer/checkpoint-STEP`` of a run, by increasing step
-    (numeric: checkpoint-105 after checkpoint-21), each as :func:`resolve_checkpoint` loads it; a
-    partial one is passed over with a line on stderr (:func:`complete_checkpoint_folders`).
+    """A run's complete Trainer checkpoints by increasing step, each as :func:`resolve_checkpoint` loads
+    it; a partial one is passed over with a line on stderr.
 
     Raises:
-        RatuneError: ``run`` has no ``manifest.json`` (not a ``ratune train`` run folder), or a
-            checkpoint without weights (:func:`resolve_checkpoint`).
+        RatuneError: ``run`` has no ``manifest.json``, or a checkpoint holds no weights.
     """
     run = Path(run)
     if not (run / "manifest.json").is_file():
@@ -264,11 +223,9 @@ def trainer_checkpoints(run: str | os.PathLike) -> list[Checkpoint]:
 
 
 def checkpoint_epoch(checkpoint: Checkpoint) -> float | None:
-    """The training epoch a Trainer checkpoint was saved at (its ``trainer_state.json``
-    ``epoch``; the checkpoint of a run's last step under ``save_strategy: epoch`` says 3.0 after
-    3 epochs), or None when not recorded."""
+    """The epoch a Trainer checkpoint was saved at (its ``trainer_state.json``), or None."""
     state = Path(checkpoint.folder) / "trainer_state.json"
     if not state.is_file():
         return None
-    epoch = read_json_object(state).get("epoch")  # a torn state file: InputError naming it
+    epoch = read_json_object(state).get("epoch")
     return float(epoch) if isinstance(epoch, (int, float)) else None

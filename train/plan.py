@@ -1,58 +1,6 @@
-"""``ratune plan``: per-GPU memory and ideal training time of a training config, before renting GPUs.
-
-Everything here is arithmetic on the config; no weights are loaded and no GPU is needed.
-
-Model size. The parameter count and the largest single parameter tensor come from the model's
-``config.json`` when ``model`` is a local folder (the model is instantiated on PyTorch's ``meta``
-device, which allocates nothing, and its parameters are counted, shared ones once), otherwise from
-:data:`KNOWN_MODELS` (e.g. ``huggyllama/llama-7b``: 6,738,415,616 parameters).
-
-Model states per GPU (bytes; P = parameters, N = GPUs, L1 = largest parameter tensor), following
-DeepSpeed's own estimators ``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/
-stage_1_and_2.py) and ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py),
-without offload. Their formulas are written out here rather than called, because DeepSpeed is an
-optional extra and ``ratune plan`` must run without it; tests/test_plan.py checks the numbers
-against DeepSpeed's functions byte for byte:
-
-- ZeRO-3: ``4 L1 + 18 P / N`` in total. We attribute the 18 bytes/param as 2 (16-bit weights) +
-  4 (fp32 gradient partition) + 12 (Adam: fp32 master weights + two fp32 moments), and the
-  ``4 L1`` buffer (the largest tensor gathered whole) to the weights.
-- ZeRO-2: ``2 P + 18 P / N``: replicated 16-bit weights; 6 bytes/param of gradients (16-bit +
-  fp32) and 12 of Adam state, both sharded.
-- no DeepSpeed (DDP): everything replicated; weights and gradients in the parameter dtype (2 bytes
-  for ``dtype: bfloat16``/``float16``, else 4), torch AdamW's two moments in the same dtype.
-- ZeRO-3 with optimizer offload (``offload_optimizer`` to cpu): ``4 L1 + 2 P / N`` on the GPU
-  (DeepSpeed's estimator with ``cpu_offload_params=False``), the rest in host memory.
-
-For the 7B LLaMA on 8 GPUs under ZeRO-3: 4 x 131,072,000 + 18 x 6,738,415,616 / 8 =
-15,685,723,136 bytes = 14.61 GiB, the published figure (the plain 16 bytes/param count gives
-12.55 GiB: it leaves out DeepSpeed's fp32 gradient partition and the gather buffer).
-
-LoRA (and QLoRA): the base weights are frozen (bytes per weight: 2 in 16-bit, 4 in fp32, 0.5 + 5 %
-for 4-bit NF4 with double quantization), and gradients (4 bytes) and Adam state (12 bytes: fp32
-copy + two moments) exist for the adapter's parameters only. Under ZeRO-3 the frozen weights are
-sharded too. The adapter size is ``r x (in + out)`` per adapted linear layer.
-
-Activations per GPU (bytes), after Korthikanti et al. 2022, "Reducing Activation Recomputation in
-Large Transformer Models" (arXiv 2205.05198), section 4, with s = max_length, b = per-device
-micro-batch, h = hidden size, L = layers, V = vocabulary:
-
-- without checkpointing: ``L x 34 s b h`` (16-bit activations; their ``5 a s^2 b`` attention-score
-  term is left out because flash / memory-efficient SDPA attention does not store the scores);
-- with gradient checkpointing (full recomputation): ``L x 2 s b h`` (each layer's input) plus
-  ``34 s b h`` for the one layer being recomputed;
-- plus the logits and their gradient in fp32: ``8 s b V``;
-- doubled when training in fp32 (no bf16).
-
-s is the configured max_length, the worst case for a padded micro-batch.
-
-Ideal time: ``6 x P x tokens / (N x peak FLOP/s x MFU)`` (Kaplan et al. 2020; the 6 counts
-forward + backward model FLOPs; recomputation under checkpointing is extra hardware work that
-MFU, by definition, does not credit). tokens = examples x epochs x mean tokens per example
-(or max_steps x global batch x mean tokens); mean tokens is the data manifest's ``token_lengths``
-p50 of the training split when the built data folder is reachable, else max_length (an upper
-bound); the output says which (``tokens_source``). Peak defaults to 312 TFLOP/s (A100 bf16 dense).
-"""
+"""``ratune plan``: per-GPU memory and ideal training time of a training config, before renting GPUs,
+by arithmetic on the config alone (no weights, no GPU). The formulas and their sources:
+docs/training.md#how-ratune-plan-counts-memory-and-time."""
 
 from __future__ import annotations
 
@@ -85,14 +33,10 @@ KNOWN_TRAIN_EXAMPLES = {"torchhub": 837}
 
 
 def model_size(model: str) -> dict:
-    """Parameter count and shape of ``model`` (a local folder with config.json, or a known name).
-
-    Returns:
-        ``{"params", "largest_layer_params", "hidden_size", "num_layers", "vocab_size",
-        "intermediate_size", "source"}``; ``source`` is the config.json path or ``table``.
-    Raises:
-        RatuneError: neither a local folder with config.json nor a name in :data:`KNOWN_MODELS`.
-    """
+    """``{"params", "largest_layer_params", "hidden_size", "num_layers", "vocab_size",
+    "intermediate_size", "source"}`` of ``model``, a local folder with config.json (``source``: its
+    path) or a name in :data:`KNOWN_MODELS` (``table``); parameters counted on torch's ``meta`` device,
+    shared ones once. Raises RatuneError for neither, or a config that is not a known causal LM."""
     folder = Path(model)
     if (folder / "config.json").exists():
         from ratune.io import read_json_object
@@ -109,7 +53,7 @@ def model_size(model: str) -> dict:
     fields = {k: v for k, v in fields.items() if k not in ("quantization_config", "torch_dtype", "dtype")}
     try:
         cfg = AutoConfig.for_model(**fields)
-    except (ValueError, KeyError, TypeError) as exc:  # no or an unknown model_type, bad fields
+    except (ValueError, KeyError, TypeError) as exc:
         raise RatuneError(f"{source}: not a causal LM config transformers knows ({exc})") from None
     with torch.device("meta"):
         net = AutoModelForCausalLM.from_config(cfg)
@@ -176,19 +120,14 @@ def _data_tokens(config: TrainConfig, base_dir: Path) -> tuple[int, float, str]:
 
 def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float = 312.0,
          base_dir: str | Path = ".") -> dict:
-    """The memory and time plan of ``config`` on ``gpus`` GPUs (see the module docstring).
+    """The memory and time plan of ``config`` on ``gpus`` GPUs: a dict with ``per_gpu_gib`` (weights,
+    gradients, optimizer, activations, total; GiB = 2**30 bytes), ``ideal_hours`` at ``mfu`` and
+    ``peak_tflops`` per GPU (312: A100), ``tokens`` and more. Relative config paths are also tried
+    from ``base_dir``. The formulas: docs/training.md#how-ratune-plan-counts-memory-and-time.
 
-    Args:
-        config: a training config.
-        gpus: total GPUs (processes); the batch must resolve for it (:meth:`TrainConfig.resolve_batch`).
-        mfu: model FLOPs utilisation assumed for the ideal time (0.4 default).
-        peak_tflops: peak dense 16-bit TFLOP/s of one GPU (312 = A100).
-        base_dir: where relative paths in the config (deepspeed, data_dir) are tried when they do
-            not exist relative to the working directory.
-    Returns:
-        ``{"model", "params", "gpus", "zero_stage", "per_gpu_gib": {"weights", "gradients",
-        "optimizer", "activations", "total"}, "model_states_gib", "ideal_hours", "tokens",
-        "tokens_source", ...}``; GiB = 2**30 bytes.
+    Raises:
+        RatuneError: ``gpus`` < 1, ``mfu`` outside (0, 1], a batch that does not resolve, an unknown
+            model, or a missing DeepSpeed config or data manifest.
     """
     if gpus < 1:
         raise RatuneError(f"--gpus {gpus}: must be at least 1")
@@ -200,8 +139,41 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
     p, l1 = size["params"], size["largest_layer_params"]
     stage, offload = _zero_settings(config, base_dir)
     half = config.bf16 or config.dtype in ("bfloat16", "float16")
-    load_4bit = getattr(config, "load_in_4bit", False)
+    trainable, weights, gradients, optimizer, accounting = _model_states(config, size, gpus, stage, offload)
+    activations = _activation_bytes(config, size, per_device, half)
 
+    examples, mean_tokens, tokens_source = _data_tokens(config, base_dir)
+    if config.max_steps is not None:
+        tokens = config.max_steps * config.global_batch_size * mean_tokens
+    else:
+        tokens = examples * config.num_epochs * mean_tokens
+    flops = 6 * p * tokens
+    seconds = flops / (gpus * peak_tflops * 1e12 * mfu)
+
+    parts = {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations}
+    per_gpu = {k: v / GIB for k, v in parts.items()}
+    per_gpu["total"] = sum(parts.values()) / GIB
+    return {
+        "model": config.model, "model_source": size["source"], "params": p, "trainable_params": trainable,
+        "largest_layer_params": l1, "hidden_size": size["hidden_size"], "num_layers": size["num_layers"],
+        "vocab_size": size["vocab_size"],
+        "gpus": gpus, "zero_stage": stage, "offload_optimizer": offload, "bf16": half,
+        "gradient_checkpointing": config.gradient_checkpointing, "max_length": config.max_length,
+        "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
+        "global_batch_size": per_device * accumulation * gpus, "accounting": accounting,
+        "per_gpu_gib": per_gpu, "model_states_gib": (weights + gradients + optimizer) / GIB,
+        "examples": examples, "epochs": config.num_epochs, "max_steps": config.max_steps,
+        "mean_tokens_per_example": mean_tokens,
+        "tokens_source": tokens_source, "tokens": tokens, "train_flops": flops, "mfu": mfu,
+        "peak_tflops_per_gpu": peak_tflops, "ideal_hours": seconds / 3600,
+    }
+
+
+def _model_states(config: TrainConfig, size: dict, gpus: int, stage: int, offload: bool) -> tuple:
+    """``(trainable parameters, weight, gradient and optimizer bytes per GPU, how they were counted)``
+    under ZeRO ``stage`` (0: none), its optimizer ``offload`` and LoRA or QLoRA."""
+    p, l1 = size["params"], size["largest_layer_params"]
+    load_4bit = getattr(config, "load_in_4bit", False)
     if config.lora.enabled or load_4bit:
         trainable = _lora_params(size, config.lora.r)
         frozen_bytes = 0.5 * 1.05 if load_4bit else (2 if config.dtype != "float32" else 4)
@@ -225,7 +197,12 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
         b = 2 if config.dtype != "float32" else 4
         weights, gradients, optimizer = b * p, b * p, 2 * b * p
         accounting = "ddp: weights, gradients and AdamW moments replicated in the parameter dtype"
+    return trainable, weights, gradients, optimizer, accounting
 
+
+def _activation_bytes(config: TrainConfig, size: dict, per_device: int, half: bool) -> float:
+    """Activation bytes per GPU at ``max_length`` and ``per_device`` rows (Korthikanti et al. 2022),
+    doubled when not ``half`` (16-bit)."""
     s, b, h, n_layers, v = (config.max_length, per_device, size["hidden_size"], size["num_layers"],
                             size["vocab_size"])
     act_scale = 1 if half else 2
@@ -233,32 +210,7 @@ def plan(config: TrainConfig, gpus: int, *, mfu: float = 0.4, peak_tflops: float
         layers_act = act_scale * (n_layers * 2 * s * b * h + 34 * s * b * h)
     else:
         layers_act = act_scale * n_layers * 34 * s * b * h
-    activations = layers_act + 8 * s * b * v
-
-    examples, mean_tokens, tokens_source = _data_tokens(config, base_dir)
-    if config.max_steps is not None:
-        tokens = config.max_steps * config.global_batch_size * mean_tokens
-    else:
-        tokens = examples * config.num_epochs * mean_tokens
-    flops = 6 * p * tokens
-    seconds = flops / (gpus * peak_tflops * 1e12 * mfu)
-
-    parts = {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations}
-    per_gpu = {k: v / GIB for k, v in parts.items()}
-    per_gpu["total"] = sum(parts.values()) / GIB
-    return {
-        "model": config.model, "model_source": size["source"], "params": p, "trainable_params": trainable,
-        "largest_layer_params": l1, "hidden_size": h, "num_layers": n_layers, "vocab_size": v,
-        "gpus": gpus, "zero_stage": stage, "offload_optimizer": offload, "bf16": half,
-        "gradient_checkpointing": config.gradient_checkpointing, "max_length": s,
-        "per_device_batch_size": per_device, "gradient_accumulation_steps": accumulation,
-        "global_batch_size": per_device * accumulation * gpus, "accounting": accounting,
-        "per_gpu_gib": per_gpu, "model_states_gib": (weights + gradients + optimizer) / GIB,
-        "examples": examples, "epochs": config.num_epochs, "max_steps": config.max_steps,
-        "mean_tokens_per_example": mean_tokens,
-        "tokens_source": tokens_source, "tokens": tokens, "train_flops": flops, "mfu": mfu,
-        "peak_tflops_per_gpu": peak_tflops, "ideal_hours": seconds / 3600,
-    }
+    return layers_act + 8 * s * b * v
 
 
 def add_plan_arguments(parser) -> None:
@@ -283,7 +235,7 @@ def format_count(n: float) -> str:
 
 def _format(result: dict) -> str:
     g = result["per_gpu_gib"]
-    amount = (f"{result['max_steps']} steps x {result['global_batch_size']} examples"  # max_steps sets the tokens
+    amount = (f"{result['max_steps']} steps x {result['global_batch_size']} examples"
               if result.get("max_steps") is not None else f"{result['examples']} examples x {result['epochs']:g} epochs")
     stage = f"ZeRO-{result['zero_stage']}" if result["zero_stage"] else "DDP (no DeepSpeed)"
     lines = [

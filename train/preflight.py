@@ -1,18 +1,5 @@
-"""What a training run (:mod:`ratune.train.sft`) checks about its data, loggers, QLoRA and save
-schedule, and its training rows, tokenized and checked as they load.
-
-Before any folder is made or model loaded:
-
-- the data: complete, the config's mode built with a train split (:func:`check_training_data`),
-  built with the config's chat template (:func:`check_data_chat_template`) from the config's hub
-  (:func:`check_data_hub`);
-- each ``report_to`` logger's package is installed (:func:`check_report_to`);
-- QLoRA can run here: bitsandbytes and CUDA (:func:`require_qlora`).
-
-Then, before the model is loaded: every row within max_length with a trainable token
-(:func:`load_training_rows`), and a save schedule that writes at least one checkpoint
-(:func:`check_save_schedule`).
-"""
+"""What a training run checks about its data, loggers, QLoRA and save schedule before any folder is
+made or model loaded, and its training rows, tokenized and checked as they load."""
 
 from __future__ import annotations
 
@@ -33,10 +20,8 @@ def _template_label(name: str | None) -> str:
 
 
 def check_data_chat_template(config: TrainConfig) -> None:
-    """Refuse a config whose ``chat_template`` is not the one the data was built with (the data
-    manifest's ``settings.chat_template``, written by ``ratune data build --chat-template``): the
-    rows' lengths were measured with that template and eval renders prompts with it. A manifest
-    from before templates were recorded is not checked.
+    """Refuse a ``chat_template`` other than the one the data was built with (the data manifest's
+    ``settings.chat_template``; a manifest without it is not checked).
 
     Raises:
         RatuneError: one line naming both values and the data folder.
@@ -56,31 +41,20 @@ def check_data_chat_template(config: TrainConfig) -> None:
 
 
 def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = None) -> dict:
-    """The hub of the run, checked against the data manifest (``data_dir/manifest.json``, which
-    ``ratune data build`` writes: ``hub``, the hub's name, and for a catalog a ``catalog`` record).
+    """The run's hub for its manifest (``{"hub": name}``, plus a catalog's record under its kind), which
+    must be the data manifest's, when there is one: the same name, and a catalog exactly when the data
+    was built from one.
 
-    The config's ``hub`` (an APIBench hub name or a catalog folder,
-    :func:`ratune.hubs.resolve_hub`) must name the hub the data was built from: the same
-    name, and a catalog exactly when the data manifest has a ``catalog`` record. Without a data
-    manifest (or one from before hubs were recorded) nothing is compared.
-
-    Returns:
-        What the run manifest records: ``{"hub": name}``, plus for a catalog ``"catalog"``: the
-        data manifest's record (``kind``, ``path``, ``name``, ``import_source``, ``pairs``;
-        :meth:`ratune.hubs.Hub.manifest_record` of the catalog when there is no data
-        manifest).
     Raises:
-        RatuneError: one line naming the config file (``config_path``, with the line of its
-            ``hub:`` when it sets one; "the training config" without one), the field ``hub``, its value (and whether it is the default
-            ``torchhub``, not set in the file) and the data manifest's hub; or
-            :func:`~ratune.hubs.resolve_hub`'s error for a catalog folder that is no longer one.
+        RatuneError: naming the config file (``config_path``), the line of its ``hub:`` and the data
+            manifest's hub; or :func:`~ratune.hubs.resolve_hub`'s error.
     """
-    source = resolve_hub(config.hub, locate=False)  # its folder is not needed here
+    source = resolve_hub(config.hub, locate=False)
     name = source.name
     data_manifest = Path(config.data_dir) / "manifest.json"
     built = read_json_object(data_manifest) if data_manifest.is_file() else {}
     built_name, (_, built_record) = built.get("hub"), manifest_hub_record(built)
-    record = source.manifest_record()  # None: the hub records only its name
+    record = source.manifest_record()
     if built_name is not None and (built_name != name or (record is None) != (built_record is None)):
         given = f"hub: {config.hub}" + (f" ({source.kind} {name!r})" if record is not None else "") + (
             " (the default: the config does not set hub)" if "hub" not in config.model_fields_set else "")
@@ -101,13 +75,11 @@ def check_data_hub(config: TrainConfig, config_path: str | os.PathLike | None = 
 
 
 def check_training_data(config: TrainConfig) -> None:
-    """Refuse training data that cannot serve this config, before any folder is made or model loaded.
+    """Refuse training data that cannot serve this config.
 
     Raises:
-        RatuneError: one line naming the data folder: missing or incomplete (no .complete
-            marker), the config's ``train_retriever`` not built there (naming the modes that
-            are), a mode without a train split, another chat template
-            (:func:`check_data_chat_template`) or another hub (:func:`check_data_hub`).
+        RatuneError: naming the data folder: missing or incomplete, the mode not built (naming those
+            that are), no train split, another chat template or hub.
     """
     data_dir = Path(config.data_dir)
     if not data_dir.is_dir():
@@ -133,20 +105,19 @@ def check_training_data(config: TrainConfig) -> None:
 
 
 def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
-    """Tokenize the built training split for ``config.train_retriever``.
+    """``({"input_ids", "labels"}, stats)``: the built training split of ``config.train_retriever``,
+    tokenized as the data build measured it (labels -100 outside the completion).
 
-    Returns:
-        ``({"input_ids": [...], "labels": [...]}, stats)``.
     Raises:
-        RatuneError: see :func:`check_training_data`; an empty train split, a row longer than
-            max_length, or a row with no trainable token.
+        RatuneError: see :func:`check_training_data`; an empty split, a row longer than max_length or
+            with no trainable token.
     """
     from datasets import load_from_disk
 
     data_dir = Path(config.data_dir)
     check_training_data(config)
     split = load_from_disk(str(data_dir / config.train_retriever))["train"]
-    built = data_dir / "manifest.json"  # the rows are tokenized as the data build measured them
+    built = data_dir / "manifest.json"
     answer_tokenization = built_answer_tokenization(read_json_object(built).get("settings") or {}
                                                     if built.is_file() else {})
     if len(split) == 0:
@@ -173,9 +144,7 @@ def load_training_rows(config: TrainConfig, tokenizer) -> tuple[dict, dict]:
 
 
 def check_save_schedule(config: TrainConfig, examples: int, num_processes: int) -> None:
-    """Refuse ``save_steps`` larger than the run's optimizer steps: such a run writes no Trainer
-    checkpoint, so a preempted run has nothing to resume (TorchHub's 837 examples at batch 64 for
-    5 epochs are about 66 steps).
+    """Refuse ``save_steps`` above the run's optimizer steps: no checkpoint would exist to resume from.
 
     Raises:
         RatuneError: naming save_steps, the step count and how it follows from the data.
@@ -197,10 +166,10 @@ _REPORT_TO_PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard")
 
 
 def check_report_to(report_to: list[str]) -> None:
-    """Refuse a ``report_to`` logger whose package is missing, before any data or model is loaded.
+    """Refuse a ``report_to`` logger whose package is missing.
 
     Raises:
-        RatuneError: naming the config field, the package and how to install it.
+        RatuneError: naming the field, the package and how to install it.
     """
     import importlib.util
 

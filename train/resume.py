@@ -1,10 +1,5 @@
-"""The run folder of a training run before it trains (:mod:`ratune.train.sft`): the output folder
-made and claimed (:func:`prepare_output_dir`; a folder from an earlier run is refused), the
-``--on-unfinished`` policy applied (:func:`prepare_unfinished`), a resume refused when the training
-rows changed since the run began (:func:`check_same_data`, :func:`train_rows_sha256`), and the
-checkpoint it resumes from (:func:`resolve_resume`). The run folder is locked by the main process
-only (:func:`run_output`, :func:`is_main_process`).
-"""
+"""The run folder of a training run before it trains: made and claimed, ``--on-unfinished`` applied,
+the resume point found, a resume on changed training rows refused (docs/reliability.md#reruns-and-resuming)."""
 
 from __future__ import annotations
 
@@ -28,18 +23,16 @@ def is_main_process() -> bool:
 
 
 def prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
-    """The run folder ``config.output_dir``, made, and claimed as a ratune train output on a fresh
-    run. Only the main process checks it: a fresh run (``resume_from`` None) refuses a folder
-    holding anything (naming it when ratune did not make it).
+    """The run folder ``config.output_dir``, made, and claimed on a fresh run (``resume_from`` None),
+    where the main process refuses a folder holding anything.
 
     Raises:
         RatuneError: the folder holds an earlier run or files ratune did not write.
     """
     output = run_output(config)
     out = output.out
-    # only the main process checks: the others would see the folder it has just started writing
     if resume_from is None and is_main_process() and out.exists() and any(out.iterdir()):
-        output.check(action="write into")  # a folder ratune did not make: say so, not "resume"
+        output.check(action="write into")
         raise RatuneError(f"{out}: output folder exists from an earlier run; pass --resume-from latest to "
                           "continue it, or choose another output_dir")
     try:
@@ -48,37 +41,29 @@ def prepare_output_dir(config: TrainConfig, resume_from: str | None) -> Path:
         if is_main_process():
             raise
     if resume_from is None and is_main_process():
-        output.claim()  # from here on a ratune train output (ratune.manifest.output_stage)
+        output.claim()
     return out
 
 
 def prepare_unfinished(out: Path, policy: str) -> str | None:
-    """Apply ``--on-unfinished`` (ratune/config.py OnUnfinished) to the output folder ``out``;
-    returns the ``--resume-from`` value the run then takes: ``latest`` to resume, None to start
-    fresh. Called under the output folder's lock (:func:`ratune.train.sft.train`), so a running training of the
-    same folder is never deleted under it.
-
-    - no folder, or an empty one: a fresh run (None);
-    - a folder ratune did not make, or a finished run (``.complete``): refused;
-    - ``resume`` and the run saved a Trainer checkpoint: ``latest``;
-    - otherwise (``restart``, or ``resume`` with no checkpoint to resume): the unfinished run is
-      deleted (by the main process, and only when it is a ratune train output) and None returned.
-    Only the main process checks and deletes; the others answer from the checkpoints alone, which
-    gives the same answer: the main process deletes only a run without the checkpoints they look
-    for, or under ``restart``, whose answer is None whatever they see.
+    """Apply ``--on-unfinished`` ``policy`` to the output folder ``out``, under its lock; returns the
+    ``--resume-from`` value: ``latest`` to resume, None to start fresh. No folder or an empty one:
+    None; ``resume`` with a complete checkpoint: ``latest``; otherwise the unfinished run is deleted
+    (main process only) and None returned. The other ranks answer from the checkpoints alone, which
+    gives the same answer.
 
     Raises:
-        RatuneError: a finished run; a folder ratune did not make (:meth:`ratune.output.StageOutput.check`).
+        RatuneError: a finished run; a folder ratune did not make.
     """
     try:
         resumable = policy == "resume" and bool(complete_checkpoint_folders(out, say=False))
     except OSError:  # another rank, while the main process deletes a run without checkpoints
         resumable = False
-    if not is_main_process():  # the main process checks and deletes (a folder it deletes has no checkpoint
-        return "latest" if resumable else None  # the others look for, or the answer is None anyway)
+    if not is_main_process():
+        return "latest" if resumable else None
     if not out.exists() or not any(out.iterdir()):
         return None
-    StageOutput(out, TRAIN_STAGE).check(action="resume or restart")  # never a folder ratune did not make
+    StageOutput(out, TRAIN_STAGE).check(action="resume or restart")
     if is_complete(out):
         raise RatuneError(f"{out}: a finished training run (.complete); --on-unfinished {policy} acts on unfinished "
                           "runs only: choose another output_dir")
@@ -86,7 +71,7 @@ def prepare_unfinished(out: Path, policy: str) -> str | None:
         return "latest"
     why = "--on-unfinished restart" if policy == "restart" else "it saved no complete checkpoint to resume"
     print(f"ratune: note: {out}: starting the unfinished run over ({why}); its files are deleted", file=sys.stderr)
-    shutil.rmtree(out)  # an unfinished ratune training run (checked above), under its lock
+    shutil.rmtree(out)
     return None
 
 
@@ -102,16 +87,12 @@ def train_rows_sha256(data_dir: Path, mode: str) -> str | None:
 
 
 def check_same_data(out: Path, data_dir: Path, mode: str) -> str | None:
-    """Refuse to resume a run whose training rows changed since the run began: its
-    ``manifest.json`` (written at the start, :func:`ratune.train.sft.train`) records :func:`train_rows_sha256`, and a
-    rebuild with another setting or input file (data/build.py ``build_request``) writes other rows,
-    so the remaining steps would train on other rows than the checkpoint's (and a sweep's table
-    would mix builds). A rebuild to the same rows passes; so do runs from before it was recorded.
+    """Refuse to resume a run whose training rows changed since it began (its manifest's
+    ``train_rows_sha256``; a run that recorded none passes). Returns :func:`train_rows_sha256` now,
+    so the rows are hashed once.
 
-    Returns:
-        The rows' sha256 now (what the run's manifest records next), so they are hashed once.
     Raises:
-        RatuneError: the two sha256 differ, naming the folder, the run's manifest and how to start over.
+        RatuneError: the two differ, naming the folder, the run's manifest and how to start over.
     """
     recorded = read_json_object(out / "manifest.json").get("train_rows_sha256") \
         if (out / "manifest.json").is_file() else None
@@ -125,18 +106,16 @@ def check_same_data(out: Path, data_dir: Path, mode: str) -> str | None:
 
 
 def resolve_resume(out: Path, resume_from: str | None) -> str | None:
-    """The checkpoint folder a run resumes from: None for a fresh run, the highest complete
-    checkpoint for ``latest`` (partial ones passed over), else ``resume_from`` checked to be a
-    complete checkpoint.
+    """The checkpoint a run resumes from: None for a fresh run, the newest complete one for ``latest``,
+    else ``resume_from`` checked to be complete.
 
     Raises:
-        RatuneError: ``latest`` with no complete checkpoint, a path that does not exist or a
-            partial checkpoint.
+        RatuneError: ``latest`` with no complete checkpoint, a missing path or a partial checkpoint.
     """
     if resume_from is None:
         return None
     if resume_from == "latest":
-        ckpts = complete_checkpoint_folders(out, say=is_main_process())  # a partial one is passed over
+        ckpts = complete_checkpoint_folders(out, say=is_main_process())
         if not ckpts:
             n_partial = len(checkpoint_folders(out))
             partial = f" ({n_partial} partial)" if n_partial else ""

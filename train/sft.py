@@ -1,68 +1,6 @@
-"""Supervised finetuning with completion-only loss: TRL's SFTTrainer on pre-tokenized rows.
-
-Rows are tokenized (:func:`ratune.train.preflight.load_training_rows`) with
-:func:`ratune.data.labels.tokenize_row` (labels = -100 on the prompt, the answer's ids plus EOS on
-the completion) and handed to SFTTrainer as ``input_ids`` and ``labels``, which TRL uses as they
-are; its collator pads labels with -100, so the loss mask never depends on the pad id (pad == EOS
-is safe).
-
-Run folder (``output_dir``)::
-
-    config.yaml        the resolved config
-    manifest.json      versions, git commit, data manifest hash, hub (name; a catalog's record),
-                       resolved batch, seeds, counts
-    trainer/           HF Trainer checkpoints (for --resume-from)
-    model/             the final model: safetensors, tokenizer, generation config; LoRA merged
-                       (not written for QLoRA, see below)
-    adapter/           the LoRA adapter alone (when LoRA is on)
-    log_history.json   the Trainer's log history (loss, learning rate, tokens per step)
-    training_curves.png   loss and learning rate against the optimizer step (ratune.train.curves)
-    tensorboard/       TensorBoard event files (report_to: [tensorboard])
-    .complete          written last
-
-Every save is checked when it is made (:mod:`ratune.train.checks`): each Trainer checkpoint,
-``adapter/`` and ``model/`` must reload with ``from_pretrained`` (adapters with peft on a fresh
-base), hold no empty tensor, hold the in-memory model's weights bit for bit, and give its logits
-on two fixed prompts on the same device, kernels and autocast within the tolerance of the compute
-dtype; an empty, partial or wrong save is a RatuneError at save time. Under ZeRO-3 the weights are gathered for
-saving (the DeepSpeed JSON must set ``stage3_gather_16bit_weights_on_model_save: true``, checked
-before training). The LoRA ``model/`` is the saved ``adapter/`` merged into a freshly loaded base,
-so it is exactly what a user rebuilds from the adapter.
-
-QLoRA (``load_in_4bit: true``): only ``adapter/`` is saved, no ``model/``: merging into a 4-bit
-base (``merge_and_unload``) would round the merged weights to 4 bits again, a lossy model that
-is not the one trained. The run manifest records the base (``model_path``) and
-``config.load_in_4bit``; ``ratune eval run RUN`` evaluates the adapter merged into the
-UNQUANTIZED base, and ``ratune export RUN --merge-lora`` writes that merge as a model folder
-(:func:`ratune.train.layout.resolve_checkpoint`, :func:`ratune.models.load_adapter_merged`);
-:func:`train` returns the adapter folder. The save check reloads the adapter on a fresh 4-bit
-base (GPU only). QLoRA under ZeRO-3 is refused by the config
-(:class:`ratune.train.config.TrainConfig`).
-
-Distributed runs (``accelerate launch``): the process count the trainer actually sees, its
-distributed type and the DeepSpeed ZeRO stage are recorded in the manifest (``distributed``).
-WORLD_SIZE disagreeing with the trainer's process count, a config naming DeepSpeed while the
-trainer does not run DeepSpeed, a ZeRO stage other than the JSON's, and ``accelerate launch --cpu
---num_processes N>1`` (which starts ONE process) are errors, never a silent fallback
-(:mod:`ratune.train.launch`). DeepSpeed on CPU (the tests' path):
-``deepspeed.init_distributed(dist_backend="gloo")`` runs before the training arguments are built
-and they say ``use_cpu``; launch two processes with
-``accelerate launch --config_file configs/accelerate/cpu_2proc_deepspeed.yaml`` (torchrun; the
-MULTI_CPU config cpu_2proc.yaml starts one process unless MPI is used).
-
-Before any data or model is loaded: a GPU launch (:func:`ratune.train.launch.gpu_launch_evidence`)
-where torch sees no CUDA device is refused (:func:`ratune.train.launch.check_cuda_launch`; never a
-silent CPU run), and so is an attention implementation that cannot run here
-(:func:`ratune.models.check_attention`: flash_attention_2 without flash-attn or CUDA). The manifest
-records the device trained on (``device``: type, GPU name and count on CUDA, torch version and its
-CUDA build).
-
-This module is the recipe (:func:`train`: check, set up the data, the model and the trainer,
-train, save, check the saves) and the command line (:func:`main`); the checks it runs live in
-:mod:`ratune.train.launch` (launcher, GPU launch, DeepSpeed, processes), :mod:`ratune.train.preflight`
-(the data and its rows, the save schedule, loggers, QLoRA) and :mod:`ratune.train.resume` (the run
-folder, ``--on-unfinished``, the resume point), the save checks in :mod:`ratune.train.checks`.
-"""
+"""Supervised finetuning with completion-only loss: TRL's SFTTrainer on pre-tokenized rows; the
+recipe (:func:`train`) and the command line (:func:`main`). The run folder: docs/pipeline.md#train;
+what every run checks, DeepSpeed and QLoRA: docs/scale-out.md."""
 
 from __future__ import annotations
 
@@ -90,23 +28,13 @@ from ratune.train.tokens import check_packing_attention, shares_for_rows
 
 def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished: str | None = None,
           config_path: str | None = None) -> Path:
-    """Train one model and save its run folder (see the module docstring), holding the run folder's
-    lock (on rank 0 only) throughout.
+    """Train one model into ``config.output_dir`` under the folder's lock (rank 0 only); returns the final
+    model's folder (``adapter/`` for QLoRA). ``resume_from``: None (a fresh run), ``latest`` or a
+    checkpoint folder; ``on_unfinished``: instead, ``resume`` or ``restart`` an unfinished run, decided
+    under the lock; ``config_path`` is recorded in the manifest.
 
-    Args:
-        config: the validated config.
-        resume_from: None (fresh run; the output folder must be new or empty), ``latest`` or a
-            checkpoint folder.
-        on_unfinished: instead of ``resume_from``: ``resume`` or ``restart`` an unfinished run in
-            the output folder (:func:`ratune.train.resume.prepare_unfinished`; what a sweep passes,
-            so the choice is made under this lock).
-        config_path: recorded in the manifest.
-    Returns:
-        The folder of the final model (``output_dir/model``; ``output_dir/adapter`` for QLoRA).
     Raises:
-        RatuneError: bad launcher or process count, DeepSpeed configured but not running, a
-            save that does not reload (see :mod:`ratune.train.checks`), and the errors of the
-            helpers (batch arithmetic, output folder, resume path, data).
+        RatuneError: a bad launch, batch, data, output folder or resume point, or a bad save.
         LockHeld: another process is writing ``output_dir``.
     """
     with resume.run_output(config).writing():
@@ -114,8 +42,7 @@ def train(config: TrainConfig, *, resume_from: str | None = None, on_unfinished:
 
 
 def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str | None, config_path: str | None) -> Path:
-    """The body of :func:`train`, under the run folder's lock: check everything, set up the data,
-    the model and the trainer, train, save, check the saves."""
+    """The body of :func:`train`, under the run folder's lock."""
     plan = _preflight(config, resume_from=resume_from, on_unfinished=on_unfinished, config_path=config_path)
     import torch
     from datasets import Dataset
@@ -124,22 +51,17 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
 
     set_seed(config.seed)
     columns, stats = preflight.load_training_rows(config, plan.tokenizer)
-    # share of processed positions that are real / carry loss, under this run's batching
     stats["token_shares"] = shares_for_rows(columns, micro_batch_size=plan.per_device, packing=config.packing,
                                             max_length=config.max_length, seed=config.seed,
                                             padding_free=config.padding_free)
     preflight.check_save_schedule(config, stats["examples"], plan.nproc)
-    # The training arguments come before the model: under ZeRO-3 they register DeepSpeed's config,
-    # so from_pretrained loads the model partitioned (deepspeed.zero.Init) instead of holding the
-    # whole model on every rank first. DeepSpeed on CPU: its gloo process group must exist before
-    # the training arguments are built.
+    # the training arguments before the model: under ZeRO-3 they make from_pretrained load it partitioned
     use_cpu = launch.init_deepspeed_on_cpu(config) or not torch.cuda.is_available()
     args = _training_arguments(config, plan, use_cpu=use_cpu)
     model, load_base, partitioned_load = _setup_model(config, plan.model_path)
-    if config.packing or config.padding_free:  # examples concatenated into one row must not see each other
+    if config.packing or config.padding_free:
         stats["attn_implementation"] = check_packing_attention(model, trust_remote_code=config.trust_remote_code)
-    # accelerate runs the trained model's forward under bf16 autocast (not under DeepSpeed, which
-    # casts the weights instead); the save checks run the reloaded model under the same autocast
+    # accelerate's bf16 autocast (DeepSpeed casts the weights instead); the save checks use it too
     autocast_dtype = torch.bfloat16 if config.bf16 and not config.deepspeed else None
     save_checks: list[dict] = []
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
@@ -165,9 +87,7 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
 
 @dataclass
 class _Plan:
-    """What the preflight of a training run settled: processes and batching, DeepSpeed settings,
-    the hub record, the model folder and tokenizer, the run folder, what it resumes from, the
-    training rows' sha256 and the config file."""
+    """What the preflight of a run settled (:func:`_preflight`)."""
 
     nproc: int
     per_device: int
@@ -184,30 +104,27 @@ class _Plan:
 
 def _preflight(config: TrainConfig, *, resume_from: str | None, on_unfinished: str | None,
                config_path: str | None) -> _Plan:
-    """Every check before the heavy imports, any folder or any model: launcher, GPU launch,
-    attention, loggers, QLoRA, batching, the data's chat template and hub, the tokenizer, the data,
-    the model files; then the run folder and the resume point."""
-    launch.check_launcher()  # before the heavy imports: a wrong launcher fails in a second
-    launch.check_cuda_launch()  # a GPU launch where torch sees no GPU: refused, never a silent CPU run
-    check_attention(config.attn_implementation)  # a missing flash-attn fails before any data or model (QLoRA too)
+    """Every check before the heavy imports and before any folder is made or model loaded; then
+    the run folder and the resume point."""
+    launch.check_launcher()
+    launch.check_cuda_launch()
+    check_attention(config.attn_implementation)
     preflight.check_report_to(config.report_to)
     set_torch_threads(config.torch_threads)
     if config.load_in_4bit:
-        preflight.require_qlora()  # before any folder is made or model loaded
+        preflight.require_qlora()
     ds_settings = launch.deepspeed_settings(config.deepspeed)
     nproc = launch.num_processes()
     per_device, accumulation = config.resolve_batch(nproc)
-    # before any folder is made or model loaded: the data's chat template, the tokenizer, the data
-    # (complete, the mode built, a train split, the hub) and the model folder (safetensors weights)
     preflight.check_data_chat_template(config)
-    hub_record = preflight.check_data_hub(config, config_path)  # the data manifest owns the hub; the config must agree
+    hub_record = preflight.check_data_hub(config, config_path)
     model_path = resolve_model_path(config.model)
     tokenizer = use_chat_template(load_tokenizer(model_path, trust_remote_code=config.trust_remote_code),
                                   config.chat_template)
     require_chat_template(tokenizer, source=str(model_path), hint="set chat_template: in the training config "
                           "(and give the data build the same --chat-template)")
     preflight.check_training_data(config)
-    require_model_files(model_path)  # safetensors weights (pickles are never loaded)
+    require_model_files(model_path)
     if on_unfinished is not None:
         if resume_from is not None:
             raise RatuneError("--resume-from and --on-unfinished exclude each other: give one")
@@ -250,7 +167,7 @@ def _training_arguments(config: TrainConfig, plan: _Plan, *, use_cpu: bool):
         # TRL refuses padding_free with a max_length; load_training_rows already refused longer rows
         max_length=None if config.padding_free else config.max_length,
         packing=config.packing,
-        packing_strategy="bfd",  # the padding-free packing tests/test_packing.py checks ("wrapped" cuts rows)
+        packing_strategy="bfd",  # "bfd" keeps rows whole ("wrapped" cuts them)
         padding_free=config.padding_free or config.packing,
         completion_only_loss=True,
         dataset_num_proc=None,
@@ -260,8 +177,8 @@ def _training_arguments(config: TrainConfig, plan: _Plan, *, use_cpu: bool):
 
 
 def _setup_model(config: TrainConfig, model_path: Path):
-    """``(model, load_base, partitioned_load)``: the base (4-bit for QLoRA) with its LoRA adapter
-    when asked, the function that loads a fresh base, and whether ZeRO-3 loaded it partitioned."""
+    """``(model, load_base, partitioned_load)``: the base (4-bit for QLoRA), with its LoRA adapter when
+    asked; a function loading a fresh base; whether ZeRO-3 loaded it partitioned."""
     def load_base():
         if config.load_in_4bit:
             return _load_4bit(model_path, config)
@@ -269,7 +186,7 @@ def _setup_model(config: TrainConfig, model_path: Path):
                           attn_implementation=config.attn_implementation)
 
     model = load_base()
-    partitioned_load = any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3: loaded partitioned
+    partitioned_load = any(hasattr(p, "ds_id") for p in model.parameters())
     if config.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
@@ -280,8 +197,7 @@ def _setup_model(config: TrainConfig, model_path: Path):
 
 
 def _load_4bit(model_path, config: TrainConfig):
-    """The base model in 4-bit NF4 with double quantization and bf16 compute, prepared for k-bit
-    training (peft), as in QLoRA."""
+    """The QLoRA base: 4-bit NF4, double quantization, bf16 compute, prepared for k-bit training."""
     import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -303,7 +219,7 @@ def _callbacks(config: TrainConfig, plan: _Plan, load_base, autocast_dtype, save
         from transformers.integrations import TensorBoardCallback
 
         tensorboard = TensorBoardCallback()
-        tensorboard.logging_dir = str(plan.out / "tensorboard")  # rank 0 opens its writer at train begin
+        tensorboard.logging_dir = str(plan.out / "tensorboard")
         callbacks.append(tensorboard)
     if config.verify_saves:
         callbacks.append(checks.make_save_callback(plan.tokenizer, adapter=config.lora.enabled, load_base=load_base,
@@ -325,14 +241,12 @@ def _run_manifest(config: TrainConfig, plan: _Plan, trainer, model, *, stats: di
         "compute": {"dtype": config.dtype, "autocast": "bfloat16" if autocast_dtype else None,
                     "deepspeed_bf16": bool(config.deepspeed and config.bf16),
                     "attn_implementation": checks.attn_implementation_of(model)},
-        **plan.hub_record,  # "hub": its name; "catalog": the data manifest's record (catalog hubs only)
+        **plan.hub_record,
     })
     data_manifest = Path(config.data_dir) / "manifest.json"
     if data_manifest.exists():
         manifest["data_manifest_sha256"] = sha256_file(data_manifest)
         manifest["train_rows_sha256"] = plan.rows_sha256
-        # the evaluator renders prompts with the document budget, chat template and answer format the model
-        # was trained with
         built = read_json(data_manifest)
         manifest["prompt"] = {"max_document_tokens": built["settings"]["max_document_tokens"],
                               "chat_template": config.chat_template,
@@ -342,9 +256,8 @@ def _run_manifest(config: TrainConfig, plan: _Plan, trainer, model, *, stats: di
 
 def _save_final(config: TrainConfig, plan: _Plan, trainer, load_base, autocast_dtype, save_checks: list,
                 main_process: bool) -> Path:
-    """Save the adapter and/or the model (merged for LoRA; none for QLoRA), each checked to reload to
-    the trained model; returns the final model's folder. trainer.save_model gathers ZeRO-3
-    partitions (all ranks call it; rank 0 writes)."""
+    """Save and check the adapter and/or the model (LoRA: merged; QLoRA: none); returns the final
+    model's folder. Every rank calls it (``trainer.save_model`` gathers ZeRO-3 partitions)."""
     out, tokenizer, device = plan.out, plan.tokenizer, trainer.args.device
     reference = checks.prompt_logits(trainer.model, tokenizer, device=device, autocast_dtype=autocast_dtype) \
         if config.verify_saves else None
@@ -359,19 +272,17 @@ def _save_final(config: TrainConfig, plan: _Plan, trainer, load_base, autocast_d
         verify(adapter, adapter=True, load_base=load_base)
     final = out / "model"
     if config.load_in_4bit:
-        final = out / "adapter"  # no merged model/ for QLoRA (module docstring)
+        final = out / "adapter"
     elif config.lora.enabled:
         merged = {}
 
         def write_merged(tmp):
-            if main_process:  # the saved adapter merged into a fresh base: what a user rebuilds from adapter/
-                with checks.plain_loading():  # rank 0 alone: no ZeRO-3 partitioning of the fresh base
+            if main_process:
+                with checks.plain_loading():
                     merged["model"] = merge_adapter(load_base(), out / "adapter", base=plan.model_path)
                 merged["model"].save_pretrained(str(tmp), safe_serialization=True)
                 tokenizer.save_pretrained(str(tmp))
         _save_folder(final, write_merged, main_process, trainer)
-        # its weights are the merge's, bit for bit; its logits the trained adapter model's, within the
-        # tolerance of the dtype (merged weights compute in another floating-point order)
         verify(final, adapter=False, expected=merged.pop("model", None), expected_on_rank0_only=True)
     else:
         _save_folder(final, lambda tmp: trainer.save_model(str(tmp)), main_process, trainer)
@@ -380,13 +291,13 @@ def _save_final(config: TrainConfig, plan: _Plan, trainer, load_base, autocast_d
 
 
 def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manifest: dict, save_checks: list) -> None:
-    """Rank 0: the run manifest completed (result, throughput, steps, save checks) in the run folder
-    and the final model's, the log history, the training curves, and ``.complete``."""
+    """Rank 0: complete the run manifest (also into the final model's folder), write the log history,
+    the training curves and ``.complete``."""
     manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
     manifest["throughput"] = throughput(trainer.state.log_history, result.metrics)
     manifest["steps"] = trainer.state.global_step
     manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
-    write_json(final / "ratune_manifest.json", manifest)  # the checkpoint carries its run manifest
+    write_json(final / "ratune_manifest.json", manifest)
     write_json(out / "manifest.json", manifest)
     write_json(out / "log_history.json", trainer.state.log_history)
     from ratune.train.curves import plot_training_curves
@@ -397,13 +308,9 @@ def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manife
 
 
 def throughput(log_history: list[dict], metrics: dict) -> dict:
-    """Training throughput of a run: ``{"tokens", "train_runtime_s", "tokens_per_s"}``.
-
-    ``tokens`` is TRL's ``num_tokens`` (the non-padding tokens seen, summed over processes) at
-    the last log; ``train_runtime_s`` the Trainer's wall time of ``train()`` (a resumed run
-    counts only its own part, and its tokens from the resumed step's count). None where the
-    history has no token count.
-    """
+    """``{"tokens", "train_runtime_s", "tokens_per_s"}``: TRL's ``num_tokens`` at the last log (summed
+    over processes) and the Trainer's ``train_runtime`` (a resumed run counts its own part); None
+    where the history has no token count."""
     tokens = next((e["num_tokens"] for e in reversed(log_history) if "num_tokens" in e), None)
     runtime = metrics.get("train_runtime")
     rate = float(tokens) / runtime if tokens is not None and runtime else None
@@ -411,10 +318,8 @@ def throughput(log_history: list[dict], metrics: dict) -> dict:
 
 
 def checkpoint_modes_callback():
-    """A ``transformers.TrainerCallback`` whose ``on_save`` gives each Trainer checkpoint's files
-    (``args.output_dir/checkpoint-<global_step>``) the mode ``open()`` would
-    (:func:`ratune.io.open_file_modes`): safetensors 0.8 writes its weights 0600. Run by each
-    node's local main process (the checkpoint is on its disk)."""
+    """A TrainerCallback giving each checkpoint's files the modes ``open()`` would
+    (:func:`ratune.io.open_file_modes`; safetensors 0.8 writes 0600), on each node's local main process."""
     from transformers import TrainerCallback
 
     class OpenFileModes(TrainerCallback):
@@ -428,12 +333,8 @@ def checkpoint_modes_callback():
 
 
 def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
-    """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes), then swap it in.
-
-    Rank 0 makes the temporary sibling (:func:`ratune.output.reserve_sibling`) and broadcasts its
-    token, so every rank names the same folder. Drops the Trainer's pickled ``training_args.bin``
-    (model folders hold safetensors and JSON only).
-    """
+    """Write ``final`` atomically: ``write(tmp)`` on every rank (rank 0 writes) into a sibling named by
+    rank 0's broadcast draw, then swap it in; drops the pickled ``training_args.bin``."""
     import torch
     from accelerate.utils import broadcast
 
@@ -448,8 +349,7 @@ def _save_folder(final: Path, write, main_process: bool, trainer) -> Path:
 
 
 def add_resume_arguments(parser) -> None:
-    """``--resume-from`` and ``--on-unfinished`` (one or the other) of ``ratune train`` and
-    ``python -m ratune.train``."""
+    """``--resume-from`` or ``--on-unfinished``, of ``ratune train`` and ``python -m ratune.train``."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume-from", default=None, type=latest_or_dir,
                        help="'latest' or a checkpoint folder; never implicit")
@@ -469,9 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        # each rank leaves the process group before the interpreter exits: a gloo group left to
-        # the exit handlers once aborted rank 1 after training had finished ("terminate called
-        # without an active exception", exit -6) and failed a launch that had succeeded
+        # leave the gloo group before exit: left to the exit handlers it once aborted rank 1 (exit -6)
         dist.destroy_process_group()
     print(json.dumps({"model": str(path)}))
     return 0

@@ -26,13 +26,8 @@ OWNED_KEYS = ("data_dir", "output_dir")
 
 @dataclass
 class Cell:
-    """One point of the sweep grid.
-
-    Attributes:
-        name: stable folder name (axis slug + hash of the axis values).
-        axes: ``{dotted key: value}`` of this cell.
-        config: the resolved TrainConfig as a dict (``data_dir`` and ``output_dir`` inside the sweep folder).
-    """
+    """One point of the sweep grid: its stable folder name, ``{dotted key: value}`` axes and resolved
+    TrainConfig dict."""
 
     name: str
     axes: dict
@@ -58,8 +53,7 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 
 
 def _value_text(value: Any) -> str:
-    """An axis value as text: JSON (sorted keys) for a dict or list, else ``str``; the text a cell
-    name is slugged from and ``--only`` matches and lists."""
+    """An axis value as text (sorted JSON for a dict or list), as cell names and ``--only`` use it."""
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
@@ -112,8 +106,7 @@ def _check_axes(cfg: SweepConfig, source: str) -> list[list[dict]]:
 
 
 def expand(sweep: Sweep) -> list[Cell]:
-    """The sweep's cells: the Cartesian product of the axes and the groups (a group's keys take
-    their i-th values together), each with its stable name and validated TrainConfig dict.
+    """The sweep's cells: the product of the axes and the groups (a group's keys vary together).
 
     Raises:
         RatuneError: a key that is not a TrainConfig field, a value of the wrong type (naming the
@@ -148,14 +141,11 @@ def expand(sweep: Sweep) -> list[Cell]:
 
 
 def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
-    """The cells whose axis values match every ``KEY=VALUE`` of ``only`` (``ratune sweep --only``):
-    values of one key are alternatives, different keys must all match. A value matches an axis
-    value when its YAML reading equals it (``lora.r=16`` matches 16) or it is the value's text.
-    An empty ``only`` selects every cell. The order of ``cells`` is kept.
+    """The cells, in order, whose axis values match ``only`` (``--only KEY=VALUE``: one key's values
+    are alternatives, keys must all match; a value matches as YAML or as text).
 
     Raises:
-        RatuneError: an entry without ``=``, a key that is no axis or group key of the sweep, or a
-            value no cell has, naming the sweep file and the values it has.
+        RatuneError: an entry without ``=``, a key that is no axis or group key, or a value no cell has.
     """
     def reading(text: str) -> Any:  # the YAML value of a choice, or its text when it is not YAML
         try:
@@ -188,8 +178,7 @@ def select_cells(cells: list[Cell], only: list[str], source: str) -> list[Cell]:
 
 
 def _cell_hub(hub: str, where: str):
-    """The hub a cell's ``hub`` names (:func:`ratune.hubs.resolve_hub`; its folder is looked for
-    when first read).
+    """The hub a cell's ``hub`` names (its folder looked for when first read).
 
     Raises:
         RatuneError: naming ``where``: a folder that is not (or is no longer) a catalog.
@@ -215,8 +204,7 @@ def selection_path(cell: Cell) -> Path:
 
 
 def _check_selection(sweep: Sweep) -> None:
-    """A sweep that chooses checkpoints on validation has a curve to choose on, a validation split
-    to draw it on, and reads the test questions in ``eval.settings``.
+    """Refuse ``eval.selection_rule`` without a curve, a validation split, or with ``eval.split`` changed.
 
     Raises:
         RatuneError: naming the sweep file and the missing setting.
@@ -250,8 +238,7 @@ def _check_curve_saves(config: dict, where: str) -> None:
 
 
 def data_plan(sweep: Sweep, cells: list[Cell]) -> dict[str, dict]:
-    """``{hub: {"dir", "modes", "tokenizer", "max_length", "chat_template"}}``: one shared data
-    build per hub (built with the cells' ``chat_template``, which training checks).
+    """``{hub: {"dir", "modes", "tokenizer", "max_length", "chat_template"}}``: one shared data build per hub.
 
     Raises:
         RatuneError: cells of one hub with different models (set data.tokenizer), max_length

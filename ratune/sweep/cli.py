@@ -37,10 +37,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_sweep(args: argparse.Namespace) -> int:
-    """Run ``ratune sweep`` from parsed arguments (see :func:`add_sweep_arguments`); returns the exit
-    status. A run (local, or writing the Slurm scripts) holds the sweep folder's lock
-    (:func:`ratune.sweep.local.sweep_output`), as ``ratune demo`` holds its folder's: two sweeps into one
-    folder would interleave its cells.
+    """Run ``ratune sweep`` from parsed arguments, holding the sweep folder's lock; returns the exit status.
 
     Raises:
         RatuneError: as :func:`ratune.sweep.local.run_local` and :func:`ratune.sweep.slurm.write_slurm`;

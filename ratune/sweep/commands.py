@@ -39,14 +39,9 @@ def data_command(sweep: Sweep, hub: str, entry: dict) -> list[str]:
 
 
 def train_command(sweep: Sweep, cell: Cell, *, launch_args: list[str] | None = None) -> list[str]:
-    """``accelerate launch -q [--config_file ACC] [launch_args] -m ratune.train --config CELL/train.yaml
-    --on-unfinished ON_UNFINISHED``: an unfinished run of the cell is resumed or restarted by the
-    training itself, under its run folder's lock (train/resume.py ``prepare_unfinished``), so the
-    same command starts, resumes and restarts a cell, locally and under Slurm.
-
-    ``-q``: a failed single process ends with ratune's one-line error, without accelerate's
-    ``CalledProcessError`` traceback after it (accelerate 1.15 simple and DeepSpeed launchers).
-    """
+    """``accelerate launch -q ... -m ratune.train --config CELL/train.yaml --on-unfinished X``: the same
+    command starts, resumes and restarts a cell. ``-q`` keeps accelerate's traceback out after
+    ratune's one-line error (accelerate 1.15)."""
     cmd = ["accelerate", "launch", "-q"]
     if sweep.config.accelerate_config:
         cmd += ["--config_file", sweep.config.accelerate_config]

@@ -23,27 +23,16 @@ from ratune.sweep.state import (cell_record, changed_keys, check_changed, is_bfc
                                 is_finished)
 
 
-#: Seconds a command is given to unwind (save its state, remove its lock file) after the sweep is
-#: interrupted, before it is killed.
+#: Seconds an interrupted command is given to unwind (save its state, drop its lock) before it is killed.
 CHILD_GRACE_S = 60
 
 
 def run_command(cmd: list[str], log_path: Path) -> None:
-    """Run one command, its stdout and stderr appended to ``log_path`` (tests replace this function).
-
-    The command runs in its own process group, so that the sweep can signal all of it: ``accelerate
-    launch``'s single-process launcher dies on SIGTERM without passing it on, which left the
-    training running (and holding its lock) after the sweep had stopped. Interrupted (Ctrl-C:
-    SIGINT; SIGTERM or SIGHUP: :class:`ratune.errors.Terminated`), the sweep sends the same signal
-    to the command's whole group, waits up to :data:`CHILD_GRACE_S` for every process of it to end
-    (a second Ctrl-C stops the wait; a second SIGTERM or SIGHUP is ignored, ratune/cli.py
-    ``terminate_like_ctrl_c``), kills what is left, and re-raises. A sweep killed with
-    SIGKILL cannot do this: its running command is left to finish on its own.
+    """Run one command in its own process group, stdout and stderr appended to ``log_path``; when
+    interrupted, pass the signal to the whole group (docs/sweeps.md#cells-reruns-and-interruptions).
 
     Raises:
-        RatuneError: non-zero exit: ratune's own error lines of this run when the command printed
-            any (a launcher's report of the failed process comes after them in the log), else the
-            last 20 lines of its log.
+        RatuneError: non-zero exit, with ratune's error lines of this run, else the log's last 20 lines.
     """
     sibling = Path(sys.executable).parent / cmd[0]  # the same environment's ratune / accelerate first
     exe = str(sibling) if sibling.exists() else (shutil.which(cmd[0]) or cmd[0])
@@ -73,8 +62,7 @@ def run_command(cmd: list[str], log_path: Path) -> None:
 
 
 def _stop_group(proc: subprocess.Popen, sig: int) -> None:
-    """Send ``sig`` to the process group ``proc`` leads, wait up to :data:`CHILD_GRACE_S` until no
-    process of the group is left (a Ctrl-C ends the wait), then SIGKILL what is."""
+    """Send ``sig`` to ``proc``'s process group, wait up to CHILD_GRACE_S for it to end, SIGKILL the rest."""
     import time
 
     try:
@@ -112,15 +100,9 @@ def _run_step(runner, step: str, cell: "Cell", cmd: list[str], progress: str, ou
 def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
               runner: Callable[[list[str], Path], None] | None = None, out=None,
               data_cells: list[Cell] | None = None) -> int:
-    """Run the sweep on this machine: shared data build per hub, then train and evaluate each cell.
-
-    ``data_cells`` (default ``cells``) are the cells the shared data build is planned for: the whole
-    sweep when ``cells`` is a selection (``ratune sweep --only``), so a data folder built for one
-    selection holds every mode the others need and is never rebuilt with fewer.
-
-    Finished cells are skipped; a cell whose stored config differs is refused (before anything
-    runs) unless ``rerun_changed``, which deletes its results first; a failing cell's error goes to
-    ``cell/error.txt`` and the sweep continues. Returns 0 when every cell finished, else 1.
+    """Run the sweep on this machine: shared data build per hub (planned for ``data_cells``, default
+    ``cells``), then train and evaluate each unfinished cell; a failing cell's error goes to its
+    ``error.txt`` and the sweep goes on. Returns 0 when every cell finished, else 1.
 
     Raises:
         RatuneError: as :func:`prepare_sweep_folder`.
@@ -133,57 +115,17 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     plan = data_plan(sweep, data_cells or cells)
     status: dict[str, str] = {}
     errors: dict[str, str] = {}
-    data_errors: dict[str, str] = {}
-    current = "data"
+    current = ["data"]  # what runs now, named if the sweep is interrupted
     try:
-        for hub, entry in plan.items():
-            if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
-                continue  # else the build reuses a folder made with the same request (--reuse-if-same)
-            current = f"data {hub}"
-            print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
-            try:
-                runner(data_command(sweep, hub, entry), sweep.out_dir / "logs" / f"data_{hub}.log")
-            except RatuneError as exc:
-                data_errors[hub] = str(exc)
+        data_errors = _build_data(sweep, cells, plan, runner, out, current)
         for number, cell in enumerate(cells, start=1):
-            current = cell.name
-            progress = f"({number}/{len(cells)})"
-            if is_finished(sweep, cell):
-                status[cell.name] = "skipped (finished)"
-                print(f"[skip] {cell.name}: finished", file=out)
-                continue
-            cell.dir.mkdir(parents=True, exist_ok=True)
-            write_json(cell.dir / "cell.json", cell_record(sweep, cell))
-            (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
-            error_file = cell.dir / "error.txt"
-            try:
-                if cell.hub in data_errors:
-                    raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
-                if not is_complete(cell.dir / "train"):  # an unfinished run: resumed or restarted by training
-                    _run_step(runner, "train", cell, train_command(sweep, cell), progress, out)
-                if sweep.config.eval.selection_rule is None:
-                    _run_step(runner, "eval", cell, eval_command(sweep, cell), progress, out)
-                if not is_curve_finished(sweep, cell):
-                    _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
-                if sweep.config.eval.selection_rule is not None:  # the test questions of the chosen checkpoint
-                    _run_step(runner, "select", cell, select_command(sweep, cell), progress, out)
-                    chosen = read_json_object(selection_path(cell))["checkpoint"]
-                    _run_step(runner, "eval", cell, eval_command(sweep, cell, checkpoint=chosen), progress, out)
-                if not is_bfcl_finished(sweep, cell):
-                    _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell), progress, out)
-                if not is_finished(sweep, cell):
-                    raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
-            except RatuneError as exc:
-                error_file.write_text(f"{exc}\n", encoding="utf-8")
-                status[cell.name] = "failed"
-                errors[cell.name] = str(exc).splitlines()[0]
-                print(f"[fail] {cell.name}: {errors[cell.name]} (see {error_file})", file=out)
-                continue
-            error_file.unlink(missing_ok=True)
-            status[cell.name] = "finished"
+            current[0] = cell.name
+            status[cell.name], error = _run_cell(sweep, cell, runner, f"({number}/{len(cells)})", out, data_errors)
+            if error is not None:
+                errors[cell.name] = error
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):  # after SIGHUP the terminal is gone: writing fails with EIO
-            print(f"[stop] interrupted during {current}; rerun the same command to continue", file=out, flush=True)
+            print(f"[stop] interrupted during {current[0]}; rerun the same command to continue", file=out, flush=True)
         raise
     done = sum(1 for s in status.values() if s != "failed")
     print(f"sweep {sweep.out_dir}: {done}/{len(cells)} cells finished, {len(errors)} failed", file=out)
@@ -192,19 +134,75 @@ def run_local(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     return 1 if errors else 0
 
 
+def _build_data(sweep: Sweep, cells: list[Cell], plan: dict, runner, out, current: list[str]) -> dict[str, str]:
+    """Run the shared data build of each hub with an unfinished cell; return ``{hub: error}`` of those
+    that failed. ``current[0]`` names the build running."""
+    data_errors: dict[str, str] = {}
+    for hub, entry in plan.items():
+        if not any(not is_finished(sweep, c) for c in cells if c.hub == hub):
+            continue  # else the build reuses a folder made with the same request (--reuse-if-same)
+        current[0] = f"data {hub}"
+        print(f"[data] {hub}: {_fmt(data_command(sweep, hub, entry))}", file=out)
+        try:
+            runner(data_command(sweep, hub, entry), sweep.out_dir / "logs" / f"data_{hub}.log")
+        except RatuneError as exc:
+            data_errors[hub] = str(exc)
+    return data_errors
+
+
+def _run_cell(sweep: Sweep, cell: Cell, runner, progress: str, out,
+              data_errors: dict[str, str]) -> tuple[str, str | None]:
+    """Run what ``cell`` still needs; return its status and, if it failed, the error's first line."""
+    if is_finished(sweep, cell):
+        print(f"[skip] {cell.name}: finished", file=out)
+        return "skipped (finished)", None
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    write_json(cell.dir / "cell.json", cell_record(sweep, cell))
+    (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+    error_file = cell.dir / "error.txt"
+    try:
+        if cell.hub in data_errors:
+            raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
+        _run_cell_steps(sweep, cell, runner, progress, out)
+    except RatuneError as exc:
+        error_file.write_text(f"{exc}\n", encoding="utf-8")
+        error = str(exc).splitlines()[0]
+        print(f"[fail] {cell.name}: {error} (see {error_file})", file=out)
+        return "failed", error
+    error_file.unlink(missing_ok=True)
+    return "finished", None
+
+
+def _run_cell_steps(sweep: Sweep, cell: Cell, runner, progress: str, out) -> None:
+    """Train, evaluate, draw the curve, select and score BFCL, each step only if not done yet.
+
+    Raises:
+        RatuneError: a step failed, or the cell is still not finished after its steps.
+    """
+    if not is_complete(cell.dir / "train"):  # an unfinished run: resumed or restarted by training
+        _run_step(runner, "train", cell, train_command(sweep, cell), progress, out)
+    if sweep.config.eval.selection_rule is None:
+        _run_step(runner, "eval", cell, eval_command(sweep, cell), progress, out)
+    if not is_curve_finished(sweep, cell):
+        _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
+    if sweep.config.eval.selection_rule is not None:  # the test questions of the chosen checkpoint
+        _run_step(runner, "select", cell, select_command(sweep, cell), progress, out)
+        chosen = read_json_object(selection_path(cell))["checkpoint"]
+        _run_step(runner, "eval", cell, eval_command(sweep, cell, checkpoint=chosen), progress, out)
+    if not is_bfcl_finished(sweep, cell):
+        _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell), progress, out)
+    if not is_finished(sweep, cell):
+        raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
+
+
 def sweep_output(folder: Path) -> StageOutput:
-    """A sweep folder as an output (:class:`ratune.output.StageOutput`): a ``demo`` output is a
-    sweep folder too (ratune/demo.py runs its sweep file into one). Its ``check()`` refuses a
-    file, or a non-empty folder that is no sweep or demo output, and writes nothing."""
+    """A sweep folder (a ``demo`` output is one too) as a :class:`ratune.output.StageOutput`."""
     return StageOutput(folder, SWEEP_STAGE, also=SWEEP_FOLDER_STAGES, claim=False)
 
 
 def prepare_sweep_folder(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out) -> Path:
-    """What both launchers do before their first command: refuse a folder ratune did not make
-    (:func:`sweep_output`, before :func:`check_changed` may delete anything), refuse or
-    (``rerun_changed``) delete changed cells, create and mark the folder and save the sweep file
-    (:func:`save_sweep_file`).
-    Returns the folder.
+    """What both launchers do first: refuse a folder ratune did not make, refuse or (``rerun_changed``)
+    delete changed cells, mark the folder and save the sweep file. Returns the folder.
 
     Raises:
         RatuneError: as :func:`sweep_output`; changed cells without ``rerun_changed``.
@@ -218,10 +216,7 @@ def prepare_sweep_folder(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool
 
 
 def save_sweep_file(sweep: Sweep) -> Path:
-    """Write the validated sweep file to ``SWEEP_DIR/sweep.yaml`` with its ``base`` config inline
-    (the run's record even if the base file changes later) and ``source``, the file the run started
-    from; :func:`ratune.sweep.schema.load_saved_sweep` reads it back (``report_sweep`` takes its
-    ``compare`` pairs and ``apibench`` folder from it). Returns its path."""
+    """Write the validated sweep file, its ``base`` inline, to ``SWEEP_DIR/sweep.yaml``; return its path."""
     path = sweep.out_dir / SAVED_SWEEP_FILE
     config = {**sweep.config.model_dump(mode="json"), "base": sweep.base}
     write_text(path, _yaml({SAVED_SWEEP_SOURCE_KEY: sweep.source, **config}))
@@ -235,8 +230,7 @@ def _yaml(data: dict) -> str:
 
 
 def dry_run(sweep: Sweep, cells: list[Cell], out=None, data_cells: list[Cell] | None = None) -> int:
-    """Print the cells (with their status) and the exact commands, running nothing; returns 0.
-    ``data_cells``: as for :func:`run_local`."""
+    """Print the cells (with their status) and the exact commands, running nothing; returns 0."""
     out = out or sys.stdout
     plan = data_plan(sweep, data_cells or cells)
     print(f"sweep {sweep.source}: {len(cells)} cells -> {sweep.out_dir}", file=out)

@@ -1,25 +1,5 @@
-"""Chosen-pair comparisons inside a sweep report: paired tests between finished cells.
-
-A sweep file (or ``ratune report SWEEP_DIR --pair A B``) names pairs of *selectors*::
-
-    compare:
-      - a: {train_retriever: oracle, test_retriever: oracle}   # RAT model with the gold document
-        b: {train_retriever: none, test_retriever: 0_shot}     # plain finetune without retrieval
-      - a: {test_retriever: gpt_index}                         # for every trained model
-        b: {test_retriever: bm25}
-
-Every finished eval cell of the sweep has *dimensions*: ``hub``, each sweep axis (``lora.r``,
-``seed``, ...), ``train_retriever`` and ``test_retriever``. A selector fixes some of them. The
-dimensions that neither selector names form the *context*: for each context value where both A
-and B have exactly one finished cell, the two cells are compared on the same questions with
-:func:`ratune.eval.compare.compare_outcomes` (per-question contingency, exact McNemar p-value,
-paired bootstrap interval of the difference; both the gorilla and the strict metric). So the
-second pair above compares gpt_index with bm25 at test time once per trained model (and per seed,
-when a ``seed`` axis runs replicates: each replicate is paired with its own seed).
-
-A context where A or B has not finished is reported as missing (never computed from part of the
-data); cells on different question sets are refused with the compare stage's message.
-"""
+"""Chosen-pair comparisons inside a sweep report: paired tests between finished cells, once per
+context (the dimensions neither selector names; docs/sweeps.md#seeds-and-chosen-pairs)."""
 
 from __future__ import annotations
 
@@ -48,7 +28,7 @@ def _norm(value: Any) -> str:
 
 
 class ComparePair(BaseModel):
-    """One chosen pair: two selectors ``{dimension: value}`` (see the module docstring)."""
+    """One chosen pair: two selectors ``{dimension: value}``."""
 
     model_config = ConfigDict(extra="forbid")
     a: dict[str, Any]
@@ -86,20 +66,11 @@ def describe(selector: dict) -> str:
 
 
 def compare_pairs(cells: list[dict], pairs: list[ComparePair], *, n_resamples: int | None = None) -> list[dict]:
-    """Run every chosen pair over the finished cells of a sweep.
-
-    Args:
-        cells: one dict per finished eval cell: ``{"dims": {dimension: value}, "cell": name,
-            "metrics_path": Path}`` (metrics.json with ``per_question`` outcomes).
-        pairs: the chosen pairs.
-        n_resamples: paired bootstrap resamples (default: the compare stage's default).
+    """Run every chosen pair over the finished ``cells`` (``{"dims", "cell", "metrics_path"}`` each).
 
     Returns:
-        One entry per (pair, context): ``{"pair", "a", "b", "context", "status"}`` where status is
-        ``ok`` (then ``a_cell``, ``b_cell`` and ``metrics: {gorilla: compare_outcomes dict,
-        strict: ...}``), ``missing`` (``missing: ["a"|"b", ...]``) or ``refused`` (``reason``).
-        A pair that matches no cell at all yields one ``missing`` entry with an empty context.
-
+        One entry per (pair, context): ``{"pair", "a", "b", "context", "status"}``, status ``ok``
+        (with ``a_cell``, ``b_cell``, ``metrics`` per metric), ``missing`` or ``refused`` (``reason``).
     Raises:
         RatuneError: a selector names a dimension no cell has (lists the known ones), or a
             context holds two cells for one side (the selectors are ambiguous).

@@ -35,53 +35,21 @@ def _flat(value: Any) -> str:
 
 def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
                  pairs: list[ComparePair] | None = None) -> dict[str, dict]:
-    """Collect every finished eval cell of a sweep folder into Table 2 per hub (and per value of
-    the axes other than hub and train_retriever), written to ``out_dir`` (default SWEEP_DIR/report)
-    as ``{group}/table2.{json,csv,md,png}``, plus ``sweep.csv`` (one row per cell and test setting,
-    the axis values as columns) and ``sweep.json``. Unfinished cells are missing, never zero.
+    """Write the report of a sweep folder into ``out_dir`` (default SWEEP_DIR/report): Table 2 per hub
+    and per value of the other axes, seeds aggregated, and the files of docs/sweeps.md#the-report;
+    ``pairs`` default to the ``compare`` list of ``SWEEP_DIR/sweep.yaml``. Returns ``{group: table}``.
 
-    Replicates: when several finished cells differ only in ``seed`` (a sweep axis ``seed: [1, 2,
-    3]``, i.e. TrainConfig.seed), seed is not a table: each table's cells are
-    :func:`ratune.eval.report.aggregate_replicates` of the seeds that finished (mean accuracy,
-    hallucination, error and strict ones; sample sd and min-max across seeds; ``n_seeds``,
-    ``seeds``; each seed's own Wilson interval in ``accuracy_run_ci``), table2.md shows
-    ``51.3 ±4.2 sd (3 seeds)``, table2.json records ``"replicates": {"seeds", ...}``, and
-    ``replicates.csv`` has one row per (cell, seed, test setting); ``sweep.json`` gets ``seeds``.
-    Generation is greedy, so the seeds vary training only. Sweeps without such replicates
-    (including a one-value seed axis) are reported exactly as without this rule.
-
-    Chosen pairs (``pairs``, default the ``compare`` list of ``SWEEP_DIR/sweep.yaml``) are
-    compared with paired tests by :func:`ratune.sweep.pairs.compare_pairs` and written as
-    ``comparisons.{md,csv,json}``; ``sweep.json`` gets ``comparisons`` (the count per status).
-    Per table, ``worst_case.md`` and ``sweep.json``'s ``worst_case`` give each trained model's
-    lowest accuracy across its test settings (:mod:`ratune.eval.robustness`).
-    Without replicates, ``sweep.json`` also names per table the ``best`` cell (highest gorilla
-    accuracy over train x test settings; ties listed in ``tied_with``; a table whose cells all
-    scored 0 has none, under ``no_best``) with its ``ratune export`` command (:func:`best_cells`).
-    Cells of a test setting with released Gorilla-7B responses on all of an APIBench hub's
-    questions are compared with them (``released.{json,md}``, :func:`ratune.eval.compare.released_comparisons`);
-    where the default APIBench folder is absent, ``sweep.json``'s ``released`` says why under
-    ``not_compared`` (also printed to stderr) and the rest of the report is written; an ``apibench``
-    folder the sweep file names must exist.
-
-    Returns:
-        ``{group name: table}`` (group name: the hub, then ``__key-value`` of the other axes;
-        without ``seed`` when replicates are aggregated).
     Raises:
-        RatuneError: no finished cell; ``out_dir`` a folder ratune did not make
-            (:func:`ratune.eval.report.report_output`); a saved ``SWEEP_DIR/sweep.yaml`` that does not validate
-            (:func:`ratune.sweep.schema.load_saved_sweep`); a chosen pair naming an unknown dimension or matching
-            several cells in one context; an ``apibench`` folder named by the sweep file that does
-            not exist, when cells could be compared with the released responses (after the tables
-            are written).
+        RatuneError: no sweep folder or no finished cell; ``out_dir`` a folder ratune did not make; a saved sweep.yaml that
+            does not validate; a chosen pair naming an unknown dimension or matching several cells; an
+            ``apibench`` folder the sweep file names that does not exist (after the tables are written).
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise RatuneError(f"{sweep_dir}: no such sweep folder")
     found = _finished(sweep_dir)
     out = Path(out_dir) if out_dir else sweep_dir / "report"
-    # a folder ratune did not make is refused before anything is written; the default report/ of a
-    # ratune sweep (or demo) folder is ratune's whatever an earlier, interrupted report left in it
+    # the default report/ of a ratune sweep (or demo) folder is ratune's, whatever an interrupted report left
     output = report_output(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
     with output.writing():
         return _write_report(sweep_dir, found, out, pairs)
@@ -96,19 +64,19 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
     summary: dict = {"axes": found.axis_keys, "tables": tables}
     _write_sweep_csv(found, out, summary, replicate)
     curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
-    summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)  # every metrics.json read
+    summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)
                           for path in [*(f["metrics_path"] for f in found.finished), *found.experiment_paths,
                                        *curve_paths]}
     _write_curves(curve_paths, out, summary)
     _write_selections(sorted((sweep_dir / "cells").glob("*/selection.json")), out, summary)
     summary["worst_case"] = {}
-    for name, table in tables.items():  # each trained model's lowest accuracy across test settings
+    for name, table in tables.items():
         summary["worst_case"][name] = worst_case(table["cells"])
         write_text(out / name / "worst_case.md", worst_case_markdown(summary["worst_case"][name]))
-    if not replicate:  # the checkpoint to export: the highest gorilla accuracy per table
+    if not replicate:
         summary["best"], summary["no_best"] = best_cells(sweep_dir, found.rows, lambda r: _group_of(r, False))
     _write_experiments(found, out, summary)
-    saved = load_saved_sweep(sweep_dir)  # the run's sweep file: its compare pairs and apibench folder
+    saved = load_saved_sweep(sweep_dir)
     _write_comparisons(found.finished, saved.config.compare if pairs is None and saved else pairs or [], out, summary)
     _write_released(sweep_dir, found.finished, saved, out, summary)
     _write_bfcl(sweep_dir, out, summary)
@@ -117,8 +85,7 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
 
 
 def _write_bfcl(sweep_dir: Path, out: Path, summary: dict) -> None:
-    """``out/bfcl/bfcl.*`` (:func:`ratune.eval.bfcl_report.bfcl_report`) over the cells with complete BFCL
-    categories, the first such cell the reference; ``summary["bfcl"]`` names the cells."""
+    """``out/bfcl/bfcl.*`` over the cells with complete BFCL categories; ``summary["bfcl"]`` names them."""
     from ratune.eval.bfcl_report import bfcl_report
     from ratune.eval.bfcl_run import finished_categories
 
@@ -141,8 +108,7 @@ class _Finished:
 
 
 def _finished(sweep_dir: Path) -> _Finished:
-    """Every finished eval cell of ``SWEEP_DIR/cells/*/eval`` (:func:`ratune.eval.results.finished_cells`),
-    Table 2's settings first in registry order.
+    """Every finished eval cell of ``SWEEP_DIR/cells/*/eval``, Table 2's settings first in registry order.
 
     Raises:
         RatuneError: no finished cell.
@@ -230,8 +196,7 @@ def _rate_values(m: dict) -> list[str]:
 
 
 def _write_sweep_csv(found: _Finished, out: Path, summary: dict, replicate: bool) -> None:
-    """``sweep.csv``: one row per cell and test setting, the axis values as columns; with replicates
-    also ``replicates.csv`` (one row per cell, seed and test setting) and ``sweep.json``'s seeds."""
+    """``sweep.csv`` and, with replicates, ``replicates.csv`` and ``sweep.json``'s seeds."""
     rate_columns = [*(x for r in _RATES for x in (r, f"{r}_low", f"{r}_high")),
                     *(f"strict_{x}" for r in _RATES for x in (r, f"{r}_low", f"{r}_high"))]
     # axes that are also fixed columns (hub, model, train_retriever) appear once, as the fixed column
@@ -338,9 +303,7 @@ def _write_comparisons(finished: list, pairs: list, out: Path, summary: dict) ->
 
 
 def _write_released(sweep_dir: Path, finished: list, saved, out: Path, summary: dict) -> None:
-    """``released.{json,md}``: each cell on all of a hub's questions against the released Gorilla-7B
-    responses made with the same documents (hubs that have them). Where the default APIBench folder
-    is absent, ``sweep.json`` says why and the report goes on; a folder the sweep file names must exist.
+    """``released.{json,md}``: the cells on all of a hub's questions against the released Gorilla-7B responses.
 
     Raises:
         RatuneError: the sweep file's ``apibench`` folder does not exist.
@@ -352,12 +315,12 @@ def _write_released(sweep_dir: Path, finished: list, saved, out: Path, summary: 
     if not any(TEST_SETTINGS[c["setting"]].released for c in released_cells if c["setting"] in TEST_SETTINGS):
         return
     named_apibench = saved.config.apibench if saved else None  # None: the default folder
-    if named_apibench is not None:  # a folder the sweep file names must exist; only the default may be absent
+    if named_apibench is not None:
         try:
             resolve_apibench_dir(named_apibench)
         except RatuneError as err:
             raise RatuneError(f"{saved.source}: apibench: {err}") from None
-    try:  # the released files are an extra: a report made where APIBench is absent says so and goes on
+    try:
         apibench = resolve_apibench_dir(named_apibench)
     except RatuneError as err:
         results, skipped = [], []
@@ -365,15 +328,14 @@ def _write_released(sweep_dir: Path, finished: list, saved, out: Path, summary: 
         print(f"ratune report: {sweep_dir}: no comparisons with the released responses: {err}", file=sys.stderr)
     else:
         results, skipped = released_comparisons(released_cells, apibench)
-    if results:  # every cell on all questions vs the released Gorilla-7B responses, same documents
+    if results:
         write_json(out / "released.json", {"comparisons": results, "skipped": skipped})
         write_text(out / "released.md", released_markdown(results))
         summary["released"] = {"comparisons": len(results), "skipped": skipped}
 
 
 def load_compare_pairs(sweep_dir: str | Path) -> list[ComparePair]:
-    """The ``compare`` pairs of the sweep file saved in ``SWEEP_DIR/sweep.yaml``
-    (:func:`ratune.sweep.schema.load_saved_sweep`); empty when the file or the key is absent.
+    """The ``compare`` pairs of the saved ``SWEEP_DIR/sweep.yaml``; empty when the file or the key is absent.
 
     Raises:
         RatuneError: the saved file does not validate (naming it and the field).
@@ -395,12 +357,8 @@ def _sorted_seeds(seeds: list) -> list:
 
 
 def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[list[str]] | None = None) -> int:
-    """``ratune report SWEEP_DIR [--out DIR] [--pair A B ...]``: write the sweep report and print
-    each table (and the chosen-pair comparisons); returns 0.
-
-    ``pair_args``: ``[[selector A, selector B], ...]`` as ``key=value,key=value`` text; when given
-    they replace the sweep file's ``compare`` list.
-    """
+    """``ratune report SWEEP_DIR``: write the sweep report and print its tables; ``pair_args``
+    (``[[A, B], ...]``, selectors as ``key=value,...``) replace the sweep file's ``compare`` list."""
     pairs = None
     if pair_args:
         pairs = [ComparePair(a=parse_selector(a), b=parse_selector(b)) for a, b in pair_args]
@@ -412,7 +370,7 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
         print("Worst case across test settings:\n")
         print((report_dir / name / "worst_case.md").read_text(encoding="utf-8"))
     summary = read_json_object(report_dir / "sweep.json")
-    if "comparisons" in summary:  # chosen pairs were compared (given, or the sweep file's)
+    if "comparisons" in summary:
         print((report_dir / "comparisons.md").read_text(encoding="utf-8"))
     for name, b in summary.get("best", {}).items():
         where = f"(train {b['train_retriever']}, test {b['test_retriever']}, accuracy {100 * b['accuracy']:.1f} %, " \
@@ -429,18 +387,9 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
 
 
 def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
-    """The cell to export per table: the highest gorilla accuracy over train x test settings.
-
-    Args:
-        sweep_dir: the sweep folder (the export command names the cell's folders in it).
-        rows: ``(cell record, table cell)`` of every finished Table 2 cell.
-        group_of: the table a cell record belongs to.
-    Returns:
-        ``(best, no_best)``: ``best[table]`` is the first cell (in cell order) with the highest
-        accuracy, with ``tied_with`` listing the other cells (other checkpoints) that reach
-        exactly that accuracy under some test setting (a tie is reported, never broken silently); ``no_best[table]`` says why a table has none (every
-        cell scored 0: there is nothing to choose).
-    """
+    """``(best, no_best)`` per table (``group_of(record)``) of ``rows`` (``(cell record, table cell)``):
+    the first cell with the highest headline accuracy, its ties in ``tied_with`` and its ``ratune
+    export`` command; ``no_best[table]`` says why a table has none (every cell scored 0)."""
     by_group: dict[str, list] = {}
     for record, c in rows:
         by_group.setdefault(group_of(record), []).append((record, c))

@@ -1,4 +1,4 @@
-"""The sweep file's schema (see ratune/sweep/__init__.py): the validated sections and :func:`load_sweep`."""
+"""The sweep file's schema (docs/sweeps.md#the-sweep-file): the validated sections and :func:`load_sweep`."""
 
 from __future__ import annotations
 
@@ -20,18 +20,13 @@ from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalS
 from ratune.options import config_fields, config_model
 from ratune.sweep.pairs import ComparePair
 
-#: A sweep run's copy of its validated sweep file, in its out_dir (ratune/sweep/local.py
-#: save_sweep_file writes it, :func:`load_saved_sweep` reads it back), and the top-level key
-#: naming the file the run started from.
+#: A sweep run's copy of its validated sweep file in its out_dir, and its key naming the file run.
 SAVED_SWEEP_FILE = "sweep.yaml"
 SAVED_SWEEP_SOURCE_KEY = "source"
 
 
-#: A sweep file's ``data:`` section: the settings of the shared ``ratune data build`` (one build per
-#: hub): every data build option (data/build.py BUILD_OPTIONS, data/mixture.py MIXTURE_OPTIONS)
-#: under its flag's name, plus ``tokenizer``, ``leakage`` and the ``mixtures`` to build.
-#: ``max_length`` defaults to the cells' ``max_length`` (which must then agree within a hub);
-#: ``tokenizer`` defaults to the cells' ``model``.
+#: A sweep file's ``data:`` section: every data build option under its flag's name, plus ``tokenizer``,
+#: ``leakage`` and ``mixtures``; ``max_length`` and ``tokenizer`` default to the cells' own.
 SweepData = config_model(
     "SweepData", BuildSettings, BUILD_OPTIONS, doc="Settings of the shared ``ratune data build`` (one build per hub).",
     defaults={"max_length": None},
@@ -45,8 +40,7 @@ SweepData = config_model(
                                                      "trains on one with train_retriever: mix-NAME"))})
 
 
-#: A sweep file's ``eval:`` section: every eval option (eval/settings.py EVAL_OPTIONS) under its
-#: flag's name, plus the learning curve's settings.
+#: A sweep file's ``eval:`` section: every eval option under its flag's name, plus the curve's settings.
 SweepEval = config_model(
     "SweepEval", EvalSettings, EVAL_OPTIONS, doc="Arguments of ``ratune eval run`` for every cell.",
     extra={"curve_settings": (list[TestSettingName], Field(
@@ -63,8 +57,7 @@ SweepEval = config_model(
                "strict", description="the counts the selection rule compares"))})
 
 
-#: A sweep file's ``bfcl:`` section (optional): every cell is also scored on BFCL by ``ratune eval bfcl``
-#: into CELL/bfcl/, with these settings (eval/settings.py BFCL_OPTIONS), ``categories`` and ``limit``.
+#: A sweep file's optional ``bfcl:`` section: ``ratune eval bfcl`` of every cell into CELL/bfcl/.
 SweepBfcl = config_model(
     "SweepBfcl", BfclSettings, BFCL_OPTIONS, doc="Arguments of ``ratune eval bfcl`` for every cell.",
     extra={"categories": (list[Literal[BFCL_CATEGORIES]] | None, Field(
@@ -89,7 +82,7 @@ class SlurmSettings(BaseModel):
 
 
 class SweepConfig(BaseModel):
-    """A sweep file (see the package docstring, ratune/sweep/__init__.py)."""
+    """A sweep file (docs/sweeps.md#the-sweep-file)."""
 
     model_config = SCHEMA_CONFIG
     name: str | None = None
@@ -119,8 +112,7 @@ class Sweep:
 
 def find_path(name: str, sweep_file: Path) -> Path:
     """A relative path a sweep file names: from the working directory, else from the sweep file's
-    folder or the nearest folder above it that holds it (``configs/demo.yaml`` names
-    ``configs/accelerate/cpu_1proc.yaml`` and works from any directory); else ``name`` as given."""
+    folder or the nearest folder above it that holds it; else ``name`` as given."""
     path = Path(name)
     if path.is_absolute() or path.exists():
         return path
@@ -131,9 +123,7 @@ def find_path(name: str, sweep_file: Path) -> Path:
 
 
 def check_files(sweep: Sweep) -> None:
-    """Refuse a sweep whose ``accelerate_config`` names no file, before anything runs (otherwise every
-    cell's ``accelerate launch`` would fail after the data build). Not checked when a saved sweep is
-    only read back for a report (:func:`load_saved_sweep`).
+    """Refuse a sweep whose ``accelerate_config`` names no file, before anything runs.
 
     Raises:
         RatuneError: naming the sweep file, the field and the paths looked up.
@@ -145,8 +135,7 @@ def check_files(sweep: Sweep) -> None:
 
 
 def load_sweep(path: str | Path, out_dir: str | Path | None = None, overrides: Sequence[str] = ()) -> Sweep:
-    """Read and validate a sweep file (:func:`sweep_from_data` of its YAML), with ``overrides``
-    (``ratune sweep --set KEY=VALUE``) applied.
+    """Read and validate a sweep file with ``overrides`` (``--set KEY=VALUE``) applied.
 
     Raises:
         RatuneError: an unreadable file; as :func:`sweep_from_data`.
@@ -155,8 +144,7 @@ def load_sweep(path: str | Path, out_dir: str | Path | None = None, overrides: S
 
 
 def parse_only(text: str, example: str = "train_retriever=oracle") -> tuple[str, str]:
-    """``KEY=VALUE`` (one ``ratune sweep --only`` or ``--set``) -> ``(KEY, VALUE)``, both stripped;
-    VALUE may be empty.
+    """``KEY=VALUE`` (one ``--only`` or ``--set``) -> ``(KEY, VALUE)``, stripped; VALUE may be empty.
 
     Raises:
         RatuneError: no ``=`` or an empty KEY.
@@ -172,10 +160,7 @@ SET_EXAMPLE = "accelerate_config=configs/accelerate/1gpu.yaml"
 
 
 def parse_set(text: str) -> tuple[list[str], Any]:
-    """One ``ratune sweep --set KEY=VALUE``: the dotted KEY's parts and VALUE read as YAML
-    (``base.learning_rate=2.0e-4``, ``eval.settings=[0_shot, oracle]``, ``eval.n_questions=null``,
-    ``axes.lora.r=[8, 16]``: the axis ``lora.r``). A string that YAML reads as another type is
-    quoted: ``slurm.partition='"123"'``.
+    """One ``ratune sweep --set KEY=VALUE``: the dotted KEY's parts and VALUE read as YAML.
 
     Raises:
         RatuneError: no ``=``, an empty part of KEY, or VALUE that is not valid YAML.
@@ -208,16 +193,11 @@ def _apply_sets(data: dict, sets: list[tuple[list[str], Any, str]], where: str) 
 
 
 def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
-    """The sweep file a run saved in ``SWEEP_DIR/sweep.yaml`` (:func:`ratune.sweep.local.save_sweep_file`),
-    validated as :func:`sweep_from_data` with ``out_dir`` ``sweep_dir`` (the folder may have moved);
-    None when the folder has none. The saved ``source`` key (the file the run started from) is
-    dropped: ``Sweep.source`` is the saved file, so errors name the file read. A relative path it
-    names is found from the working directory or the folders above the saved file
-    (:func:`find_path`), so a report works from any directory.
+    """The sweep file a run saved in ``SWEEP_DIR/sweep.yaml``, validated with ``out_dir`` ``sweep_dir``
+    (the folder may have moved) and the saved file as its source; None when there is none.
 
     Raises:
-        RatuneError: the saved file does not validate (naming it and the field); a ``base`` it names
-            by path (files saved before the base was stored inline) that cannot be found.
+        RatuneError: the saved file does not validate, or names a ``base`` file that cannot be found.
     """
     path = Path(sweep_dir) / SAVED_SWEEP_FILE
     if not path.is_file():
@@ -229,19 +209,13 @@ def load_saved_sweep(sweep_dir: str | Path) -> Sweep | None:
 
 def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = None,
                     overrides: Sequence[str] = ()) -> Sweep:
-    """Validate a sweep file's mapping ``data`` read from ``path``; ``out_dir`` overrides the file's
-    ``out_dir``. A relative ``base``, ``accelerate_config`` or ``apibench`` path is looked up as
-    :func:`find_path` says.
-
-    ``overrides``: ``KEY=VALUE`` texts (``ratune sweep --set``, :func:`parse_set`) applied before
-    validation; ``base.KEY`` sets a key of the base training config (the inline one, or the file
-    ``base`` names; its keys are checked per cell, as the file's are), any other KEY a key of the
-    sweep file (its errors name the overrides). The loaded sweep (and so the saved
-    ``SWEEP_DIR/sweep.yaml``) holds the values set.
+    """Validate a sweep file's mapping ``data`` read from ``path``, relative paths found by
+    :func:`find_path`; ``out_dir`` overrides the file's; ``overrides`` (``--set`` texts; ``base.KEY``
+    for the base training config) are applied before validation.
 
     Raises:
         RatuneError: unknown keys, bad values, a missing base config; a malformed override or one
-            that runs into a value that is not a section (errors of a validation name the overrides).
+            that runs into a value that is not a section.
     """
     path = Path(path)
     sets = [(*parse_set(text), text) for text in overrides]
@@ -259,6 +233,6 @@ def sweep_from_data(data: dict, path: str | Path, out_dir: str | Path | None = N
     else:
         base, base_where = dict(cfg.base), f"{path} base"
     if base_sets:
-        base = _apply_sets(base, base_sets, base_where)  # an error names the base file when there is one
+        base = _apply_sets(base, base_sets, base_where)
     out = Path(out_dir or cfg.out_dir or Path("runs") / "sweeps" / (cfg.name or path.stem))
     return Sweep(config=cfg, source=str(path), out_dir=out, base=base)

@@ -27,12 +27,8 @@ def _sbatch_header(job: str, log: Path, *, nodes: int, gpus: int, time: str, s: 
 def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False, out=None,
                 data_cells: list[Cell] | None = None) -> Path:
     """Write one data sbatch script per hub, ``train.sbatch`` and ``eval.sbatch`` per cell, and
-    ``slurm/submit.sh`` which submits them with ``--dependency=afterok`` chains (data -> train -> eval).
-
-    The training script launches accelerate once per node (``srun``) with the rendezvous taken from
-    SLURM's environment. Finished cells are left out of submit.sh (commented). Changed cells are
-    refused as in :func:`run_local`, and so is a folder ratune did not make; ``data_cells`` plans the
-    shared data build as there. Returns the submit.sh path.
+    ``slurm/submit.sh`` chaining them with ``--dependency=afterok`` (finished cells commented out);
+    folder and changed cells checked, ``data_cells`` planned, as in :func:`run_local`. Returns submit.sh.
     """
     out = out or sys.stdout
     prepare_sweep_folder(sweep, cells, rerun_changed=rerun_changed, out=out)

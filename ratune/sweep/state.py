@@ -19,10 +19,10 @@ from ratune.train.config import TrainConfig
 
 
 def _read_cell_record(path: Path) -> dict:
-    """A cell's stored ``cell.json`` (written by the sweep), checked to hold what is read from it.
+    """A cell's stored ``cell.json``, checked to hold what is read from it.
 
     Raises:
-        InputError: naming the file (and the field): not JSON (a torn write), or not a cell record.
+        InputError: not JSON (a torn write), or not a cell record.
     """
     record = read_json_object(path)
     config = record.get("config")
@@ -54,13 +54,9 @@ def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def changed_keys(sweep: Sweep, cell: Cell) -> list[str]:
-    """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or equal).
-
-    The lists of eval settings and curve settings are not compared: each eval setting folder checks
-    its own identity (:func:`ratune.eval.run.evaluate_checkpoint`), and a new setting simply runs. A top-level key
-    that the stored record lacks and whose new value is the schema's default (a setting added to
-    ratune after the cell ran, at the value that keeps the old behaviour) is not a change.
-    """
+    """Keys of the stored ``cell.json`` that differ from the cell's current resolution ([] when new or
+    equal), except the eval and curve settings lists (each setting folder checks its own identity); a
+    key the record lacks, now at its schema default (a setting added later), is no change."""
     path = cell.dir / "cell.json"
     if not path.exists():
         return []
@@ -115,9 +111,8 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
 
 def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
     """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
-    delete their training, eval, learning-curve and BFCL results (``train/``, ``eval/``, ``curve/``,
-    ``bfcl/``, ``error.txt``, ``cell.json``) so they run again. Returns the changed cells' names. The curve goes
-    too: its cells name the checkpoints by path, which a rerun reuses, so they would read as done.
+    delete their results (the curve too: it names checkpoints by path) so they run again; returns
+    the changed cells' names.
 
     Raises:
         RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.

@@ -1,8 +1,5 @@
-"""Small LLaMA-style tokenizers built from nothing (no download, no sentencepiece model), for
-models made from random weights: bench/gpu_smoke.py's byte-level tokenizer and tests/conftest.py's
-LLaMA-1-shaped one (``build_llama1_tokenizer``, whose pieces and token ids
-tests/test_chat_templates.py pins) are both :func:`build_llama_tokenizer`.
-"""
+"""Small LLaMA-style tokenizers built from nothing (no download, no sentencepiece model), for models
+with random weights: tests/conftest.py's and bench/gpu_smoke.py's (which loads this file by path)."""
 
 from __future__ import annotations
 
@@ -21,28 +18,12 @@ SPACE = "▁"
 
 def build_llama_tokenizer(folder: str | os.PathLike, *, pieces: Sequence[str] = (),
                           merge_order: Sequence[int] | None = None, metaspace: bool = False) -> None:
-    """Write a LLaMA-style tokenizer folder: ``tokenizer.json`` and ``tokenizer_config.json``
-    (class LlamaTokenizerFast, ``add_bos_token`` true, ``add_eos_token`` false, no pad token, no
-    chat template).
-
-    The model is BPE with byte fallback: ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, the 256 byte tokens
-    ``<0x00>``..``<0xFF>`` (3..258), so every UTF-8 byte without a token of its own is one token,
-    then one token per piece in ``pieces`` (259, 260, ...), and after them the prefixes and
-    characters their merges pass through. Each piece is reached by merging it left to right one
-    character at a time; the pieces' merges are ranked in ``merge_order`` (indices into
-    ``pieces``; default their order), so a piece's chain must come before any other piece's merge
-    that could fire inside it. BOS is added in front of every sequence (pairs: ``<s> A <s> B``).
-
-    Args:
-        folder: an existing folder to write into.
-        pieces: the multi-character tokens (none: a byte-level tokenizer, one token per byte).
-        merge_order: the order in which each piece's merges are ranked.
-        metaspace: LLaMA's space handling: " " is written :data:`SPACE` and one is put before the
-            text's start (sentencepiece's Metaspace), and decoding turns it back into spaces and
-            drops the leading one. False: no pre-tokenizer, and bytes decode as they are.
-    Raises:
-        IndexError: an index of ``merge_order`` outside ``pieces``.
-    """
+    """Write a LLaMA-style tokenizer into the existing ``folder`` (LlamaTokenizerFast; BOS added, not EOS;
+    no pad token, no chat template): BPE with byte fallback, ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, the
+    bytes 3..258, then each of ``pieces`` and the prefixes its left-to-right merges pass through,
+    ranked in ``merge_order`` (indices into ``pieces``; a piece's chain must come before any merge
+    that could fire inside it). ``metaspace``: sentencepiece's :data:`SPACE` for " ", one before the
+    text. Raises IndexError for an index of ``merge_order`` outside ``pieces``."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers import LlamaTokenizerFast
