@@ -4,6 +4,11 @@ Usage:
     python bench/eval_throughput.py [--model PATH] [--apibench DIR] [--n 16] [--batch-size 8]
                                     [--max-new-tokens 48] [--threads N] [--device cpu|cuda] [--json]
     python bench/eval_throughput.py --prompts bfcl [--n 16] [--max-new-tokens 256] [--full-answers] ...
+    python bench/eval_throughput.py --batch-sizes 8 16 32 [--prompts bfcl] ...   # batched runs only
+
+``--batch-sizes`` runs the batched backend (the device's default prefill) once per size on the same
+prompts, side by side, with each size's ratio to the first and the answers that equal the first
+size's; no batch-1 run, no vLLM, no prefill/decode split.
 
 Takes the first ``--n`` TorchHub eval questions and renders them with
 :func:`ratune.sources.prompt.render_user_turn` / :func:`ratune.sources.prompt.encode_prompt`,
@@ -247,22 +252,13 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
 
     from ratune.eval.generate import resolve_prefill
     from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
-    from ratune.sources.formats import PythonCallsFormat
 
     set_torch_threads(threads)
     model_path = model_path or ensure_demo_model()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path).to(device)
-    stop = None
-    if prompt_set == "bfcl":
-        prompts = bfcl_prompts(tokenizer, n)
-        if not full_answers:
-            stop = {"stop_after_api_call": True, "answer_format": PythonCallsFormat.name}
-    else:
-        from ratune.sources.apibench import resolve_apibench_dir
-
-        prompts = eval_prompts(tokenizer, resolve_apibench_dir(apibench_dir), n)
+    prompts, stop = _prompts(tokenizer, prompt_set, n, apibench_dir, full_answers)
     measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
     batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens, stop=stop)
     batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -292,6 +288,61 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
             "settings": {"model": str(model_path), "prompts": prompt_set, "batch_size": batch_size,
                          "max_new_tokens": max_new_tokens, "stop_at_answer_end": stop is not None, "device": device},
             "machine": machine_info()}
+
+
+def compare_batch_sizes(*, model_path=None, apibench_dir=None, n: int = 16, batch_sizes: Sequence[int] = (8, 16),
+                        max_new_tokens: int = 48, device: str | None = None, threads: int | None = None,
+                        prompt_set: str = "apibench", full_answers: bool = False) -> dict:
+    """The batched backend at each of ``batch_sizes`` on the same prompts; returns
+    ``{"runs": [RUN + batch_size, ratio (to the first size), answers_identical (to the first)], "settings",
+    "machine"}``."""
+    import torch
+
+    from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
+
+    set_torch_threads(threads)
+    model_path = model_path or ensure_demo_model()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path).to(device)
+    prompts, stop = _prompts(tokenizer, prompt_set, n, apibench_dir, full_answers)
+    measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
+    runs, first = [], None
+    for size in batch_sizes:
+        record, texts = measure_hf(model, tokenizer, prompts, batch_size=size, max_new_tokens=max_new_tokens,
+                                   stop=stop)
+        first = first or (record, texts)
+        runs.append({"batch_size": size, **record,
+                     "ratio": round(record["tokens_per_s"] / first[0]["tokens_per_s"], 3),
+                     "answers_identical": sum(a == b for a, b in zip(first[1], texts))})
+    return {"runs": runs, "n_prompts": len(prompts),
+            "settings": {"model": str(model_path), "prompts": prompt_set, "max_new_tokens": max_new_tokens,
+                         "stop_at_answer_end": stop is not None, "device": device},
+            "machine": machine_info()}
+
+
+def _prompts(tokenizer, prompt_set: str, n: int, apibench_dir, full_answers: bool) -> tuple[list, dict | None]:
+    """``(prompt ids, stop arguments of generate_all)`` of a ``--prompts`` set."""
+    from ratune.sources.formats import PythonCallsFormat
+
+    if prompt_set == "bfcl":
+        stop = None if full_answers else {"stop_after_api_call": True, "answer_format": PythonCallsFormat.name}
+        return bfcl_prompts(tokenizer, n), stop
+    from ratune.sources.apibench import resolve_apibench_dir
+
+    return eval_prompts(tokenizer, resolve_apibench_dir(apibench_dir), n), None
+
+
+def format_batch_sizes(r: dict) -> str:
+    """The ``--batch-sizes`` table."""
+    lines = [f"{PROMPT_SETS[r['settings']['prompts']]}, {r['n_prompts']} prompts, "
+             f"{r['settings']['max_new_tokens']} new tokens, {r['settings']['device']}",
+             "| batch | seconds | tokens | tokens/s | prompts/s | ratio | answers as the first |", "|---" * 7 + "|"]
+    for run_ in r["runs"]:
+        lines.append(f"| {run_['batch_size']} | {run_['seconds']:.1f} | {run_['generated_tokens']} | "
+                     f"{run_['tokens_per_s']} | {run_['prompts_per_s']} | {run_['ratio']:.2f}x | "
+                     f"{run_['answers_identical']}/{r['n_prompts']} |")
+    return "\n".join(lines)
 
 
 #: ``--prompts`` choices and how the report names them.
@@ -342,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--full-answers", action="store_true", help="bfcl: no stop at the end of the call list")
     p.add_argument("--n", type=int, default=16, help="eval prompts")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="compare the batched backend at these sizes only (no batch 1, vLLM or split)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -349,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
+        if args.batch_sizes:
+            result = compare_batch_sizes(model_path=args.model, apibench_dir=args.apibench, n=args.n,
+                                         batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
+                                         device=args.device, threads=args.threads, prompt_set=args.prompts,
+                                         full_answers=args.full_answers)
+            print(json.dumps(result, indent=2) if args.json else format_batch_sizes(result))
+            return 0
         result = run(model_path=args.model, apibench_dir=args.apibench, n=args.n, batch_size=args.batch_size,
                      max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
                      breakdown=not args.no_breakdown, prompt_set=args.prompts, full_answers=args.full_answers)

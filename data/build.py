@@ -31,7 +31,7 @@ from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
-from ratune.sources.validate import hold_out, near_duplicate_rate, validate_splits
+from ratune.sources.validate import example_identities, hold_out, near_duplicate_rate, validate_splits
 
 #: What other modules import from here (the settings and the row builder live beside it).
 __all__ = ["BUILD_OPTIONS", "BuildSettings", "MIN_DOCUMENT_TOKENS", "build_dataset", "build_request", "build_rows",
@@ -115,15 +115,16 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
                 "validation_seed": settings.validation_seed} if settings.validation_fraction else {})}
 
 
-def _hold_out_validation(splits: dict, settings: BuildSettings) -> dict | None:
+def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | None, frozenset[str]]:
     """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked; returns the
-    manifest's ``validation_split`` record, else None.
+    manifest's ``validation_split`` record (else None) and the API identities that only validation
+    examples show (``api_grouped``; training rows' retrieval passes them over).
 
     Raises:
         RatuneError: a validation split asked for a hub without training examples, or one that holds out nothing.
     """
     if settings.validation_fraction is None:
-        return None
+        return None, frozenset()
     if "train" not in splits:
         raise RatuneError("--validation-fraction: the hub has no training examples to hold a validation split out of")
     train, held = hold_out(splits["train"], settings.validation_fraction, by=settings.validation_by,
@@ -131,10 +132,15 @@ def _hold_out_validation(splits: dict, settings: BuildSettings) -> dict | None:
     splits["train"], splits["validation"] = train, [dataclasses.replace(e, split="validation") for e in held]
     trained = {api_identity(e.api) for e in train}
     apis = {api_identity(e.api) for e in held}
+    hidden = frozenset()
+    if settings.validation_by == "api_grouped":
+        hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train)))
     return {"fraction": settings.validation_fraction, "by": settings.validation_by, "seed": settings.validation_seed,
             "n": len(held), "lines": [e.line for e in held], "apis": len(apis), "apis_also_trained": len(apis & trained),
+            **({"hidden_from_training": len(hidden)} if settings.validation_by == "api_grouped" else {}),
             "near_duplicates": {"validation": near_duplicate_rate(train, held),
-                                **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}}
+                                **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}
+            }, hidden
 
 
 def build_request(source: Hub, *, tokenizer, tokenizer_name: str, settings: BuildSettings, lenient: bool,
@@ -199,7 +205,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
     counts: dict = {}
     lengths: dict = {}
     for mode in tqdm(modes, desc=f"build {source.name}", disable=not progress):
-        _build_mode(out, mode, read.splits, source=source, tokenizer=tokenizer, settings=settings, cache=cache,
+        _build_mode(out, mode, read, source=source, tokenizer=tokenizer, settings=settings, cache=cache,
                     counts=counts, lengths=lengths)
     mixture_records = {mixture.mode: _build_mixture(out, mixture, read, source=source, tokenizer=tokenizer,
                                                     settings=settings, cache=cache, counts=counts, lengths=lengths,
@@ -242,6 +248,7 @@ class _Read:
     held_out: dict | None
     report: ParseReport
     database: list
+    hidden: frozenset = frozenset()  # identities only validation examples show: training retrieval passes them over
 
 
 def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage: str, progress: bool) -> _Read:
@@ -263,7 +270,7 @@ def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage
     splits, validation = validate_splits(splits, database, train_path=source.examples_file("train"),
                                          eval_path=source.examples_file("eval"), leakage=leakage)
     hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
-    held_out = _hold_out_validation(splits, settings)
+    held_out, hidden = _hold_out_validation(splits, settings)
     if progress:
         print(validation.summary())
         if held_out:
@@ -272,20 +279,21 @@ def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage
                   f"{held_out['seed']}); near-duplicates of training: validation {near['validation']:.1%}"
                   + (f", eval {near['eval']:.1%}" if "eval" in near else ""))
     return _Read(splits=splits, read_counts=read_counts, validation=validation, hub_splits=hub_splits,
-                 held_out=held_out, report=report, database=database)
+                 held_out=held_out, report=report, database=database, hidden=hidden)
 
 
-def _build_mode(out: Path, mode: str, splits: dict, *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
+def _build_mode(out: Path, mode: str, read: "_Read", *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
                 counts: dict, lengths: dict) -> None:
     """Build and save one train-time mode's rows for every split (``OUT/{mode}/``); fills ``counts``
     and ``lengths``."""
     from datasets import Dataset, DatasetDict
 
     dd = {}
-    for split, examples in splits.items():
+    for split, examples in read.splits.items():
         docs = retrieve_for_mode(mode, examples, hub=source, apibench_dir=source.root, top_k=settings.top_k,
                                  retriever_cache=cache, dense_model=settings.dense_model,
-                                 bm25_backend=settings.bm25_backend)
+                                 bm25_backend=settings.bm25_backend, exclude=read.hidden if split == "train" else
+                                 frozenset())
         forced = 0
         if settings.force_gold and split == "train" and mode in RETRIEVED_MODES:
             docs, forced = force_gold_documents(examples, docs)
@@ -310,11 +318,13 @@ def _build_mixture(out: Path, mixture, read: _Read, *, source: Hub, tokenizer, s
 
     record, dd = mixture.metadata(), {}
     for split, examples in read.splits.items():
+        hidden = read.hidden if split == "train" else frozenset()
         top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=source, apibench_dir=source.root, top_k=1,
                                  retriever_cache=cache, dense_model=settings.dense_model,
-                                 bm25_backend=settings.bm25_backend)
-        docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.api for e in examples], top1_docs=top1,
-                                     database=read.database)
+                                 bm25_backend=settings.bm25_backend, exclude=hidden)
+        docs, drawn = draw_documents(mixture, split=split, gold_docs=[e.oracle_documents for e in examples],
+                                     top1_docs=top1,
+                                     database=[d for d in read.database if api_identity(d) not in hidden])
         if utility_keep is not None and split == "train":
             docs, drawn, filtered = apply_utility_filter(mixture, [e.line for e in examples], docs, drawn,
                                                          utility_keep)

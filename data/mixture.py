@@ -108,13 +108,14 @@ MIXTURE_OPTIONS: tuple[Option, ...] = (
 )
 
 
-def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], top1_docs: Sequence[Sequence[dict]],
-                   database: Sequence[dict]) -> tuple[list[list[dict]], list[str]]:
+def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[Sequence[dict]],
+                   top1_docs: Sequence[Sequence[dict]], database: Sequence[dict]) -> tuple[list[list[dict]], list[str]]:
     """Draw each example's component and documents.
 
     Args:
         split: the split name; each split has its own random stream.
-        gold_docs, top1_docs: each example's gold document and ``top1_retriever`` ranking.
+        gold_docs, top1_docs: each example's oracle documents (its gold API; a tool-set row's own
+            tools) and ``top1_retriever`` ranking.
         database: the hub's API documents (the distractor pool, one per API identity).
 
     Returns:
@@ -136,24 +137,26 @@ def draw_documents(mixture: Mixture, *, split: str, gold_docs: Sequence[dict], t
         if component == "none":
             docs = []
         elif component == "oracle":
-            docs = [gold]
+            docs = list(gold)
         elif component == "top1":
             docs = list(ranked[:1])
-        elif component == "irrelevant":
-            domain = gold.get("domain")
-            unrelated = [i for i in identities if pool[i].get("domain") != domain]
+        elif component == "irrelevant":  # another domain's API; any other tool where there are no domains
+            domain, gold_ids = gold[0].get("domain"), {api_identity(d) for d in gold}
+            unrelated = [i for i in identities
+                         if i not in gold_ids and (domain is None or pool[i].get("domain") != domain)]
             if not unrelated:
                 raise RatuneError(f"mixture {mixture.name}: no API outside the domain {domain!r} to use as an "
                                   "irrelevant document")
             docs = [pool[rng.choice(unrelated)]]
         else:
-            gold_id = api_identity(gold)
-            others = [i for i in identities if i != gold_id]
+            gold_ids = {api_identity(d) for d in gold}
+            others = [i for i in identities if i not in gold_ids]
             if len(others) < mixture.distractors:
                 raise RatuneError(f"mixture {mixture.name}: {mixture.distractors} distractors asked, but the "
                                   f"database has only {len(others)} other APIs")
             docs = [pool[i] for i in rng.sample(others, mixture.distractors)]
-            docs.insert(rng.randrange(mixture.distractors + 1), gold)
+            for doc in gold:  # each at a random place among the others
+                docs.insert(rng.randrange(len(docs) + 1), doc)
         docs_out.append(docs)
         drawn.append(component)
     return docs_out, drawn

@@ -35,6 +35,7 @@ def build_rows(examples: Sequence[Example], docs_per_example: Sequence[Sequence[
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     fmt = get_answer_format(answer_format)
+    fmt.check_tokenizer(tokenizer)
     rows, shortened_n, dropped = [], 0, []
     for i, (ex, docs) in enumerate(zip(examples, docs_per_example)):
         prompt = fmt.prompt(ex, docs, max_document_tokens=settings.max_document_tokens, count_tokens=count)
@@ -99,13 +100,21 @@ def require_rows(counts: dict, *, split: str, mode: str, settings: BuildSettings
 
 def retrieve_for_mode(mode: str, examples: Sequence[Example], *, hub: str | Hub, apibench_dir, top_k: int,
                       retriever_cache: dict, dense_model: str | None = None,
-                      bm25_backend: str = DEFAULT_BM25_BACKEND) -> list[list[dict]]:
+                      bm25_backend: str = DEFAULT_BM25_BACKEND, exclude: frozenset[str] = frozenset()
+                      ) -> list[list[dict]]:
     """Documents per example for a train-time mode (none -> [], oracle -> [gold], else top_k);
-    ``hub`` is a hub name or a :class:`~ratune.hubs.Hub` (:func:`make_retriever`)."""
+    ``hub`` is a hub name or a :class:`~ratune.hubs.Hub` (:func:`make_retriever`); a retrieved
+    document whose API identity is in ``exclude`` is passed over (the next one takes its place)."""
     if mode not in retriever_cache:
         retriever_cache[mode] = make_retriever(mode, hub=hub, apibench_dir=apibench_dir, bm25_backend=bm25_backend,
                                                dense_model=dense_model if RETRIEVERS[mode].needs_model else None)
-    return retriever_cache[mode].retrieve([Query.of(e) for e in examples], top_k=1 if mode == "oracle" else top_k)
+    queries = [Query.of(e) for e in examples]
+    if mode == "oracle":
+        return retriever_cache[mode].retrieve(queries, top_k=1)
+    if not exclude:
+        return retriever_cache[mode].retrieve(queries, top_k=top_k)
+    ranked = retriever_cache[mode].retrieve(queries, top_k=top_k + len(exclude))
+    return [[d for d in docs if api_identity(d) not in exclude][:top_k] for docs in ranked]
 
 
 def force_gold_documents(examples: Sequence[Example], docs_per_example: Sequence[Sequence[dict]]

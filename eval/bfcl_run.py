@@ -28,7 +28,7 @@ from ratune.sources.bfcl import (BfclEntry, answer_path, bfcl_data_dir, bfcl_ven
                                  load_bfcl, question_path)
 from ratune.sources.formats import AnswerFormat, PythonCallsFormat, ToolCallsFormat, answer_format_of, get_answer_format
 from ratune.sources.prompt import require_chat_template, use_chat_template
-from ratune.sources.toolset import is_tool_set
+from ratune.sources.toolset import draw_shots, is_tool_set
 from ratune.sources.unseen import seen_entries
 from ratune.train.layout import Checkpoint, trained_answer_format, trained_chat_template
 
@@ -104,8 +104,9 @@ def resolve_bfcl_request(*, checkpoint: str | None, responses: str | os.PathLike
             raise RatuneError(f"--responses {responses}: no {missing[0]}/responses.jsonl")
         given = {}
         for c in categories:
-            kept = {e.id for e in unseen(c, load_bfcl(data, c))}
-            pairs = _given_responses(responses / c / "responses.jsonl", load_bfcl(data, c), None)
+            entries = load_bfcl(data, c)
+            kept = {e.id for e in unseen(c, entries)}
+            pairs = _given_responses(responses / c / "responses.jsonl", entries, None)
             given[c] = [(e, row) for e, row in pairs if e.id in kept][:limit]
         rows = {c: [row for _, row in pairs] for c, pairs in given.items()}
         name = model_name or next((r["model"] for rs in rows.values() for r in rs if isinstance(r.get("model"), str)),
@@ -189,8 +190,9 @@ class _Generation:
         self.answer_format = bfcl_answer_format(settings.answer_format, trained_answer_format(request.described_by))
         self.answer_format.check_tokenizer(self.tokenizer)
         self.answer_format = self.answer_format.reading(self.tokenizer)
+        self.shots = _shots(settings, self.answer_format)
         self.positions = checkpoint_max_positions(source, trust_remote_code=settings.trust_remote_code)
-        self.prompts = {c: [encode_bfcl_prompt(self.tokenizer, e, self.answer_format) for e in entries]
+        self.prompts = {c: [encode_bfcl_prompt(self.tokenizer, e, self.answer_format, self.shots) for e in entries]
                         for c, entries in request.entries.items()}
         for category, prompts in self.prompts.items():
             too_long = [(e.id, len(p)) for e, p in zip(request.entries[category], prompts)
@@ -204,6 +206,9 @@ class _Generation:
                            "greedy": True,
                            "backend": settings.backend, "device": request.device, "dtype": request.dtype,
                            "chat_template": template}
+        if self.shots:
+            self.generation["shots"] = {"tool_set": str(Path(settings.shots_from).resolve()),
+                                        "seed": settings.shots_seed, "lines": [shot.line for shot in self.shots]}
 
     def generate(self, path: Path, category: str, *, progress: bool) -> tuple[list[dict], dict]:
         """Answer what ``path`` lacks; returns the lines in entry order and the timing of this run's part."""
@@ -236,6 +241,20 @@ class _Generation:
         capped = [e.id for e, p in zip(self.request.entries[category], self.prompts[category])
                   if self.positions is not None and self.positions - len(p) < self.settings.max_new_tokens]
         return {"max_positions": self.positions, "capped": capped}
+
+
+def _shots(settings: BfclSettings, answer_format: AnswerFormat) -> tuple:
+    """The worked examples ``settings`` ask for (:func:`ratune.sources.toolset.draw_shots`), or ().
+
+    Raises:
+        RatuneError: shots in another format than ``python_calls``; as ``draw_shots``.
+    """
+    if settings.shots is None:
+        return ()
+    if answer_format.name != PythonCallsFormat.name:
+        raise RatuneError(f"--shots: worked examples are written in python_calls (BFCL's prompting format), "
+                          f"not {answer_format.name}")
+    return draw_shots(settings.shots_from, settings.shots, settings.shots_seed)
 
 
 #: The answer formats BFCL's entries (a question and a function list) can be written in.

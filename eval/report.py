@@ -314,10 +314,37 @@ def table2_markdown(table: dict) -> str:
            f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
     out += _metric_tables(cells, lambda c, m: format_rate(m["accuracy"], m.get("accuracy_ci")))
     out += _arguments_table(cells)
+    out += _chosen_table(table.get("chosen") or {}, cells)
     out += [f"Intervals in brackets are {INTERVAL}s for the accuracy (whole percent; Wilson 1927). "
             "Two cells whose intervals overlap may still differ: compare them on the same questions "
             "with `ratune compare` (paired exact McNemar test and bootstrap interval of the difference).", ""]
     return "\n".join(out)
+
+
+def _chosen_table(chosen: dict, cells: list[dict]) -> list[str]:
+    """Markdown lines of the rows' checkpoints chosen on validation (``chosen``: row -> the
+    selection record of ``ratune eval select``, with ``validation`` counts), their validation counts
+    beside the row's test counts; [] when nothing was chosen."""
+    if not chosen:
+        return []
+    rows, cols = table_axes(cells)
+    index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
+
+    def counts(block: dict) -> str:
+        return "; ".join(f"{s} {c['strict']}/{c['n']}" for s, c in block.items())
+
+    out = ["## checkpoints chosen on validation", "",
+           "Each row is the checkpoint its rule chose on the validation questions; the test questions were read "
+           "once, for it. Correct answers of n, strict metric.", "",
+           "| train | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r in chosen):
+        c = chosen[r]
+        test = {s: {"strict": index[(r, s)]["strict"]["correct_n"], "n": index[(r, s)]["n"]}
+                for s in cols if has_result(index.get((r, s))) and "correct_n" in index[(r, s)].get("strict", {})}
+        epoch = "" if c.get("epoch") is None else f"{c['epoch']:g}"
+        out.append(f"| {r} | {c['rule']} ({c['metric']}) | {c['step']} | {epoch} | {counts(c['validation'])} "
+                   f"| {counts(test)} |")
+    return out + [""]
 
 
 def _replicates_markdown(table: dict, cells: list[dict]) -> str:
@@ -430,15 +457,17 @@ def table2_heatmap(table: dict, path: str | Path) -> None:
 
 
 def write_table2(cells: Sequence[dict], *, hub: str, model: str, out_dir: str | Path,
-                 replicates: dict | None = None) -> dict:
+                 replicates: dict | None = None, chosen: dict | None = None) -> dict:
     """Write table2.{json,csv,md,png} into ``out_dir`` and return the table object; ``replicates``
-    is stored as its ``"replicates"`` field."""
+    and ``chosen`` (row -> its checkpoint chosen on validation) are stored as its fields."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = {"hub": hub, "model": model, "metric": cell_metrics(cells)[0], "interval": INTERVAL,
              "cells": [with_intervals(c) for c in cells], "versions": package_versions()}
     if replicates is not None:
         table["replicates"] = replicates
+    if chosen:
+        table["chosen"] = chosen
     write_json(out / "table2.json", table)
     write_text(out / "table2.csv", table2_csv(table))
     write_text(out / "table2.md", table2_markdown(table))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from ratune.args import input_dir, registered
-from ratune.config import BM25BackendName, Count, TestSettingName, Threads, check_fields
+from ratune.config import BM25BackendName, Count, Seed, TestSettingName, Threads, check_fields
 from ratune.sources.prompt import CHAT_TEMPLATE_NAMES
 from ratune.sources.formats import ANSWER_FORMATS
 from ratune.errors import RatuneError
@@ -119,7 +119,11 @@ class BfclSettings:
     its name means. ``max_new_tokens`` defaults to 256 (source: the shortest correct answers' lengths,
     docs/function_calling.md#the-prompt). ``full_answers``: no cut at the end of the call list.
     ``answer_format``: ``python_calls`` or ``tool_calls``; None: the checkpoint's training rows' when
-    it is one of these, else ``python_calls``.
+    it is one of these, else ``python_calls``. ``shots`` rows of the tool set ``shots_from`` (drawn
+    with ``shots_seed``) come before each question as worked examples.
+
+    Raises:
+        RatuneError: ``shots`` without ``shots_from`` or the other way round.
     """
 
     batch_size: Count = 8
@@ -132,9 +136,15 @@ class BfclSettings:
     chat_template: Literal[CHAT_TEMPLATE_NAMES] | None = None
     answer_format: Literal[tuple(ANSWER_FORMATS)] | None = None
     full_answers: bool = False
+    shots: Count | None = None
+    shots_from: str | None = None
+    shots_seed: Seed = 0
 
     def __post_init__(self):
         check_fields(self)
+        if (self.shots is None) != (self.shots_from is None):
+            raise RatuneError("--shots N and --shots-from TOOLS_DIR go together: the worked examples are rows of "
+                              "that tool set's training split")
 
 
 #: The options of ``ratune eval bfcl``: ``ratune eval run``'s of the same names, flag and help, and its own.
@@ -143,6 +153,11 @@ BFCL_OPTIONS: tuple[Option, ...] = (
     Option("full_answers", "--full-answers", config=False,
            help="generate past the end of the call list (to EOS or --max-new-tokens) and score the whole text, "
                 "as BFCL's own generation does; slower (default: stop where the list closes)"),
+    Option("shots", "--shots", help="worked examples before each question (python_calls; default none): "
+                                    "rows of --shots-from that call a tool, each behind its own functions"),
+    Option("shots_from", "--shots-from", cli={"metavar": "TOOLS_DIR", "type": input_dir},
+           help="the tool set (ratune tools import) whose training rows the shots are drawn from"),
+    Option("shots_seed", "--shots-seed", help="seed of the draw of shots"),
 )
 
 def resolve_placement(device: str = "auto", dtype: str = "auto", *, backend: str = "hf") -> tuple[str, str]:

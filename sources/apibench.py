@@ -64,6 +64,11 @@ class Example:
     calls: tuple = ()
     system: str | None = None
 
+    @property
+    def oracle_documents(self) -> list[dict]:
+        """What the oracle shows: a tool set row's own tools, else the gold API document."""
+        return list(self.tools) or [self.api]
+
 
 @dataclass
 class ParseReport:

@@ -165,24 +165,40 @@ def bfcl_messages(entry: BfclEntry) -> list[dict]:
     return bfcl_chat(entry, PythonCallsFormat())[0]
 
 
-def bfcl_chat(entry: BfclEntry, answer_format) -> tuple[list[dict], tuple | None]:
-    """A single-turn entry as ``answer_format`` shows it: ``(messages, tools)``.
+@dataclass(frozen=True)
+class Shot:
+    """A worked example shown before a BFCL question: a tool set's row (its ``line`` in the train split)."""
+
+    line: int
+    query: str
+    functions: tuple
+    calls: tuple
+
+
+def bfcl_chat(entry: BfclEntry, answer_format, shots: tuple[Shot, ...] = ()) -> tuple[list[dict], tuple | None]:
+    """A single-turn entry as ``answer_format`` shows it: ``(messages, tools)``; ``shots`` come as
+    earlier turns right after the system message (``python_calls`` only).
 
     Raises:
         RatuneError: an entry with more than one turn (a multi-turn category).
     """
     if len(entry.question) != 1:
         raise RatuneError(f"BFCL entry {entry.id}: {len(entry.question)} turns; only single-turn entries are prompted here")
-    return answer_format.chat(entry.question[0], entry.functions)
+    messages, tools = answer_format.chat(entry.question[0], entry.functions)
+    if shots:
+        turns = [t for shot in shots for t in answer_format.shot_turns(shot.functions, shot.query, shot.calls)]
+        messages[1:1] = turns
+    return messages, tools
 
 
-def encode_bfcl_prompt(tokenizer, entry: BfclEntry, answer_format=None) -> list[int]:
+def encode_bfcl_prompt(tokenizer, entry: BfclEntry, answer_format=None, shots: tuple[Shot, ...] = ()) -> list[int]:
     """Token ids of :func:`bfcl_chat` in ``answer_format`` (None: ``python_calls``).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
-    return encode_messages(tokenizer, *bfcl_chat(entry, answer_format or PythonCallsFormat()))
+    return encode_messages(tokenizer, *bfcl_chat(entry, answer_format or PythonCallsFormat(), shots))
+
 
 
 def possible_answer_text(possible_answer: list[dict], functions: list[dict]) -> str:

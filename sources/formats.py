@@ -206,6 +206,14 @@ class PythonCallsFormat(AnswerFormat):
     def parser_record(self) -> dict:
         return {"python_ast": platform.python_version()}
 
+    def shot_turns(self, functions: Sequence[Mapping], query: str, calls: Sequence[Mapping]) -> list[dict]:
+        """A worked example as two earlier turns: the user's ``query`` behind its own ``functions``,
+        listed as :meth:`system_prompt` lists them, and the answer ``calls``."""
+        functions = [{**fn, "description": fn.get("description", "") + PYTHON_HINT} for fn in functions]
+        offered = _AVAILABLE_TOOLS.format(format="json", functions=json.dumps(functions, indent=4))
+        return [{"role": "user", "content": f"{offered}\n{query}"},
+                {"role": "assistant", "content": self.render_calls(calls)}]
+
     def chat(self, messages, functions):
         """:meth:`system_prompt` over ``functions`` before the chat's own system message; no ``tools=``."""
         system = self.system_prompt(functions)
@@ -286,14 +294,10 @@ class ToolCallsFormat(AnswerFormat):
                       tools=tuple({"type": "function", "function": dict(doc)} for doc in docs))
 
     def completion(self, example, *, abstain=False, tokenizer=None, prompt=None):
-        """The assistant message as the template writes it behind ``prompt`` (EOS and after cut).
-
-        Raises:
-            RatuneError: the tokenizer's template ignores tools or does not write tool calls.
-        """
+        """The assistant message as the template writes it behind ``prompt`` (EOS and after cut), with
+        a ``tokenizer`` that passed :meth:`check_tokenizer`."""
         if tokenizer is None or prompt is None:
             raise TypeError("the tool_calls format renders answers through the tokenizer's chat template")
-        self.check_tokenizer(tokenizer)
         if abstain or not example.calls:
             message = {"role": "assistant", "content": self.no_call}
         else:

@@ -305,3 +305,21 @@ def cli_import(args) -> int:
             print(f"  left out ({reason.replace('_', ' ')}): {len(items)}")
     print(f"wrote {args.out}")
     return 0
+
+
+def draw_shots(folder: str | os.PathLike, k: int, seed: int) -> tuple[Shot, ...]:
+    """``k`` rows of a tool set's train split that call at least one tool, drawn with ``seed``, in file order.
+
+    Raises:
+        RatuneError: ``folder`` is no tool set, or its train split has fewer than ``k`` such rows.
+    """
+    from ratune.sources.bfcl import Shot
+
+    if not is_tool_set(folder):
+        raise RatuneError(f"--shots-from {folder}: not a tool-set folder (ratune tools import)")
+    rows = [(line, row) for line, row in load_rows(folder, "train", load_tools(folder)) if row["calls"]]
+    if len(rows) < k:
+        raise RatuneError(f"--shots {k}: tool set {folder} has {len(rows)} training rows that call a tool")
+    drawn = sorted(random.Random(seed).sample(range(len(rows)), k))
+    return tuple(Shot(line=rows[i][0], query=rows[i][1]["query"], functions=tuple(rows[i][1]["tools"]),
+                      calls=tuple(rows[i][1]["calls"])) for i in drawn)

@@ -312,7 +312,7 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
 
 
 #: How ``ratune data build --validation-by`` draws a held-out split: a share of each API's examples
-#: (``api_stratified``) or whole APIs, never trained on (``api_grouped``).
+#: (``api_stratified``) or whole groups of APIs and tools, never shown in training (``api_grouped``).
 HOLDOUT_KINDS = ("api_stratified", "api_grouped")
 
 
@@ -337,8 +337,9 @@ def stratified_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[i
 
 
 def grouped_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]:
-    """Positions of whole keys (APIs) held out, in a seeded key order, until they reach
-    ``round_half_up(len(keys) * fraction)``; at least one key stays in."""
+    """Positions of whole keys (API groups) held out, in a seeded key order, each one that brings the
+    count closer to ``round_half_up(len(keys) * fraction)`` (a key larger than twice what is missing
+    is passed over), until it is reached; at least one key stays in."""
     by_key: dict[str, list[int]] = {}
     for position, key in enumerate(keys):
         by_key.setdefault(key, []).append(position)
@@ -348,13 +349,42 @@ def grouped_holdout(keys: Sequence[str], fraction: float, seed: int) -> set[int]
     for key in order[:-1]:
         if len(held) >= target:
             break
-        held.update(by_key[key])
+        if abs(len(held) + len(by_key[key]) - target) < target - len(held):
+            held.update(by_key[key])
     return held
+
+
+def example_identities(example: Example) -> set[str]:
+    """The API identities an example's rows can show: its gold API and, for a tool set's row, every
+    tool it offers."""
+    return {api_identity(example.api), *(api_identity(t) for t in example.tools)}
+
+
+def api_groups(examples: Sequence[Example]) -> list[str]:
+    """Each example's group for a grouped split: the connected component of the identities that
+    examples show together (:func:`example_identities`), named by its smallest identity. An
+    APIBench example shows one API, so its group is its API."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    shown = [sorted(example_identities(ex)) for ex in examples]
+    for ids in shown:
+        for other in ids[1:]:
+            a, b = root(ids[0]), root(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)  # the smaller identity names the merged group
+    return [root(ids[0]) for ids in shown]
 
 
 def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
              ) -> tuple[list[Example], list[Example]]:
-    """``(train, held_out)`` of ``examples`` (each in input order), keyed by gold API, by ``by``.
+    """``(train, held_out)`` of ``examples`` (each in input order): by gold API (``api_stratified``)
+    or by :func:`api_groups` (``api_grouped``).
 
     Raises:
         RatuneError: an unknown ``by``, a fraction outside (0, 1), or nothing held out (too few examples or APIs).
@@ -363,8 +393,11 @@ def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
         raise RatuneError(f"unknown validation split {by!r}: expected one of {', '.join(HOLDOUT_KINDS)}")
     if not 0.0 < fraction < 1.0:
         raise RatuneError(f"validation fraction must be in (0, 1), got {fraction!r}")
+    if by == "api_stratified":
+        held = stratified_holdout([api_identity(ex.api) for ex in examples], fraction, seed)
+    else:
+        held = grouped_holdout(api_groups(examples), fraction, seed)
     keys = [api_identity(ex.api) for ex in examples]
-    held = (stratified_holdout if by == "api_stratified" else grouped_holdout)(keys, fraction, seed)
     if not held:
         raise RatuneError(f"validation fraction {fraction} ({by}) holds out none of the {len(examples)} training "
                           f"examples of {len(set(keys))} APIs: raise it, or hold out by another rule")

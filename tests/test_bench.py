@@ -305,6 +305,19 @@ def test_eval_throughput_on_bfcl_prompts(et, tiny_model_dir, smol_tokenizer):
     assert "BFCL Python non-live" in et.format_table(r)
 
 
+def test_eval_throughput_compares_batch_sizes_side_by_side(et, tiny_model_dir):
+    """``--batch-sizes``: one batched run per size on the same prompts, each against the first."""
+    r = et.compare_batch_sizes(model_path=tiny_model_dir, n=4, batch_sizes=[1, 2, 4], max_new_tokens=4,
+                               device="cpu", threads=1, prompt_set="bfcl")
+    assert [run["batch_size"] for run in r["runs"]] == [1, 2, 4]
+    assert r["runs"][0]["ratio"] == 1.0
+    for run in r["runs"]:
+        assert run["answers_identical"] == 4
+        assert run["ratio"] == pytest.approx(run["tokens_per_s"] / r["runs"][0]["tokens_per_s"], abs=1e-3)
+    table = et.format_batch_sizes(r)
+    assert table.count("\n| ") == 4 and "\n| 4 | " in table and "4/4 |" in table  # header and three sizes
+
+
 def test_measure_vllm_goes_through_the_eval_backend(monkeypatch, et, tiny_model_dir, smol_tokenizer):
     """``measure_vllm`` runs vLLM the way ``ratune eval run --backend vllm`` does: the engine in
     eval's CUDA dtype with max_model_len = the model's positions, greedy with exactly the HF

@@ -44,13 +44,14 @@ def test_draws_are_deterministic_and_follow_the_weights():
     gold = [doc(i % 20) for i in range(n)]
     top1 = [[doc((i + 1) % 20)] for i in range(n)]
     m = Mixture.parse("m:none=0.1,oracle=0.2,top1=0.3,distractors=0.4", distractors=3, seed=1)
-    docs, comps = draw_documents(m, split="train", gold_docs=gold, top1_docs=top1, database=DATABASE)
-    again = draw_documents(m, split="train", gold_docs=gold, top1_docs=top1, database=DATABASE)
+    golds = [[g] for g in gold]
+    docs, comps = draw_documents(m, split="train", gold_docs=golds, top1_docs=top1, database=DATABASE)
+    again = draw_documents(m, split="train", gold_docs=golds, top1_docs=top1, database=DATABASE)
     assert (docs, comps) == again
     other_seed = draw_documents(Mixture.parse("m:none=0.1,oracle=0.2,top1=0.3,distractors=0.4", seed=2),
-                                split="train", gold_docs=gold, top1_docs=top1, database=DATABASE)[1]
+                                split="train", gold_docs=golds, top1_docs=top1, database=DATABASE)[1]
     assert other_seed != comps
-    other_split = draw_documents(m, split="eval", gold_docs=gold, top1_docs=top1, database=DATABASE)[1]
+    other_split = draw_documents(m, split="eval", gold_docs=golds, top1_docs=top1, database=DATABASE)[1]
     assert other_split != comps
     shares = realised_shares(comps)
     # binomial sd at n = 4000 is at most 0.8 points: 3 points is > 3.5 sd
@@ -77,11 +78,11 @@ def test_irrelevant_component_and_abstention_rows():
 
     database = [doc(i) for i in range(5)] + [{"domain": "Audio", "api_call": "torch.hub.load('a/b', 'w')"}]
     m = Mixture.parse("irr:irrelevant=1")
-    docs, comps = draw_documents(m, split="train", gold_docs=[doc(0)] * 3, top1_docs=[[doc(1)]] * 3,
+    docs, comps = draw_documents(m, split="train", gold_docs=[[doc(0)]] * 3, top1_docs=[[doc(1)]] * 3,
                                  database=database)
     assert comps == ["irrelevant"] * 3 and all(d == [database[-1]] for d in docs)  # the only other domain
     with pytest.raises(RatuneError, match="no API outside the domain 'Classification'"):
-        draw_documents(m, split="train", gold_docs=[doc(0)], top1_docs=[[doc(1)]], database=database[:5])
+        draw_documents(m, split="train", gold_docs=[[doc(0)]], top1_docs=[[doc(1)]], database=database[:5])
     text = format_answer(abstain_answer(None))
     assert f"<<<api_call>>>: {ABSTAIN_API_CALL}\n" in text and is_abstention(" no_api_fits ")
     assert not is_abstention(None) and not is_abstention("torch.hub.load('a/b', 'w')")
@@ -90,7 +91,24 @@ def test_irrelevant_component_and_abstention_rows():
 def test_too_few_distractors():
     m = Mixture.parse("m:distractors=1", distractors=5)
     with pytest.raises(RatuneError, match="5 distractors asked, but the database has only 2 other APIs"):
-        draw_documents(m, split="train", gold_docs=[doc(0)], top1_docs=[[doc(1)]], database=[doc(0), doc(1), doc(2)])
+        draw_documents(m, split="train", gold_docs=[[doc(0)]], top1_docs=[[doc(1)]], database=[doc(0), doc(1), doc(2)])
+
+
+def test_a_tool_set_row_draws_around_all_its_own_tools():
+    """A tool-set row's oracle documents are all its tools: oracle shows them all, distractors adds
+    others around them, irrelevant shows one tool that is none of them (tools have no domain)."""
+    tools = [{"name": f"t{i}", "description": "", "parameters": {}} for i in range(8)]
+    own = tools[:2]
+    for spec, check in (("o:oracle=1", lambda d: d == own),
+                        ("d:distractors=1", lambda d: len(d) == 5 and sorted(x["name"] for x in d if x in own) == ["t0", "t1"]
+                         and len({x["name"] for x in d}) == 5),
+                        ("i:irrelevant=1", lambda d: len(d) == 1 and d[0] not in own)):
+        docs, _ = draw_documents(Mixture.parse(spec, distractors=3), split="train", gold_docs=[own] * 50,
+                                 top1_docs=[[tools[2]]] * 50, database=tools)
+        assert all(check(d) for d in docs), spec
+    irrelevant, _ = draw_documents(Mixture.parse("i:irrelevant=1"), split="train", gold_docs=[own] * 200,
+                                   top1_docs=[[tools[2]]] * 200, database=tools)
+    assert {d[0]["name"] for d in irrelevant} == {f"t{i}" for i in range(2, 8)}
 
 
 @pytest.fixture(scope="module")

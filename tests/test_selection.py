@@ -180,6 +180,14 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
     assert sw.cli_report_sweep(str(tmp_path / "sweep")) == 0
     table = (tmp_path / "sweep" / "report" / "selection.md").read_text()
     assert "| zero_shot (strict) | 2 | 1 | 0_shot 3/5 (gorilla 4) | 0_shot 4/10 (gorilla 5); oracle 4/10 (gorilla 5) |" in table
+    # ... and Table 2 marks each row's chosen checkpoint under the table
+    tables = sorted((tmp_path / "sweep" / "report").glob("*/table2.md"))
+    text = "".join(t.read_text() for t in tables)
+    marked = [line for line in text.splitlines() if line.endswith(" | zero_shot (strict) | 2 | 1 | 0_shot 3/5 | "
+                                                                  "0_shot 4/10; oracle 4/10 |")]
+    assert len(marked) == len(sw.expand(sweep)) and "## checkpoints chosen on validation" in text
+    chosen = [json.loads(t.with_suffix(".json").read_text())["chosen"] for t in tables]
+    assert sorted(r for c in chosen for r in c) == sorted(cell.config["train_retriever"] for cell in sw.expand(sweep))
     # refused before anything runs: no curve to choose on, no validation questions to draw it on
     for eval_section, data, missing in (({**selection, "curve_settings": []}, {"validation_fraction": 0.1},
                                          "set eval.curve_settings"),

@@ -29,6 +29,31 @@ def test_grouped_holdout_worked_by_hand():
     assert grouped_holdout(KEYS, 0.99, seed=0) == {4, 5, 6}
 
 
+def test_grouped_holdout_passes_over_a_group_larger_than_twice_what_is_missing():
+    # positions 0-7 are D, 8 B, 9 C, 10 E; target round(11 x 0.2) = 2; seeded key order [E, D, B, C]:
+    # E (1), then D would make 9 (7 away from 2, not closer than 1) and is passed over, then B makes 2
+    keys = ["D"] * 8 + ["B", "C", "E"]
+    assert grouped_holdout(keys, 0.2, seed=0) == {10, 8}
+
+
+def _tool_example(line: int, *names: str):
+    from ratune.sources.apibench import Answer, Example
+
+    tools = tuple({"name": n, "description": "", "parameters": {}} for n in names)
+    return Example(hub="t", split="train", line=line, instruction=f"q{line}", api=tools[0],
+                   answer=Answer(domain="", api_call="", api_provider="", explanation="", code=""), layout="tools",
+                   tools=tools)
+
+
+def test_api_groups_join_every_tool_a_row_shows():
+    from ratune.sources.validate import api_groups
+
+    # rows 1 and 2 share tool b, so a, b and c are one group (named a); d and e another; f alone
+    examples = [_tool_example(1, "a", "b"), _tool_example(2, "c", "b"), _tool_example(3, "e", "d"),
+                _tool_example(4, "f")]
+    assert api_groups(examples) == ["a", "a", "d", "f"]
+
+
 def _build(apibench_tiny, smol_tokenizer_dir, out, *extra):
     from ratune.cli import main
 
@@ -82,3 +107,56 @@ def test_bad_fractions_are_refused(tmp_path, apibench_tiny, smol_tokenizer_dir, 
         assert "--validation-fraction" in capsys.readouterr().err
     with pytest.raises(RatuneError, match="holds out none of the 12 training examples"):
         hold_out(load_examples(apibench_tiny, "torchhub", "train"), 0.01, by="api_grouped", seed=0)
+
+
+def test_a_grouped_split_hides_its_apis_from_every_training_prompt(tmp_path, apibench_tiny, smol_tokenizer_dir):
+    """api_grouped: the held-out APIs are never the answer of a training row, and never one of its
+    retrieved documents or drawn distractors either (they are passed over; validation rows keep them)."""
+    from datasets import load_from_disk
+    from ratune.cli import main
+
+    out = tmp_path / "data"
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out", str(out),
+                 "--tokenizer", str(smol_tokenizer_dir), "--modes", "bm25", "--top-k", "5",
+                 "--mixture", "far:distractors=0.5,top1=0.5", "--validation-fraction", "0.34",
+                 "--validation-by", "api_grouped"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation_split"]["hidden_from_training"] == 2
+    for mode in ("bm25", "mix-far"):
+        dd = load_from_disk(str(out / mode))
+        hidden = {r["gold_api_call"] for r in dd["validation"]}
+        assert len(hidden) == 2
+        shown = {d for r in dd["train"] for d in r["document_api_calls"]}
+        assert shown and not shown & hidden
+    # the bm25 rows still have 5 documents: of the 6 APIs, 4 are trained on and 2 hidden, so at most 4 remain
+    assert {len(r["document_api_calls"]) for r in load_from_disk(str(out / "bm25"))["train"]} == {4}
+
+
+def test_a_grouped_split_of_a_tool_set_keeps_each_validation_tool_out_of_training(tmp_path, smol_tokenizer):
+    """The tool rows of tests/fixtures/tools form three groups: get_weather (line 1), convert (lines 2,
+    3) and book_table (lines 4, 5). Held-out groups' tools are in no training row's offered tools nor
+    among its retrieved ones, though BM25's top 3 of the 3 tools would hold them all."""
+    from pathlib import Path
+
+    from datasets import load_from_disk
+
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.sources.toolset import import_tool_set
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "tools"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text((fixtures / "xlam_rows.jsonl").read_text() + (fixtures / "chat_rows.jsonl").read_text())
+    import_tool_set(tmp_path / "ts", rows_file=rows, eval_fraction=0)
+    settings = BuildSettings(max_length=1024, top_k=3, validation_fraction=0.4, validation_by="api_grouped")
+    manifest = build_dataset(apibench_dir=None, hub=str(tmp_path / "ts"), out_dir=tmp_path / "data",
+                             tokenizer=smol_tokenizer, tokenizer_name="smol", modes=["oracle", "bm25"],
+                             progress=False, settings=settings, leakage="allow")
+    record = manifest["validation_split"]
+    groups = {1: "get_weather", 2: "convert", 3: "convert", 4: "book_table", 5: "book_table"}
+    hidden = {groups[line] for line in record["lines"]}
+    assert record["hidden_from_training"] == len(hidden) >= 1 and record["apis_also_trained"] == 0
+    assert {groups[line] for line in groups if line not in record["lines"]}.isdisjoint(hidden)
+    for mode in ("oracle", "bm25"):
+        train = load_from_disk(str(tmp_path / "data" / mode))["train"]
+        shown = {name for r in train for name in r["document_api_calls"]}
+        assert shown and shown.isdisjoint(hidden), mode

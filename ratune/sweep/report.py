@@ -58,8 +58,11 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
 def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[ComparePair] | None) -> dict[str, dict]:
     """The report of :func:`report_sweep` (its checks done), written into ``out``; returns the tables."""
     groups, replicate = _groups(found.rows)
+    selections = _selections(sweep_dir, found)
+    chosen = {} if replicate else _chosen_by_table(selections)
     tables = {name: write_table2(g["cells"], hub=g["hub"], model=g["model"], out_dir=out / name,
-                                 **({"replicates": _replicates_info(g["seeds"])} if replicate else {}))
+                                 **({"replicates": _replicates_info(g["seeds"])} if replicate else {}),
+                                 chosen=chosen.get(name))
               for name, g in sorted(groups.items())}
     summary: dict = {"axes": found.axis_keys, "tables": tables}
     _write_sweep_csv(found, out, summary, replicate)
@@ -68,7 +71,7 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
                           for path in [*(f["metrics_path"] for f in found.finished), *found.experiment_paths,
                                        *curve_paths]}
     _write_curves(curve_paths, out, summary)
-    _write_selections(sorted((sweep_dir / "cells").glob("*/selection.json")), out, summary)
+    _write_selections(selections, out, summary)
     summary["worst_case"] = {}
     for name, table in tables.items():
         summary["worst_case"][name] = worst_case(table["cells"])
@@ -243,24 +246,49 @@ def _write_curves(curve_paths: list[Path], out: Path, summary: dict) -> None:
     summary["learning_curves"] = list(curves)
 
 
-def _write_selections(paths: list[Path], out: Path, summary: dict) -> None:
-    """``selection.md``: per cell with ``eval.selection_rule``, the chosen checkpoint, its validation
-    counts on the curve and its test counts (eval/), side by side."""
+def _selections(sweep_dir: Path, found: "_Finished") -> list[dict]:
+    """Per cell with ``eval.selection_rule`` (``CELL/selection.json``): the chosen checkpoint, its
+    validation counts on the cell's curve and its test counts (from ``found``), the cell's table
+    and row."""
+    paths = sorted((sweep_dir / "cells").glob("*/selection.json"))
     if not paths:
-        return
+        return []
     from ratune.eval.curve import read_curve
 
+    tested: dict[str, list] = {}
+    for record, c in found.rows:
+        tested.setdefault(record["name"], []).append((record, c))
     rows = []
     for path in paths:
         cell, chosen = path.parent, read_json_object(path)
         validation = {r["setting"]: r for r in read_curve(cell / "curve") if r["step"] == chosen["step"]}
-        test = {m.parent.name: read_json_object(m) for m in sorted((cell / "eval").glob("*/metrics.json"))}
+        cells = tested.get(cell.name, [])
         rows.append({"cell": cell.name, "rule": chosen["rule"], "metric": chosen["metric"], "step": chosen["step"],
                      "epoch": chosen["epoch"], "score": chosen["score"],
                      "validation": {s: {"n": r["n"], "strict": r["strict_correct"], "gorilla": r["gorilla_correct"]}
                                     for s, r in validation.items()},
-                     "test": {s: {"n": m["n"], **{k: m[k]["correct_n"] for k in ("strict", "gorilla") if k in m}}
-                              for s, m in test.items()}})
+                     "test": {c["test_retriever"]: {"n": c["n"], "strict": c["strict"]["correct_n"],
+                                                    **({"gorilla": c["correct_n"]} if "correct_n" in c else {})}
+                              for _, c in sorted(cells, key=lambda rc: rc[1]["test_retriever"])},
+                     **({"table": _group_of(cells[0][0], False), "row": cells[0][1]["train_retriever"]}
+                        if cells else {})})
+    return rows
+
+
+def _chosen_by_table(selections: list[dict]) -> dict[str, dict]:
+    """``{table: {row: selection}}`` of the selections whose cell reached Table 2."""
+    chosen: dict[str, dict] = {}
+    for r in selections:
+        if "table" in r:
+            chosen.setdefault(r["table"], {})[r["row"]] = {k: r[k] for k in ("rule", "metric", "step", "epoch",
+                                                                              "validation")}
+    return chosen
+
+
+def _write_selections(rows: list[dict], out: Path, summary: dict) -> None:
+    """``selection.{md,json}``: each selection's validation counts beside its test counts."""
+    if not rows:
+        return
     lines = ["Checkpoints chosen on the validation questions (eval.selection_rule); the test questions were read "
              "once, for the chosen checkpoint. Correct answers of n, strict metric (gorilla where the hub has it).",
              "", "| cell | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
