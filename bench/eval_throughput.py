@@ -14,7 +14,7 @@ Takes the first ``--n`` TorchHub eval questions and renders them with
 :func:`ratune.sources.prompt.render_user_turn` / :func:`ratune.sources.prompt.encode_prompt`,
 alternating the oracle setting (even positions: the gold document) and 0-shot (odd positions), so
 prompts of very different lengths are mixed. The HF runs go through the project's own backend,
-:func:`ratune.eval.generate.generate_all` (prompts sorted by length, left padding, greedy, stop
+:func:`ratune.eval.generate.generate_batches` (prompts sorted by length, left padding, greedy, stop
 at EOS), once with ``batch_size=1`` and twice with ``--batch-size``: with the device's default
 prefill (``"each"`` on CPU: every prompt alone, then the batch decodes together) and with the
 other one (``"padded"`` on CPU), side by side in one process after a short warm-up, on the demo
@@ -116,12 +116,23 @@ class CountingModel:
         return out
 
 
+def _all_answers():
+    """tests/all_answers.py, loaded by path: the generators' answers in prompt order."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tests" / "all_answers.py"
+    spec = importlib.util.spec_from_file_location("ratune_all_answers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int,
                prefill: str = "auto", stop: dict | None = None) -> tuple[dict, list[str]]:
-    """Run :func:`ratune.eval.generate.generate_all` once (``prefill`` as there; ``stop``: its
+    """Run :func:`ratune.eval.generate.generate_batches` once (``prefill`` as there; ``stop``: its
     ``stop_after_api_call`` and ``answer_format`` arguments); returns ``(RUN, answers in prompt order)``."""
-    from ratune.eval.generate import generate_all
-
+    generate_all = _all_answers().generate_all
     counting = CountingModel(model, tokenizer.eos_token_id)
     start = time.perf_counter()
     texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -171,7 +182,7 @@ def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new
     """vLLM on the same prompt ids, the way ``ratune eval run --backend vllm`` runs it
     (eval/vllm_backend.py): :func:`ratune.eval.vllm_backend.load_llm` (eval's CUDA dtype default,
     bfloat16; ``max_model_len`` = the model's positions, :func:`ratune.eval.run.checkpoint_max_positions`)
-    and :func:`ratune.eval.vllm_backend.vllm_generate_all` (greedy, stop at exactly
+    and :func:`ratune.eval.vllm_backend.vllm_generate_batches` (greedy, stop at exactly
     :func:`ratune.eval.generate.stop_token_ids`, the length policy of
     :func:`ratune.eval.generate.generation_limits`), after a 4-token warm-up on the first prompt.
 
@@ -183,7 +194,9 @@ def measure_vllm(model_path, tokenizer, prompts: Sequence[list[int]], *, max_new
     from ratune.errors import RatuneError
     from ratune.eval.run import checkpoint_max_positions
     from ratune.train.layout import resolve_checkpoint
-    from ratune.eval.vllm_backend import load_llm, require_vllm, vllm_generate_all
+    from ratune.eval.vllm_backend import load_llm, require_vllm
+
+    vllm_generate_all = _all_answers().vllm_generate_all
 
     try:
         require_vllm()
@@ -322,7 +335,7 @@ def compare_batch_sizes(*, model_path=None, apibench_dir=None, n: int = 16, batc
 
 
 def _prompts(tokenizer, prompt_set: str, n: int, apibench_dir, full_answers: bool) -> tuple[list, dict | None]:
-    """``(prompt ids, stop arguments of generate_all)`` of a ``--prompts`` set."""
+    """``(prompt ids, stop arguments of generate_batches)`` of a ``--prompts`` set."""
     from ratune.sources.formats import PythonCallsFormat
 
     if prompt_set == "bfcl":

@@ -34,7 +34,7 @@ and the others still run (:data:`STAGES`):
 - ``generate``: the 7B folder (the 1B one when the 7B is missing) loaded the way ``ratune eval
   run`` loads a checkpoint (:func:`ratune.eval.settings.resolve_placement`, then
   :func:`ratune.models.load_model`: CUDA, bfloat16) and batched greedy generation through
-  :func:`ratune.eval.generate.generate_all` at batch 1, 8 and 32 (64 new tokens; tokens counted by
+  :func:`ratune.eval.generate.generate_batches` at batch 1, 8 and 32 (64 new tokens; tokens counted by
   bench/eval_throughput.py's ``measure_hf``), beside a hand-written greedy loop on the same model
   and prompts (one padded prefill, then one forward per token with the KV cache, no stopping).
 

@@ -222,13 +222,4 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
         yield batch
 
 
-def generate_all(model, tokenizer, prompts: Sequence[list[int]], **kwargs) -> list[str]:
-    """All answers, in prompt order (see :func:`generate_batches` for the arguments)."""
-    texts = [""] * len(prompts)
-    for batch in generate_batches(model, tokenizer, prompts, **kwargs):
-        for i, text in batch:
-            texts[i] = text
-    return texts
-
-
 ProgressFn = Callable[[int], None]

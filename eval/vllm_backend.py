@@ -115,12 +115,3 @@ def vllm_generate_batches(llm, tokenizer, prompts: Sequence[list[int]], *, max_p
         yield [(i, decode_answer(tokenizer, out.outputs[0].token_ids, stop_after_api_call=stop_after_api_call,
                                  answer_format=answer_format))
                for i, out in zip(idx, outputs)]
-
-
-def vllm_generate_all(llm, tokenizer, prompts: Sequence[list[int]], **kwargs) -> list[str]:
-    """All answers in prompt order (arguments as :func:`vllm_generate_batches`)."""
-    texts = [""] * len(prompts)
-    for batch in vllm_generate_batches(llm, tokenizer, prompts, **kwargs):
-        for i, text in batch:
-            texts[i] = text
-    return texts

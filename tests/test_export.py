@@ -48,7 +48,7 @@ def _prompts(root: Path, tokenizer, n: int = 3) -> list[list[int]]:
 
 
 def _answers(folder: Path, prompts) -> list[str]:
-    from ratune.eval.generate import generate_all
+    from all_answers import generate_all
     from ratune.models import load_model, load_tokenizer
 
     return generate_all(load_model(folder), load_tokenizer(folder), prompts, batch_size=3, max_new_tokens=12)

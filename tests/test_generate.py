@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ratune.sources.prompt import encode_prompt, render_user_turn
-from ratune.eval.generate import generate_all
+from all_answers import generate_all
 
 
 def mixed_prompts(apibench, tok, n: int, max_document_tokens: int) -> list[list[int]]:
@@ -90,17 +90,17 @@ def test_prefill_each_prompt_alone_gives_the_batch1_answers(apibench, tiny_model
         return cache
 
     monkeypatch.setattr(generate, "prefill_each", spy)
-    each = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="each")
+    each = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="each")
     assert calls == [(3, max(len(p) for p in prompts)), (2, sorted(len(p) for p in prompts)[1])]
-    padded = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="padded")
-    single = generate.generate_all(model, tok, prompts, batch_size=1, max_new_tokens=12)
+    padded = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12, prefill="padded")
+    single = generate_all(model, tok, prompts, batch_size=1, max_new_tokens=12)
     assert len(calls) == 2  # neither the padded path nor batch 1 prefills alone
     assert each == padded == single
-    assert generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12) == each
+    assert generate_all(model, tok, prompts, batch_size=3, max_new_tokens=12) == each
     assert len(calls) == 4  # "auto" is "each" on CPU
     assert sum(len(t) > 0 for t in single) >= 3
     with pytest.raises(ValueError, match="unknown prefill mode 'lazy'"):
-        generate.generate_all(model, tok, prompts, prefill="lazy")
+        generate_all(model, tok, prompts, prefill="lazy")
 
 
 def test_sliding_window_model_falls_back_to_padded_prefill(apibench, smol_tokenizer, monkeypatch):
@@ -127,7 +127,7 @@ def test_sliding_window_model_falls_back_to_padded_prefill(apibench, smol_tokeni
         raise AssertionError("prefill_each ran for a sliding-window model")
 
     monkeypatch.setattr(generate, "prefill_each", must_not_run)
-    batched = generate.generate_all(model, tok, prompts, batch_size=3, max_new_tokens=8, prefill="each")
-    single = generate.generate_all(model, tok, prompts, batch_size=1, max_new_tokens=8)
+    batched = generate_all(model, tok, prompts, batch_size=3, max_new_tokens=8, prefill="each")
+    single = generate_all(model, tok, prompts, batch_size=1, max_new_tokens=8)
     assert batched == single
     assert sum(len(t) > 0 for t in single) >= 2

@@ -154,6 +154,7 @@ def test_eval_run_generates_on_cuda_in_bf16(tiny_model_dir, tmp_path, apibench, 
 @pytest.mark.gpu
 def test_prefill_auto_takes_the_padded_path_on_cuda(tiny_model_dir, smol_tokenizer, monkeypatch):
     import ratune.eval.generate as gen
+    from all_answers import generate_all
     from ratune.sources.prompt import encode_prompt
     from ratune.models import load_model
 
@@ -168,11 +169,11 @@ def test_prefill_auto_takes_the_padded_path_on_cuda(tiny_model_dir, smol_tokeniz
         return real_each(*args, **kwargs)
 
     monkeypatch.setattr(gen, "prefill_each", counting)
-    each = gen.generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8, prefill="each")
+    each = generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8, prefill="each")
     assert calls == [3]  # the spy sees the per-prompt path when it is asked for
     calls.clear()
-    auto = gen.generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8)
-    padded = gen.generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8, prefill="padded")
+    auto = generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8)
+    padded = generate_all(model, smol_tokenizer, prompts, batch_size=3, max_new_tokens=8, prefill="padded")
     assert calls == [] and auto == padded and len(auto) == 3
     assert all(isinstance(t, str) for t in each)
 

@@ -75,7 +75,7 @@ def _zero_shot_prompts(apibench, tokenizer, n):
 
 def test_eval_run_of_a_qlora_run_folder_uses_the_adapter_on_the_unquantized_base(qlora_run, apibench, tmp_path,
                                                                                  tiny_model_dir):
-    from ratune.eval.generate import generate_all
+    from all_answers import generate_all
     from ratune.eval.run import EvalSettings, evaluate_checkpoint
     from ratune.train.layout import resolve_checkpoint
     from ratune.models import load_model, load_tokenizer

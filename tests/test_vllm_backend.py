@@ -170,7 +170,7 @@ def test_vllm_backend_passes_prompt_ids_and_greedy_settings(monkeypatch, smol_to
     HF backend's stop ids (ignore_eos turns off its own EOS and generation-config stops); answers
     come back in prompt order through the shared cut."""
     from ratune.eval.generate import stop_token_ids
-    from ratune.eval.vllm_backend import vllm_generate_all
+    from all_answers import vllm_generate_all
 
     tok = smol_tokenizer
     _fake_vllm(monkeypatch)
@@ -306,8 +306,9 @@ def test_one_length_policy_for_both_backends(monkeypatch, smol_tokenizer):
     """Prompt plus answer never pass the model's positions: a prompt near them gets the rest (HF's
     batched answer equals the one generated alone with that limit; vLLM is asked for the same
     limit), and one that fills them is an error naming it."""
-    from ratune.eval.generate import generate_all, generation_limits, max_positions_of
-    from ratune.eval.vllm_backend import vllm_generate_all
+    from all_answers import generate_all
+    from ratune.eval.generate import generation_limits, max_positions_of
+    from all_answers import vllm_generate_all
 
     tok = smol_tokenizer
     model = _short_model(tok, 40)
@@ -338,7 +339,7 @@ def test_one_length_policy_for_both_backends(monkeypatch, smol_tokenizer):
 def test_hf_stops_at_the_tokenizer_eos_not_at_other_generation_config_ids(smol_tokenizer):
     """A model folder's generation config may list more EOS ids; the HF backend stops at
     stop_token_ids (the tokenizer's EOS) alone, as the vLLM backend does."""
-    from ratune.eval.generate import generate_all
+    from all_answers import generate_all
 
     tok = smol_tokenizer
     model = _short_model(tok, 2048)
