@@ -261,18 +261,10 @@ def run(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
         device: str | None = None, threads: int | None = None, breakdown: bool = True, prompt_set: str = "apibench",
         full_answers: bool = False) -> dict:
     """Measure batch 1, batched and (where possible) vLLM on the same prompts; returns the ``--json`` object."""
-    import torch
-
     from ratune.eval.generate import resolve_prefill
-    from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
 
-    set_torch_threads(threads)
-    model_path = model_path or ensure_demo_model()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path).to(device)
-    prompts, stop = _prompts(tokenizer, prompt_set, n, apibench_dir, full_answers)
-    measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
+    model_path, device, tokenizer, model, prompts, stop = _loaded(model_path, apibench_dir, n, device, threads,
+                                                                  prompt_set, full_answers)
     batch1, texts1 = measure_hf(model, tokenizer, prompts, batch_size=1, max_new_tokens=max_new_tokens, stop=stop)
     batched, texts_b = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                   stop=stop)
@@ -309,17 +301,8 @@ def compare_batch_sizes(*, model_path=None, apibench_dir=None, n: int = 16, batc
     """The batched backend at each of ``batch_sizes`` on the same prompts; returns
     ``{"runs": [RUN + batch_size, ratio (to the first size), answers_identical (to the first)], "settings",
     "machine"}``."""
-    import torch
-
-    from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
-
-    set_torch_threads(threads)
-    model_path = model_path or ensure_demo_model()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path).to(device)
-    prompts, stop = _prompts(tokenizer, prompt_set, n, apibench_dir, full_answers)
-    measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
+    model_path, device, tokenizer, model, prompts, stop = _loaded(model_path, apibench_dir, n, device, threads,
+                                                                  prompt_set, full_answers)
     runs, first = [], None
     for size in batch_sizes:
         record, texts = measure_hf(model, tokenizer, prompts, batch_size=size, max_new_tokens=max_new_tokens,
@@ -332,6 +315,23 @@ def compare_batch_sizes(*, model_path=None, apibench_dir=None, n: int = 16, batc
             "settings": {"model": str(model_path), "prompts": prompt_set, "max_new_tokens": max_new_tokens,
                          "stop_at_answer_end": stop is not None, "device": device},
             "machine": machine_info()}
+
+
+def _loaded(model_path, apibench_dir, n: int, device: str | None, threads: int | None, prompt_set: str,
+            full_answers: bool) -> tuple:
+    """``(model_path, device, tokenizer, model, prompts, stop)`` for a measurement, the model warmed up."""
+    import torch
+
+    from ratune.models import ensure_demo_model, load_model, load_tokenizer, set_torch_threads
+
+    set_torch_threads(threads)
+    model_path = model_path or ensure_demo_model()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path).to(device)
+    prompts, stop = _prompts(tokenizer, prompt_set, n, apibench_dir, full_answers)
+    measure_hf(model, tokenizer, prompts[:1], batch_size=1, max_new_tokens=4)  # warm-up
+    return model_path, device, tokenizer, model, prompts, stop
 
 
 def _prompts(tokenizer, prompt_set: str, n: int, apibench_dir, full_answers: bool) -> tuple[list, dict | None]:
