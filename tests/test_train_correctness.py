@@ -254,10 +254,32 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, tiny_model_dir
     assert resumed == straight  # same learning rate and loss (hence same data order) at every step
     manifest = json.loads((killed / "manifest.json").read_text())
     assert manifest["resumed_from"].endswith("checkpoint-2") and manifest["steps"] == 4
+    # the loss over the whole run, not over the resumed steps 3-4 alone (logged to 4 decimals)
+    reference = json.loads((tmp_path / "straight" / "manifest.json").read_text())["train_result"]["train_loss"]
+    assert manifest["train_result"]["train_loss"] == pytest.approx(reference, abs=1e-4)
+    assert manifest["train_result"]["train_loss"] != pytest.approx(sum(l for s, _, l in resumed[2:]) / 2, abs=1e-4)
     a, b = _weights(tmp_path / "straight" / "model"), _weights(killed / "model")
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name  # bit-identical on CPU
+
+
+def test_a_run_resumed_from_its_last_checkpoint_records_the_whole_runs_loss_and_no_throughput():
+    """Resumed at step 4 of 4, the Trainer ran no step: its train_loss 0.0 and the earlier invocation's
+    token count over this one's runtime are not recorded. Logs at steps 2 and 4 (logging_steps 2) weigh
+    2 steps each: (1.0 x 2 + 0.5 x 2) / 4 = 0.75."""
+    from ratune.train.sft import throughput, train_result
+
+    history = [{"loss": "1.0", "step": 2, "num_tokens": 100.0}, {"loss": 0.5, "step": 4, "num_tokens": 200.0}]
+    metrics = {"train_loss": 0.0, "train_runtime": 0.5}
+    assert train_result(metrics, history, resumed_step=4) == {"train_loss": 0.75, "train_runtime": 0.5}
+    assert train_result(metrics, history) == {"train_loss": 0.0, "train_runtime": 0.5}  # fresh: the Trainer's
+    assert throughput(history, metrics, resumed_step=4) == {"tokens": None, "train_runtime_s": 0.5,
+                                                            "tokens_per_s": None}
+    # resumed at step 2: TRL's count restarted, so the last log's 200 tokens are this invocation's
+    assert throughput(history, metrics, resumed_step=2)["tokens_per_s"] == 400.0
+    assert train_result({}, [{"loss": 1.0, "step": 1}, {"loss": 0.4, "step": 4}], resumed_step=1) == {
+        "train_loss": pytest.approx((1.0 + 0.4 * 3) / 4)}
 
 
 def test_resume_from_missing_path_is_an_error(tmp_path, tiny_model_dir):

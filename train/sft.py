@@ -76,11 +76,12 @@ def _train(config: TrainConfig, *, resume_from: str | None, on_unfinished: str |
         write_text(plan.out / "config.yaml", yaml.safe_dump(config.model_dump(), sort_keys=True))
         write_json(plan.out / "manifest.json", manifest)
 
+    resumed_step = _resumed_step(plan.resume)  # read now: the Trainer may rotate that checkpoint away
     result = trainer.train(resume_from_checkpoint=plan.resume)
 
     final = _save_final(config, plan, trainer, load_base, autocast_dtype, save_checks, main_process)
     if main_process:
-        _finish(config, plan.out, final, trainer, result, manifest, save_checks)
+        _finish(config, plan.out, final, trainer, result, manifest, save_checks, resumed_step)
     trainer.accelerator.wait_for_everyone()
     return final
 
@@ -290,11 +291,12 @@ def _save_final(config: TrainConfig, plan: _Plan, trainer, load_base, autocast_d
     return final
 
 
-def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manifest: dict, save_checks: list) -> None:
+def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manifest: dict, save_checks: list,
+            resumed_step: int | None) -> None:
     """Rank 0: complete the run manifest (also into the final model's folder), write the log history,
     the training curves and ``.complete``."""
-    manifest["train_result"] = {k: float(v) for k, v in result.metrics.items()}
-    manifest["throughput"] = throughput(trainer.state.log_history, result.metrics)
+    manifest["train_result"] = train_result(result.metrics, trainer.state.log_history, resumed_step=resumed_step)
+    manifest["throughput"] = throughput(trainer.state.log_history, result.metrics, resumed_step=resumed_step)
     manifest["steps"] = trainer.state.global_step
     manifest["save_checks"] = [{**c, "folder": os.path.relpath(c["folder"], out)} for c in save_checks]
     write_json(final / "ratune_manifest.json", manifest)
@@ -307,11 +309,40 @@ def _finish(config: TrainConfig, out: Path, final: Path, trainer, result, manife
     resume.run_output(config).complete(out)
 
 
-def throughput(log_history: list[dict], metrics: dict) -> dict:
+def _resumed_step(checkpoint: str | None) -> int | None:
+    """The global step a resumed run started from (its checkpoint's ``trainer_state.json``); None for a
+    fresh run."""
+    if checkpoint is None:
+        return None
+    return int(read_json(Path(checkpoint) / "trainer_state.json")["global_step"])
+
+
+def train_result(metrics: dict, log_history: list[dict], *, resumed_step: int | None = None) -> dict:
+    """The Trainer's train metrics as floats. In a resumed run the Trainer's ``train_loss`` covers only
+    the steps this invocation ran (0.0 when it resumed from the last checkpoint), so it is replaced by the
+    mean logged ``loss`` over the whole run, each log weighted by the steps it covers (equal to the
+    Trainer's for an uninterrupted run logged every step); absent when no loss was logged."""
+    out = {k: float(v) for k, v in metrics.items()}
+    if resumed_step is not None:
+        out.pop("train_loss", None)
+        total, steps, previous = 0.0, 0, 0
+        for entry in log_history:
+            if "loss" in entry:
+                total += float(entry["loss"]) * (entry["step"] - previous)
+                steps += entry["step"] - previous
+                previous = entry["step"]
+        if steps:
+            out["train_loss"] = total / steps
+    return out
+
+
+def throughput(log_history: list[dict], metrics: dict, *, resumed_step: int | None = None) -> dict:
     """``{"tokens", "train_runtime_s", "tokens_per_s"}``: TRL's ``num_tokens`` at the last log (summed
-    over processes) and the Trainer's ``train_runtime`` (a resumed run counts its own part); None
-    where the history has no token count."""
-    tokens = next((e["num_tokens"] for e in reversed(log_history) if "num_tokens" in e), None)
+    over processes) and the Trainer's ``train_runtime``, both this invocation's (TRL's count restarts at a
+    resume; logs up to ``resumed_step`` came from the earlier invocation); None where this invocation
+    logged no token count."""
+    tokens = next((e["num_tokens"] for e in reversed(log_history)
+                   if "num_tokens" in e and (resumed_step is None or e.get("step", 0) > resumed_step)), None)
     runtime = metrics.get("train_runtime")
     rate = float(tokens) / runtime if tokens is not None and runtime else None
     return {"tokens": None if tokens is None else int(tokens), "train_runtime_s": runtime, "tokens_per_s": rate}
