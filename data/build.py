@@ -31,7 +31,7 @@ from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
-from ratune.sources.validate import example_identities, hold_out, near_duplicate_rate, validate_splits
+from ratune.sources.validate import HOLDOUTS, example_identities, hold_out, near_duplicate_rate, validate_splits
 
 #: What other modules import from here (the settings and the row builder live beside it).
 __all__ = ["BUILD_OPTIONS", "BuildSettings", "MIN_DOCUMENT_TOKENS", "build_dataset", "build_request", "build_rows",
@@ -112,13 +112,15 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
                if settings.answer_tokenization != ANSWER_TOKENIZATIONS[0] else {}),
             **({"answer_format": settings.answer_format} if settings.answer_format else {}),
             **({"validation_fraction": settings.validation_fraction, "validation_by": settings.validation_by,
-                "validation_seed": settings.validation_seed} if settings.validation_fraction else {})}
+                "validation_seed": settings.validation_seed} if settings.validation_fraction else {}),
+            **({"same_examples": True} if settings.same_examples else {})}
 
 
 def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | None, frozenset[str]]:
     """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked; returns the
-    manifest's ``validation_split`` record (else None) and the API identities that only validation
-    examples show (``api_grouped``; training rows' retrieval passes them over).
+    manifest's ``validation_split`` record (else None) and, for a kind whose held-out APIs are unseen
+    (``api_grouped``), the API identities only validation examples show (training rows' retrieval passes
+    them over).
 
     Raises:
         RatuneError: a validation split asked for a hub without training examples, or one that holds out nothing.
@@ -132,12 +134,12 @@ def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | 
     splits["train"], splits["validation"] = train, [dataclasses.replace(e, split="validation") for e in held]
     trained = {api_identity(e.api) for e in train}
     apis = {api_identity(e.api) for e in held}
-    hidden = frozenset()
-    if settings.validation_by == "api_grouped":
-        hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train)))
+    unseen = HOLDOUTS[settings.validation_by].unseen
+    hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train))
+                       if unseen else ())
     return {"fraction": settings.validation_fraction, "by": settings.validation_by, "seed": settings.validation_seed,
             "n": len(held), "lines": [e.line for e in held], "apis": len(apis), "apis_also_trained": len(apis & trained),
-            **({"hidden_from_training": len(hidden)} if settings.validation_by == "api_grouped" else {}),
+            **({"hidden_from_training": len(hidden)} if unseen else {}),
             "near_duplicates": {"validation": near_duplicate_rate(train, held),
                                 **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}
             }, hidden
@@ -203,15 +205,18 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
     read = _read_splits(source, settings, lenient=lenient, leakage=leakage, progress=progress)
     cache: dict = {}
     counts: dict = {}
-    lengths: dict = {}
+    built: dict = {}  # mode -> {split: rows}
     for mode in tqdm(modes, desc=f"build {source.name}", disable=not progress):
-        _build_mode(out, mode, read, source=source, tokenizer=tokenizer, settings=settings, cache=cache,
-                    counts=counts, lengths=lengths)
-    mixture_records = {mixture.mode: _build_mixture(out, mixture, read, source=source, tokenizer=tokenizer,
-                                                    settings=settings, cache=cache, counts=counts, lengths=lengths,
-                                                    utility_keep=utility_keep, utility_meta=utility_meta,
-                                                    progress=progress)
-                       for mixture in mixtures}
+        built[mode] = _build_mode(mode, read, source=source, tokenizer=tokenizer, settings=settings, cache=cache,
+                                  counts=counts)
+    mixture_records = {}
+    for mixture in mixtures:
+        mixture_records[mixture.mode], built[mixture.mode] = _build_mixture(
+            mixture, read, source=source, tokenizer=tokenizer, settings=settings, cache=cache, counts=counts,
+            utility_keep=utility_keep, utility_meta=utility_meta, progress=progress)
+    if settings.same_examples:
+        _keep_common_examples(built, counts)
+    lengths = _save_modes(out, built, mixture_records)
     if read.report.rejects:
         with atomic_write(out / "rejects.jsonl") as fh:
             for path, line, fieldname, reason in read.report.rejects:
@@ -282,13 +287,10 @@ def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage
                  held_out=held_out, report=report, database=database, hidden=hidden)
 
 
-def _build_mode(out: Path, mode: str, read: "_Read", *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
-                counts: dict, lengths: dict) -> None:
-    """Build and save one train-time mode's rows for every split (``OUT/{mode}/``); fills ``counts``
-    and ``lengths``."""
-    from datasets import Dataset, DatasetDict
-
-    dd = {}
+def _build_mode(mode: str, read: "_Read", *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
+                counts: dict) -> dict[str, list[dict]]:
+    """One train-time mode's rows for every split, ``{split: rows}``; fills ``counts``."""
+    built = {}
     for split, examples in read.splits.items():
         docs = retrieve_for_mode(mode, examples, hub=source, apibench_dir=source.root, top_k=settings.top_k,
                                  retriever_cache=cache, dense_model=settings.dense_model,
@@ -303,20 +305,16 @@ def _build_mode(out: Path, mode: str, read: "_Read", *, source: Hub, tokenizer, 
         if settings.force_gold and mode in RETRIEVED_MODES:
             c["forced_gold"] = forced
         counts.setdefault(split, {})[mode] = c
-        lengths.setdefault(split, {})[mode] = percentiles([r["n_prompt_tokens"] + r["n_completion_tokens"]
-                                                            for r in rows])
-        dd[split] = Dataset.from_list(rows)
-    DatasetDict(dd).save_to_disk(str(out / mode))
+        built[split] = rows
+    return built
 
 
-def _build_mixture(out: Path, mixture, read: _Read, *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
-                   counts: dict, lengths: dict, utility_keep: dict | None, utility_meta: dict | None,
-                   progress: bool) -> dict:
-    """Build and save a mixture's mode (``OUT/mix-NAME/``); returns its record (definition, realised
-    shares, utility filter)."""
-    from datasets import Dataset, DatasetDict
-
-    record, dd = mixture.metadata(), {}
+def _build_mixture(mixture, read: _Read, *, source: Hub, tokenizer, settings: BuildSettings, cache: dict,
+                   counts: dict, utility_keep: dict | None, utility_meta: dict | None, progress: bool
+                   ) -> tuple[dict, dict[str, list[dict]]]:
+    """A mixture's rows for every split; returns its record (definition, drawn shares, utility
+    filter) and ``{split: rows}``; fills ``counts``."""
+    record, built = mixture.metadata(), {}
     for split, examples in read.splits.items():
         hidden = read.hidden if split == "train" else frozenset()
         top1 = retrieve_for_mode(mixture.top1_retriever, examples, hub=source, apibench_dir=source.root, top_k=1,
@@ -333,16 +331,43 @@ def _build_mixture(out: Path, mixture, read: _Read, *, source: Hub, tokenizer, s
                              components=drawn, answer_format=source.choose_answer_format(settings.answer_format))
         require_rows(c, split=split, mode=mixture.mode, settings=settings)
         counts.setdefault(split, {})[mixture.mode] = c
-        lengths.setdefault(split, {})[mixture.mode] = percentiles(
-            [r["n_prompt_tokens"] + r["n_completion_tokens"] for r in rows])
-        record.setdefault("realised", {})[split] = {
-            "drawn": realised_shares(drawn), "kept": realised_shares([r["doc_component"] for r in rows])}
-        dd[split] = Dataset.from_list(rows)
-    DatasetDict(dd).save_to_disk(str(out / mixture.mode))
+        record.setdefault("realised", {})[split] = {"drawn": realised_shares(drawn)}
+        built[split] = rows
     if progress:
         shares = record["realised"].get("train", next(iter(record["realised"].values())))["drawn"]
         print(f"{mixture.mode}: " + ", ".join(f"{k} {100 * v['share']:.1f} %" for k, v in shares.items()))
-    return record
+    return record, built
+
+
+def _keep_common_examples(built: dict, counts: dict) -> None:
+    """``--same-examples``: in each split, keep only the examples every mode kept (in place); a row
+    dropped this way is counted as ``dropped_elsewhere``."""
+    for split in next(iter(built.values())):
+        common = set.intersection(*({r["line"] for r in rows[split]} for rows in built.values()))
+        for mode, rows in built.items():
+            kept = [r for r in rows[split] if r["line"] in common]
+            c = counts[split][mode]
+            c["rows"], c["dropped_elsewhere"] = len(kept), len(rows[split]) - len(kept)
+            c["shortened"] = sum(r["shortened"] for r in kept)
+            rows[split] = kept
+
+
+def _save_modes(out: Path, built: dict, mixture_records: dict) -> dict:
+    """Save each mode's rows (``OUT/{mode}/``, one dataset per split), add each mixture's kept shares
+    to its record; returns the token-length percentiles ``{split: {mode: ...}}``."""
+    from datasets import Dataset, DatasetDict
+
+    lengths: dict = {}
+    for mode, rows in built.items():
+        for split, split_rows in rows.items():
+            lengths.setdefault(split, {})[mode] = percentiles([r["n_prompt_tokens"] + r["n_completion_tokens"]
+                                                                for r in split_rows])
+            if mode in mixture_records:
+                mixture_records[mode]["realised"][split]["kept"] = realised_shares(
+                    [r["doc_component"] for r in split_rows])
+        DatasetDict({split: Dataset.from_list(split_rows) for split, split_rows in rows.items()}).save_to_disk(
+            str(out / mode))
+    return lengths
 
 
 def cli_build(args) -> int:
@@ -379,6 +404,7 @@ def cli_build(args) -> int:
     else:
         for split, modes in summary["counts"].items():
             for mode, c in modes.items():
-                print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}")
+                print(f"{split:5s} {mode:7s} rows {c['rows']:5d}  shortened {c['shortened']:5d}  dropped {c['dropped']:4d}"
+                      + (f"  dropped in another mode {c['dropped_elsewhere']:4d}" if "dropped_elsewhere" in c else ""))
         print(f"wrote {args.out}")
     return 0

@@ -12,7 +12,7 @@ from ratune.data.labels import ANSWER_TOKENIZATIONS
 from ratune.options import Option
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVED_MODES, RETRIEVERS
 from ratune.sources.formats import ANSWER_FORMATS
-from ratune.sources.validate import HOLDOUT_KINDS
+from ratune.sources.validate import HOLDOUT_KINDS, HOLDOUTS
 
 # The train-time modes are ratune/registry.py TRAIN_MODES (Gorilla trains with none or oracle;
 # the retrieved ones are ours).
@@ -37,6 +37,8 @@ class BuildSettings:
             with which seed it is drawn.
         answer_tokenization: one of :data:`ratune.data.labels.ANSWER_TOKENIZATIONS`.
         answer_format: one of :data:`ratune.sources.formats.ANSWER_FORMATS`; None: the hub's own.
+        same_examples: every mode keeps only the examples that all modes kept (the arms of an
+            experiment train on the same examples; counted ``dropped_elsewhere``).
     """
 
     max_length: MaxLength = 2048
@@ -50,6 +52,7 @@ class BuildSettings:
     validation_seed: Seed = 0
     answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
     answer_format: str | None = None
+    same_examples: bool = False
 
     def __post_init__(self):
         check_fields(self)  # the bounds of the annotations, before any work starts
@@ -71,7 +74,7 @@ BUILD_OPTIONS: tuple[Option, ...] = (
            help="hold out this share of the training examples as a validation split, for choices made "
                 "without the test questions (default none)"),
     Option("validation_by", "--validation-by",
-           help="api_stratified: every validation API is also trained on; api_grouped: none is (unseen APIs)"),
+           help="; ".join(f"{k.name}: {k.help}" for k in HOLDOUTS.values())),
     Option("validation_seed", "--validation-seed", help="the validation split's seed"),
     Option("answer_tokenization", "--answer-tokenization",
            help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
@@ -82,4 +85,7 @@ BUILD_OPTIONS: tuple[Option, ...] = (
     Option("force_gold", "--force-gold",
            help=f"retrieved modes ({', '.join(RETRIEVED_MODES)}), train split: the gold document replaces the "
                 "lowest-ranked one when the retriever missed it (counted as forced_gold)"),
+    Option("same_examples", "--same-examples",
+           help="every mode (and mixture) keeps only the examples that all of them kept after the over-length "
+                "policy, so that arms train on the same examples (counted as dropped_elsewhere)"),
 )

@@ -5,8 +5,6 @@ checker in its own venv (eval/bfcl.py). Output folder, prompts and metrics: docs
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 from ratune.errors import InputError, RatuneError
 from ratune.eval.bfcl import BFCL_MODEL, CATEGORIES, BfclScores, category_metrics, check_category, score_texts, \
     write_result_files
+from ratune.eval.bfcl_summary import summary_chart, summary_csv, summary_markdown, summary_rows
 from ratune.eval.resume import append_responses, check_cell_identity, read_done
 from ratune.eval.run import backend_batches, checkpoint_max_positions, load_for_generation, resolve_generation
 from ratune.eval.settings import BFCL_OPTIONS, BfclSettings
@@ -34,9 +33,6 @@ from ratune.train.layout import Checkpoint, trained_answer_format, trained_chat_
 
 #: The stage name in OUT's owner marker (:class:`ratune.output.StageOutput`).
 BFCL_STAGE = "eval bfcl"
-#: Columns of summary.csv, in order.
-SUMMARY_COLUMNS = ("category", "n", "correct", "accuracy", "accuracy_low", "accuracy_high", "call_rate",
-                   "format_adherence", "model", "bfcl_version")
 
 
 @dataclass(frozen=True)
@@ -398,75 +394,12 @@ def bfcl_cell_outcomes(path: str | os.PathLike) -> tuple[dict, list[dict]]:
     return {**read_json_object(path / "metrics.json"), "category": path.name}, outcomes
 
 
-def summary_rows(finished: dict[str, dict]) -> list[dict]:
-    """One row of :data:`SUMMARY_COLUMNS` per finished category."""
-    return [{"category": c, "n": m["n"], "correct": m["correct"], "accuracy": m["accuracy"],
-             "accuracy_low": m["accuracy_ci"][0], "accuracy_high": m["accuracy_ci"][1], "call_rate": m["call_rate"],
-             "format_adherence": m["format_adherence"], "model": m["model"], "bfcl_version": m["bfcl_version"]}
-            for c, m in finished.items()]
-
-
-def summary_markdown(rows: list[dict]) -> str:
-    """The summary table (percentages, one decimal)."""
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}"
-
-    lines = ["| category | model | n | accuracy % | 95 % interval | call rate % | format adherence % |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['category']} | {r['model']} | {r['n']} | {pct(r['accuracy'])} | {pct(r['accuracy_low'])}-"
-              f"{pct(r['accuracy_high'])} | {pct(r['call_rate'])} | {pct(r['format_adherence'])} |" for r in rows]
-    versions = sorted({r["bfcl_version"] for r in rows})
-    return (f"BFCL (bfcl-eval {', '.join(versions)}, checker model key {BFCL_MODEL}), scored by BFCL's own checker; "
-            "accuracy with its 95 % Wilson interval.\n\n" + "\n".join(lines) + "\n")
-
-
 def _write_summary(folder: Path, finished: dict[str, dict]) -> None:
     """summary.md, summary.csv and summary.png (one bar per category, with its interval)."""
     rows = summary_rows(finished)
     write_text(folder / "summary.md", summary_markdown(rows))
     write_text(folder / "summary.csv", summary_csv(rows))
-
     summary_chart(rows, folder / "summary.png")
-
-
-def summary_csv(rows: list[dict]) -> str:
-    """The summary rows as CSV text (:data:`SUMMARY_COLUMNS`)."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
-def summary_chart(rows: list[dict], path: Path) -> None:
-    """A bar per row (a category of a model) with its 95 % interval, grouped by category, one colour
-    per model, written to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    categories = list(dict.fromkeys(r["category"] for r in rows))
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    width = 0.8 / len(models)
-    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(categories) * max(1, len(models) / 2), 3.5))
-    for k, model in enumerate(models):
-        mine = [r for r in rows if r["model"] == model]
-        x = [categories.index(r["category"]) + (k - (len(models) - 1) / 2) * width for r in mine]
-        heights = [100 * r["accuracy"] for r in mine]
-        errors = [[h - 100 * r["accuracy_low"] for h, r in zip(heights, mine)],
-                  [100 * r["accuracy_high"] - h for h, r in zip(heights, mine)]]
-        ax.bar(x, heights, width=width, yerr=errors, capsize=3, label=model)
-    ax.set_xticks(range(len(categories)), categories, rotation=45, ha="right")
-    ax.set_ylim(0, 100)
-    ax.set_ylabel("accuracy % (95 % Wilson interval)")
-    ax.set_title(f"BFCL - {', '.join(models)}")
-    if len(models) > 1:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    with atomic_write(path, "wb") as fh:
-        fig.savefig(fh, format="png", dpi=110)
-    plt.close(fig)
 
 
 def _write_manifest(folder: Path, request: BfclRequest, finished: dict[str, dict], plan: _Generation | None) -> None:

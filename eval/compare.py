@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Sequence
 
 from ratune.args import add_apibench_argument, bounded, input_path
 from ratune.config import Seed
@@ -16,8 +17,8 @@ from ratune.hubs import hub_argument_type, recorded_hub_kind, resolve_hub
 from ratune.errors import RatuneError
 from ratune.eval.hub_scoring import recorded_answer_format, scoring_for
 from ratune.eval.scoring.scorer import METRICS
-from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, paired_bootstrap,
-                               wilson_interval)
+from ratune.eval.stats import (DEFAULT_RESAMPLES, DEFAULT_SEED, contingency, mcnemar_exact, mean_bootstrap,
+                               paired_bootstrap, wilson_interval)
 from ratune.registry import RELEASED_MODELS, TEST_SETTINGS
 
 #: Name of the responses file inside an eval cell folder (``{eval_dir}/{setting}/``).
@@ -149,6 +150,59 @@ def compare_bfcl_cells(cell_a, cell_b, *, resamples: int = DEFAULT_RESAMPLES, se
     for key, path, m in (("a", cell_a, ma), ("b", cell_b, mb)):
         result[key].update(path=os.fspath(path), model=m.get("model"))
     return {**result, "bfcl_version": ma.get("bfcl_version"), "bfcl_model": ma.get("bfcl_model")}
+
+
+def compare_bfcl_arms(cells_a: Sequence, cells_b: Sequence, *, resamples: int = DEFAULT_RESAMPLES,
+                      seed: int = DEFAULT_SEED) -> dict:
+    """Two arms' folders of one BFCL category (one folder per seed each) compared paired by entry
+    id. One seed each: :func:`compare_bfcl_cells`. Otherwise each entry counts the share of an arm's
+    seeds that BFCL's checker accepts; ``contingency`` holds the entries where A's share is higher
+    (``only_a``), B's (``only_b``) or neither (``tied``); ``mcnemar_p`` is the two-sided sign test on
+    ``only_a`` and ``only_b`` (the exact McNemar test when each arm has one seed); ``difference`` is
+    the mean share A - B with its paired bootstrap interval over entries; ``a``/``b`` give ``seeds``,
+    ``correct_n`` (the mean over seeds) and ``accuracy``.
+
+    Raises:
+        RatuneError: as :func:`compare_bfcl_cells`; seeds of one arm that answered other entries.
+    """
+    from ratune.eval.bfcl_run import bfcl_cell_outcomes
+
+    if len(cells_a) == len(cells_b) == 1:
+        return compare_bfcl_cells(cells_a[0], cells_b[0], resamples=resamples, seed=seed)
+    metas, shares = [], {}
+    for key, cells in (("a", cells_a), ("b", cells_b)):
+        runs = []
+        for cell in cells:
+            meta, outcomes = bfcl_cell_outcomes(cell)
+            metas.append((cell, meta))
+            runs.append({o["question_id"]: o["bfcl"] == "correct" for o in outcomes})
+            if set(runs[-1]) != set(runs[0]):
+                raise RatuneError(f"{cell}: its entries differ from those of {cells[0]}; the seeds of an arm answer "
+                                  "the same entries")
+        shares[key] = {q: sum(run[q] for run in runs) / len(runs) for q in runs[0]}
+    for key in ("category", "bfcl_version", "bfcl_model"):
+        values = {m.get(key) for _, m in metas}
+        if len(values) > 1:
+            raise RatuneError(f"the folders compared differ in {key} ({', '.join(sorted(map(str, values)))}: "
+                              f"{', '.join(os.fspath(c) for c, _ in metas)}); compare one category scored by one BFCL")
+    if set(shares["a"]) != set(shares["b"]):
+        raise RatuneError(f"unpaired comparison refused: A ({cells_a[0]}) has {len(shares['a'])} entries, B "
+                          f"({cells_b[0]}) {len(shares['b'])}, {len(set(shares['a']) & set(shares['b']))} in common")
+    ids = sorted(shares["a"])
+    d = [shares["a"][q] - shares["b"][q] for q in ids]
+    only_a, only_b = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    mean, low, high = mean_bootstrap(d, resamples=resamples, seed=seed)
+    n, category = len(ids), metas[0][1]["category"]
+    side = {}
+    for key, cells in (("a", cells_a), ("b", cells_b)):
+        correct = sum(shares[key].values())  # a mean over seeds; a whole count for one seed
+        side[key] = {"seeds": len(cells), "correct_n": round(correct) if len(cells) == 1 else correct,
+                     "accuracy": correct / n, "paths": [os.fspath(c) for c in cells]}
+    return {"metric": BFCL_METRIC, "n": n, **side, "hub": f"BFCL {category}",
+            "contingency": {"only_a": only_a, "only_b": only_b, "tied": n - only_a - only_b},
+            "mcnemar_p": mcnemar_exact(only_a, only_b), "test": "sign test on each entry's share of seeds right",
+            "difference": {"value": mean, "low": low, "high": high, "resamples": resamples, "seed": seed},
+            "bfcl_version": metas[0][1].get("bfcl_version"), "bfcl_model": metas[0][1].get("bfcl_model")}
 
 
 def format_compare(result: dict) -> str:

@@ -217,7 +217,8 @@ class _EvalRun:
                                       chat_template)
         require_chat_template(tokenizer, source=str(source.folder),
                               hint="give --chat-template (the one it was trained with)")
-        inputs = input_hashes(hub_source.input_files(["eval"]))
+        # validation questions are training examples the data build held out: their file is the train one
+        inputs = input_hashes(hub_source.input_files(["train" if settings.split == "validation" else "eval"]))
         run_manifest = source.folder / "ratune_manifest.json"
         if run_manifest.exists():  # the checkpoint's own run manifest (versions, data hashes, recipe)
             inputs["checkpoint ratune_manifest.json"] = sha256_file(run_manifest)

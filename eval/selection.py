@@ -34,10 +34,12 @@ class SelectionRule:
     setting: str | None = None
 
 
-#: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``worst_case``
-#: the rule of a mixture, which should hold up under every retriever it may meet.
+#: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``oracle`` of
+#: one trained with the gold document; ``worst_case`` of a mixture, which should hold up under every
+#: retriever it may meet.
 SELECTION_RULES: dict[str, SelectionRule] = {r.name: r for r in (
     SelectionRule("zero_shot", f"most correct answers at {ZERO_SHOT_SETTING}", min, setting=ZERO_SHOT_SETTING),
+    SelectionRule("oracle", "most correct answers at oracle (the gold document)", min, setting="oracle"),
     SelectionRule("worst_case", "most correct answers in the checkpoint's worst setting", min),
     SelectionRule("mean", "most correct answers on average over the settings", fmean),
 )}

@@ -3,7 +3,8 @@
 
 Sources: Wilson (1927), JASA 22(158):209-212; Agresti & Coull (1998), Am. Stat. 52(2):119-126;
 McNemar (1947), Psychometrika 12(2):153-157, exact form: Agresti, "Categorical Data Analysis"
-(3rd ed.), §11.1; Efron & Tibshirani (1993), "An Introduction to the Bootstrap", ch. 13.
+(3rd ed.), §11.1; Efron & Tibshirani (1993), "An Introduction to the Bootstrap", ch. 13; Holm (1979), Scand. J. Stat.
+6(2):65-70.
 """
 
 from __future__ import annotations
@@ -116,7 +117,25 @@ def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = D
         raise ValueError("paired_bootstrap needs at least one question")
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
         raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
-    d = np.asarray(a, dtype=np.int64) - np.asarray(b, dtype=np.int64)
+    return mean_bootstrap(np.asarray(a, dtype=np.int64) - np.asarray(b, dtype=np.int64), resamples=resamples,
+                          seed=seed)
+
+
+def mean_bootstrap(differences, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+                   ) -> tuple[float, float, float]:
+    """The mean of paired ``differences`` (one per question) with its percentile-bootstrap 95 %
+    interval, drawn as :func:`paired_bootstrap` draws; returns ``(mean, low, high)``.
+
+    Raises:
+        ValueError: no differences, resamples < 1.
+    """
+    import numpy as np
+
+    d = np.asarray(differences)
+    if not len(d):
+        raise ValueError("mean_bootstrap needs at least one question")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise ValueError(f"resamples must be a positive integer, got {resamples!r}")
     n = len(d)
     rng = np.random.default_rng(seed)
     means = np.empty(resamples, dtype=np.float64)
@@ -127,6 +146,18 @@ def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = D
         means[start:stop] = d[idx].sum(axis=1) / n
     low, high = np.percentile(means, [2.5, 97.5])
     return float(d.sum() / n), float(low), float(high)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: the i-th smallest (from
+    1) times m - i + 1, made non-decreasing in that order, at most 1. Example: 0.01, 0.04, 0.03 ->
+    0.03, 0.06, 0.06."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * float(pvalues[i])))
+        adjusted[i] = running
+    return adjusted
 
 
 def rate_intervals(counts: dict, n: int, z: float = Z95) -> dict:

@@ -61,13 +61,15 @@ def _train(args) -> int:
 def _report(args) -> int:
     from ratune.errors import RatuneError
 
+    if args.against and not args.bfcl:
+        raise RatuneError("--against NAME names a --bfcl model; give --bfcl NAME=DIR too")
     if args.bfcl:
         from ratune.eval.bfcl_report import cli_bfcl_report
 
         given = [flag for flag, value in (("SWEEP_DIR", args.sweep_dir), ("--eval", args.eval), ("--pair", args.pair),
                                           ("--hub", args.hub), ("--model", args.model)) if value]
         if given or not args.out:
-            raise RatuneError("ratune report --bfcl NAME=DIR ... takes --out only"
+            raise RatuneError("ratune report --bfcl NAME=DIR ... takes --out and --against only"
                               + (f" (not {', '.join(given)})" if given else "; give --out"))
         return cli_bfcl_report(args)
     if args.sweep_dir:
@@ -303,8 +305,11 @@ def _add_report(stages) -> None:
     rp.add_argument("--hub", **hub_ref, help="with --eval, optional check: the hub the cells were evaluated on "
                                             "(their metrics.json record it; an APIBench hub, a catalog or a tool-set folder)")
     rp.add_argument("--bfcl", action="append", metavar="NAME=BFCL_DIR", type=key_equals_dir,
-                    help="a `ratune eval bfcl` output and the name its row gets (repeatable): bfcl.{md,csv,json,png} "
-                         "in --out, each model compared with the first, paired by entry id")
+                    help="a `ratune eval bfcl` output and the name its row gets (repeatable; a name given again "
+                         "adds a seed to that model): bfcl.{md,csv,json,png} in --out, each model compared with the "
+                         "first (or --against), paired by entry id")
+    rp.add_argument("--against", action="append", metavar="NAME",
+                    help="with --bfcl: compare every other model with this one (repeatable; default: the first)")
     rp.add_argument("--model", help="with --eval: the model's name in the table")
     rp.add_argument("--out", type=output_dir)
     rp.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), type=selector,

@@ -8,7 +8,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ratune.sources.apibench import Example, api_identity
 from ratune.errors import RatuneError
@@ -311,11 +311,6 @@ def validate_splits(splits: dict[str, list[Example]], api_database: Sequence[dic
     return out, report
 
 
-#: How ``ratune data build --validation-by`` draws a held-out split: a share of each API's examples
-#: (``api_stratified``) or whole groups of APIs and tools, never shown in training (``api_grouped``).
-HOLDOUT_KINDS = ("api_stratified", "api_grouped")
-
-
 def round_half_up(x: float) -> int:
     return int(x + 0.5 + 1e-9)
 
@@ -381,26 +376,45 @@ def api_groups(examples: Sequence[Example]) -> list[str]:
     return [root(ids[0]) for ids in shown]
 
 
+@dataclass(frozen=True)
+class HoldoutKind:
+    """How ``ratune data build --validation-by`` draws a held-out split: ``positions(examples, fraction,
+    seed)`` are the examples held out; ``unseen`` says no held-out API is trained on, so the identities
+    only held-out examples show are kept out of training rows (their retrieved distractors too)."""
+
+    name: str
+    help: str
+    positions: Callable[[Sequence[Example], float, int], set[int]]
+    unseen: bool
+
+
+HOLDOUTS = {k.name: k for k in (
+    HoldoutKind("api_stratified", "a share of each API's examples: every validation API is also trained on",
+                lambda examples, fraction, seed: stratified_holdout([api_identity(ex.api) for ex in examples],
+                                                                     fraction, seed), unseen=False),
+    HoldoutKind("api_grouped", "whole groups of the APIs and tools examples show together: none is trained on "
+                "(unseen APIs)", lambda examples, fraction, seed: grouped_holdout(api_groups(examples), fraction,
+                                                                                  seed), unseen=True),
+)}
+HOLDOUT_KINDS = tuple(HOLDOUTS)
+
+
 def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
              ) -> tuple[list[Example], list[Example]]:
-    """``(train, held_out)`` of ``examples`` (each in input order): by gold API (``api_stratified``)
-    or by :func:`api_groups` (``api_grouped``).
+    """``(train, held_out)`` of ``examples`` (each in input order), drawn by the :data:`HOLDOUTS` kind ``by``.
 
     Raises:
         RatuneError: an unknown ``by``, a fraction outside (0, 1), or nothing held out (too few examples or APIs).
     """
-    if by not in HOLDOUT_KINDS:
-        raise RatuneError(f"unknown validation split {by!r}: expected one of {', '.join(HOLDOUT_KINDS)}")
+    if by not in HOLDOUTS:
+        raise RatuneError(f"unknown validation split {by!r}: expected one of {', '.join(HOLDOUTS)}")
     if not 0.0 < fraction < 1.0:
         raise RatuneError(f"validation fraction must be in (0, 1), got {fraction!r}")
-    if by == "api_stratified":
-        held = stratified_holdout([api_identity(ex.api) for ex in examples], fraction, seed)
-    else:
-        held = grouped_holdout(api_groups(examples), fraction, seed)
-    keys = [api_identity(ex.api) for ex in examples]
+    held = HOLDOUTS[by].positions(examples, fraction, seed)
     if not held:
+        keys = {api_identity(ex.api) for ex in examples}
         raise RatuneError(f"validation fraction {fraction} ({by}) holds out none of the {len(examples)} training "
-                          f"examples of {len(set(keys))} APIs: raise it, or hold out by another rule")
+                          f"examples of {len(keys)} APIs: raise it, or hold out by another rule")
     return ([ex for i, ex in enumerate(examples) if i not in held], [ex for i, ex in enumerate(examples) if i in held])
 
 

@@ -301,13 +301,57 @@ def test_the_bfcl_report_puts_models_side_by_side(tmp_path, capsys):
         ("keys", "simple_python", 3), ("keys", "irrelevance", 3), ("empty", "simple_python", 0),
         ("empty", "irrelevance", 3)]
     simple, irrelevance = report["comparisons"]
+    assert (simple["holm_p"], irrelevance["holm_p"]) == (0.5, 1.0)
     assert (simple["a"]["model"], simple["b"]["model"], simple["category"]) == ("empty", "keys", "simple_python")
     assert simple["contingency"] == {"both": 0, "only_a": 0, "only_b": 3, "neither": 0}
     assert simple["mcnemar_p"] == 0.25  # 0 against 3 discordant: 2 x 0.5^3
     assert irrelevance["contingency"]["both"] == 3 and irrelevance["mcnemar_p"] == 1.0
     assert list(csv.DictReader((tmp_path / "report" / "bfcl.csv").open()))[2]["model"] == "empty"
     assert (tmp_path / "report" / "bfcl.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| simple_python | empty | keys | 3 | 0 | 3 | 0 | 3 | 0.25 |" in out
+    assert "| simple_python | empty | keys | 3 | 0 | 3 | 0 | 3 | 0.25 | 0.5 |" in out  # Holm over 2 categories
     rc, _, err = _run(["report", "--bfcl", f"keys={tmp_path / 'keys'}", "--eval", f"none={tmp_path / 'keys'}",
                        "--out", str(tmp_path / "r2")], capsys)
-    assert rc == 2 and "ratune report --bfcl NAME=DIR ... takes --out only (not --eval)" in err
+    assert rc == 2 and "ratune report --bfcl NAME=DIR ... takes --out and --against only (not --eval)" in err
+
+
+def test_the_bfcl_report_takes_seeds_and_references(tmp_path, capsys):
+    """Arm r has two seeds, answering the first 4 simple_python entries right on 0-2 and on 0-1; arm
+    k one seed, right on entry 0. Per entry r's share of seeds right is 1, 1, 0.5, 0 and k's 1, 0,
+    0, 0: r higher on 2 entries, k on none, so the sign test gives 2 x 0.5^2 = 0.5 (one category:
+    Holm changes nothing), and the mean difference is (0 + 1 + 0.5 + 0) / 4 = 37.5 points. r's row:
+    accuracy (0.75 + 0.5) / 2 = 62.5 %, sd 17.7 points, 5 of 8 answers pooled."""
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+
+    entries = load_bfcl(bfcl_data_dir(), "simple_python")[:4]
+    right = [possible_answer_text(e.possible_answer, e.functions) for e in entries]
+    for name, n_right in (("r1", 3), ("r2", 2), ("k", 1), ("short", 3)):
+        given = tmp_path / f"given_{name}" / "simple_python"
+        given.mkdir(parents=True)
+        texts = [*right[:n_right], *["[]"] * (4 - n_right)][:3 if name == "short" else 4]
+        given.joinpath("responses.jsonl").write_text(
+            "".join(json.dumps({"id": e.id, "text": t}) + "\n" for e, t in zip(entries, texts)))
+        assert _run(["eval", "bfcl", "--responses", str(given.parent), "--out", str(tmp_path / name)], capsys)[0] == 0
+    arms = ["--bfcl", f"k={tmp_path / 'k'}", "--bfcl", f"r={tmp_path / 'r1'}", "--bfcl", f"r={tmp_path / 'r2'}"]
+    rc, out, err = _run(["report", *arms, "--out", str(tmp_path / "report")], capsys)
+    assert rc == 0, err
+    report = json.loads((tmp_path / "report" / "bfcl.json").read_text())
+    (k_row, r_row), (comparison,) = report["rows"], report["comparisons"]
+    assert (k_row["seeds"], k_row["correct"], r_row["seeds"], r_row["correct"], r_row["accuracy"]) == (1, 1, 2, 5, 0.625)
+    assert r_row["accuracy_sd"] == pytest.approx(0.1767767) and r_row["accuracy_low"] == pytest.approx(0.3057, abs=1e-4)
+    assert (comparison["a"]["model"], comparison["b"]["model"], comparison["a"]["seeds"]) == ("r", "k", 2)
+    assert comparison["contingency"] == {"only_a": 2, "only_b": 0, "tied": 2}
+    assert comparison["mcnemar_p"] == comparison["holm_p"] == 0.5 and comparison["difference"]["value"] == 0.375
+    assert "| simple_python | r | 4 | 62.5 ±17.7 sd (2 seeds) | 30.6-86.3 |" in out
+    assert "| simple_python | r | k | 4 | 2.5 | 1 | 2 | 0 | 0.5 | 0.5 | +37.5 [" in out
+    assert list(csv.DictReader((tmp_path / "report" / "bfcl.csv").open()))[1]["seeds"] == "2"
+    # --against: k compared with r, the same test from the other side
+    assert _run(["report", *arms, "--against", "r", "--out", str(tmp_path / "r_first")], capsys)[0] == 0
+    (flipped,) = json.loads((tmp_path / "r_first" / "bfcl.json").read_text())["comparisons"]
+    assert (flipped["a"]["model"], flipped["contingency"]["only_b"], flipped["mcnemar_p"]) == ("k", 2, 0.5)
+    for argv, message in ((["--against", "x"], "--against x: not a --bfcl name (given: k, r)"),
+                          (["--bfcl", f"r={tmp_path / 'short'}"], "--bfcl r: its seeds scored simple_python on "
+                                                                  "[3, 4] entries")):
+        rc, _, err = _run(["report", *arms, *argv, "--out", str(tmp_path / "refused")], capsys)
+        assert rc == 2 and message in err, err
+    rc, _, err = _run(["report", "--against", "k", "--eval", f"none={tmp_path / 'k'}"], capsys)
+    assert rc == 2 and "--against NAME names a --bfcl model" in err

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Value-taking arguments with free text, and where each is checked.
 FREE_TEXT = {
     ("report", "--model"): "a label printed in the table; any text",
+    ("report", "--against"): "a --bfcl name; one not given is refused by eval/bfcl_report.py, naming those given",
     ("eval run", "--model-name"): "a label written into each response line and metrics.json; any text",
     ("export", "--push-to-hub"): "a hub repo id; the hub refuses a bad one (RatuneError naming it)",
     ("export", "--base-model"): "a hub id written into the model card; any text",

@@ -22,7 +22,8 @@ CURVE = _rows({10: {"0_shot": 3, "bm25": 5, "oracle": 9}, 20: {"0_shot": 6, "bm2
                30: {"0_shot": 7, "bm25": 2, "oracle": 12}})
 
 
-@pytest.mark.parametrize("rule, step, score", [("zero_shot", 30, 7), ("worst_case", 20, 4), ("mean", 30, 7.0)])
+@pytest.mark.parametrize("rule, step, score", [("zero_shot", 30, 7), ("oracle", 30, 12), ("worst_case", 20, 4),
+                                              ("mean", 30, 7.0)])
 def test_each_rule_chooses_the_checkpoint_worked_out_by_hand(rule, step, score):
     chosen = choose_checkpoint(CURVE, rule)
     assert (chosen["step"], chosen["epoch"], chosen["score"]) == (step, step / 10, score)
@@ -122,52 +123,79 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
                             settings=EvalSettings(settings=("0_shot",), split="validation"), progress=False)
 
 
+
+def choosing_runner(base, *, rule: str, setting: str, hub: str, epochs: dict, metrics):
+    """A fake runner class on ``base`` (tests/test_sweep.py) that also leaves what a curve and a
+    choice leave: curve.json with a row per step of ``epochs`` (``{step: epoch}``) under ``setting``,
+    ``metrics(step)`` its counts, and selection.json choosing the last step by ``rule``."""
+    import json
+    from pathlib import Path
+
+    from ratune.eval.curve import curve_row
+
+    class Runner(base):
+        def __call__(self, cmd, log_path):
+            out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
+            if cmd[:3] == ["ratune", "eval", "select"]:
+                self.calls.append(cmd)
+                step = max(epochs)
+                out.write_text(json.dumps({"rule": rule, "metric": "strict", "step": step, "epoch": epochs[step],
+                                           "score": 3,
+                                           "checkpoint": str(out.parent / f"train/trainer/checkpoint-{step}")}))
+            elif "--all-checkpoints" in cmd:
+                self.calls.append(cmd)
+                out.mkdir(parents=True, exist_ok=True)
+                rows = [curve_row(s, e, setting, metrics(s)) for s, e in epochs.items()]
+                (out / "curve.json").write_text(json.dumps({"run": "r", "hub": hub, "rows": rows}))
+            else:
+                super().__call__(cmd, log_path)
+
+    return Runner
+
+
+
+def run_choosing_sweep(path, runner, monkeypatch, test_step: str):
+    """Run the sweep file ``path`` with ``runner`` (:func:`choosing_runner`); assert that each cell
+    ran train, its curve, the choice and ``test_step`` (``run`` or ``bfcl``) on checkpoint 2 and is
+    finished. Returns the sweep and each cell's commands."""
+    import ratune.sweep as sw
+    from test_sweep import args
+
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    assert sw.cli_sweep(args(path)) == 0
+    sweep, per_cell = sw.load_sweep(path), []
+    for cell in sw.expand(sweep):
+        steps = [c for c in runner.calls if cell.name in " ".join(c)]
+        kinds = ["train" if c[0] == "accelerate" else "curve" if "--all-checkpoints" in c else c[2] for c in steps]
+        assert kinds == ["train", "curve", "select", test_step], kinds
+        assert steps[-1][steps[-1].index("--checkpoint") + 1] == str(cell.dir / "train/trainer/checkpoint-2")
+        assert sw.is_finished(sweep, cell)
+        per_cell.append(steps)
+    return sweep, per_cell
+
+
 def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeypatch, capsys):
     """With eval.selection_rule each cell runs: train, the curve on the validation questions, the
     choice (CELL/selection.json), then eval.settings on the chosen checkpoint; a rerun skips it; the
     Slurm script chooses in the job; the report sets validation and test side by side."""
     import json
-    from pathlib import Path
 
     import ratune.sweep as sw
-    from ratune.eval.curve import curve_row
     from test_curve import metric_block
     from test_sweep import BASE, FakeRunner, args, write_sweep
 
-    class Runner(FakeRunner):
-        """Also leaves what a curve and a choice leave: curve.json (step 2 best on validation) and selection.json."""
-
-        def __call__(self, cmd, log_path):
-            out = Path(cmd[cmd.index("--out") + 1]) if "--out" in cmd else None
-            if cmd[:3] == ["ratune", "eval", "select"]:
-                self.calls.append(cmd)
-                out.write_text(json.dumps({"rule": "zero_shot", "metric": "strict", "step": 2, "epoch": 1.0,
-                                           "score": 3, "checkpoint": str(out.parent / "train/trainer/checkpoint-2")}))
-            elif "--all-checkpoints" in cmd:
-                self.calls.append(cmd)
-                out.mkdir(parents=True, exist_ok=True)
-                rows = [curve_row(s, s / 2, "0_shot", {"n": 5, "strict": metric_block(s + 1, 0, 4 - s),
-                                                        "gorilla": metric_block(s + 2, 0, 3 - s)}) for s in (1, 2)]
-                (out / "curve.json").write_text(json.dumps({"run": "r", "hub": "torchhub", "rows": rows}))
-            else:
-                super().__call__(cmd, log_path)
+    Runner = choosing_runner(FakeRunner, rule="zero_shot", setting="0_shot", hub="torchhub", epochs={1: 0.5, 2: 1.0},
+                             metrics=lambda s: {"n": 5, "strict": metric_block(s + 1, 0, 4 - s),
+                                                "gorilla": metric_block(s + 2, 0, 3 - s)})  # step 2 best
 
     base = {**BASE, "save_steps": 1}
     selection = {"settings": ["0_shot", "oracle"], "n_questions": 5, "curve_settings": ["0_shot"],
                  "selection_rule": "zero_shot"}
     path = write_sweep(tmp_path, base=base, eval=selection, data={"max_length": 256, "validation_fraction": 0.1})
     runner = Runner()
-    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
-    assert sw.cli_sweep(args(path)) == 0
-    sweep = sw.load_sweep(path)
-    for cell in sw.expand(sweep):
-        steps = [c for c in runner.calls if cell.name in " ".join(c)]
-        kinds = ["train" if c[0] == "accelerate" else "curve" if "--all-checkpoints" in c else c[2] for c in steps]
-        assert kinds == ["train", "curve", "select", "run"], kinds
-        _, curve, _, test = steps
-        assert curve[curve.index("--split") + 1] == "validation"
-        assert test[test.index("--checkpoint") + 1] == str(cell.dir / "train/trainer/checkpoint-2")
-        assert "--split" not in test and sw.is_finished(sweep, cell)
+    sweep, per_cell = run_choosing_sweep(path, runner, monkeypatch, "run")
+    for _, curve, _, test in per_cell:
+        assert curve[curve.index("--split") + 1] == "validation" and "--split" not in test
     runner.calls.clear()
     assert sw.cli_sweep(args(path)) == 0 and runner.calls == []  # finished: nothing runs again
     capsys.readouterr()
@@ -195,3 +223,117 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
         bad = write_sweep(tmp_path, base=base, eval=eval_section, data=data)
         with pytest.raises(RatuneError, match=missing):
             sw.cli_sweep(args(bad, out=tmp_path / "refused"))
+
+
+def test_a_sweep_tested_on_bfcl_alone_reads_the_chosen_checkpoint(tmp_path, monkeypatch, capsys):
+    """No eval.settings and a bfcl: section (configs/bfcl/unseen.yaml): each cell runs train, the
+    validation curve, the choice and ``ratune eval bfcl`` of the chosen checkpoint, no ``eval run`` of
+    test questions; the dry run and the Slurm job say the same, and the Slurm data job of a tool-set
+    folder hub is named by its data folder. With neither eval.settings nor bfcl: refused."""
+    from pathlib import Path
+
+    import ratune.sweep as sw
+    from ratune.sources.toolset import import_tool_set
+    from test_curve import metric_block
+    from test_sweep import BASE, BfclRunner, args, write_sweep
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "tools"
+    import_tool_set(tmp_path / "ts", rows_file=fixtures / "xlam_rows.jsonl", eval_fraction=0, name="mine")
+
+    Runner = choosing_runner(BfclRunner, rule="worst_case", setting="oracle", hub="mine", epochs={1: 1.0, 2: 2.0},
+                             metrics=lambda s: {"n": 5, "strict": metric_block(s + 1, 0, 4 - s)})  # step 2 best
+
+    evaluation = {"settings": [], "curve_settings": ["oracle"], "selection_rule": "worst_case"}
+    path = write_sweep(tmp_path, base={**BASE, "hub": str(tmp_path / "ts"), "save_steps": 1}, eval=evaluation,
+                       data={"max_length": 512, "validation_fraction": 0.4, "validation_by": "api_grouped",
+                             "leakage": "allow", "same_examples": True},
+                       bfcl={"categories": ["multiple"], "unseen_by": str(tmp_path / "ts")})
+    monkeypatch.setattr("ratune.sweep.local.run_command", lambda *a: pytest.fail("dry run ran a command"))
+    assert sw.cli_sweep(args(path, dry_run=True)) == 0
+    dry = capsys.readouterr().out
+    assert "  eval:  " not in dry and dry.count("  bfcl:  ratune eval bfcl --checkpoint CHOSEN_CHECKPOINT ") == 2
+    assert "--same-examples" in dry
+    runner = Runner()
+    run_choosing_sweep(path, runner, monkeypatch, "bfcl")
+    runner.calls.clear()
+    assert sw.cli_sweep(args(path)) == 0 and runner.calls == []
+    capsys.readouterr()
+    assert sw.cli_sweep(args(path, launcher="slurm", out=tmp_path / "s")) == 0
+    script = next((tmp_path / "s" / "cells").glob("*/slurm/eval.sbatch")).read_text().splitlines()
+    assert script[-2].startswith("CHECKPOINT=$(ratune eval select ")
+    assert script[-1].startswith('ratune eval bfcl --checkpoint "$CHECKPOINT" --out ')
+    assert not any(line.startswith("ratune eval run ") and "--all-checkpoints" not in line for line in script)
+    submit = (tmp_path / "s" / "slurm" / "submit.sh").read_text()
+    assert "data_mine_jid=$(sbatch --parsable " in submit and (tmp_path / "s" / "slurm" / "data_mine.sbatch").is_file()
+    with pytest.raises(RatuneError, match="eval.settings is empty and there is no bfcl: section"):
+        sw.expand(sw.load_sweep(write_sweep(tmp_path, eval={"settings": []})))
+
+
+@pytest.mark.bfcl
+def test_the_report_of_a_sweep_tested_on_bfcl_alone(tmp_path, monkeypatch, capsys):
+    """No eval cells, but a choice and BFCL categories: the report has no Table 2 and no sweep.csv,
+    and selection.md sets the chosen step's validation counts beside its BFCL counts (the answer
+    keys given as answers: 2 of 2)."""
+    import json
+    from pathlib import Path
+
+    import ratune.sweep as sw
+    from ratune.cli import main
+    from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
+    from ratune.sources.toolset import import_tool_set
+    from test_curve import metric_block
+    from test_sweep import BASE, FakeRunner, args, write_sweep
+
+    import_tool_set(tmp_path / "ts", rows_file=Path(__file__).resolve().parent / "fixtures" / "tools" /
+                    "xlam_rows.jsonl", eval_fraction=0, name="mine")
+    given = tmp_path / "given" / "simple_python"
+    given.mkdir(parents=True)
+    given.joinpath("responses.jsonl").write_text("".join(
+        json.dumps({"id": e.id, "text": possible_answer_text(e.possible_answer, e.functions)}) + "\n"
+        for e in load_bfcl(bfcl_data_dir(), "simple_python")[:2]))
+
+    class Runner(choosing_runner(FakeRunner, rule="worst_case", setting="oracle", hub="mine", epochs={1: 1.0},
+                                 metrics=lambda s: {"n": 5, "strict": metric_block(3, 0, 2)})):
+        def __call__(self, cmd, log_path):
+            if cmd[:3] == ["ratune", "eval", "bfcl"]:
+                assert main(["eval", "bfcl", "--responses", str(given.parent), "--out",
+                             cmd[cmd.index("--out") + 1]]) == 0
+            else:
+                super().__call__(cmd, log_path)
+
+    monkeypatch.setattr("ratune.sweep.local.run_command", Runner())
+    path = write_sweep(tmp_path, base={**BASE, "hub": str(tmp_path / "ts"), "save_steps": 1},
+                       eval={"settings": [], "curve_settings": ["oracle"], "selection_rule": "worst_case"},
+                       data={"max_length": 512, "validation_fraction": 0.4, "leakage": "allow"},
+                       bfcl={"categories": ["simple_python"], "limit": 2}, axes={"train_retriever": ["oracle"]})
+    assert sw.cli_sweep(args(path)) == 0
+    capsys.readouterr()
+    assert sw.cli_report_sweep(str(tmp_path / "sweep")) == 0
+    out = capsys.readouterr().out
+    report = tmp_path / "sweep" / "report"
+    assert "(no Table 2: no eval cells)" in out and not (report / "sweep.csv").exists()
+    assert "| worst_case (strict) | 1 | 1 | oracle 3/5 | bfcl simple_python 2/2 |" in (report / "selection.md").read_text()
+    assert json.loads((report / "sweep.json").read_text())["tables"] == {}
+
+
+def test_a_rule_per_arm(tmp_path):
+    """eval.selection_rule as a mapping: each cell's choice uses its arm's rule; an arm without a rule,
+    or a rule for an arm no cell trains, is refused before anything runs."""
+    import ratune.sweep as sw
+    from ratune.sweep.commands import select_command
+    from test_sweep import BASE, write_sweep
+
+    def sweep_with(rules):
+        return sw.load_sweep(write_sweep(tmp_path, base={**BASE, "save_steps": 1},
+                                         eval={"settings": ["0_shot"], "curve_settings": ["0_shot", "oracle"],
+                                               "selection_rule": rules},
+                                         data={"max_length": 256, "validation_fraction": 0.1}))
+
+    sweep = sweep_with({"none": "zero_shot", "oracle": "oracle"})
+    rules = {c.config["train_retriever"]: select_command(sweep, c) for c in sw.expand(sweep)}
+    assert {arm: cmd[cmd.index("--rule") + 1] for arm, cmd in rules.items()} == {"none": "zero_shot",
+                                                                                 "oracle": "oracle"}
+    with pytest.raises(RatuneError, match="names no rule for train_retriever oracle"):
+        sw.expand(sweep_with({"none": "zero_shot"}))
+    with pytest.raises(RatuneError, match="names mix-x, which no cell trains with"):
+        sw.expand(sweep_with({"none": "zero_shot", "oracle": "oracle", "mix-x": "mean"}))

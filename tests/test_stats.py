@@ -131,3 +131,26 @@ def test_rate_intervals():
     assert out["accuracy_ci"] == list(wilson_interval(44, 60))
     assert set(out) == {"accuracy_ci", "hallucination_ci", "error_ci"}
     assert rate_intervals({"correct_n": 1}, 2) == {"accuracy_ci": list(wilson_interval(1, 2))}
+
+
+def test_holm_by_hand():
+    """Holm (1979): sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04, made non-decreasing:
+    0.03, 0.06, 0.06, back in the order given; a product over 1 is 1."""
+    from ratune.eval.stats import holm
+
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([0.2]) == [0.2] and holm([]) == []
+
+
+def test_mean_bootstrap_by_hand():
+    """The mean of 1, 0, 0, 1, -1 is 0.2; its resampled means lie in [-1, 1] around it, the same for
+    a seed; fractional differences (shares of seeds) are taken as they are."""
+    from ratune.eval.stats import mean_bootstrap
+
+    mean, low, high = mean_bootstrap([1, 0, 0, 1, -1], resamples=500, seed=3)
+    assert mean == pytest.approx(0.2) and -1 <= low < 0.2 < high <= 1
+    assert mean_bootstrap([1, 0, 0, 1, -1], resamples=500, seed=3) == (mean, low, high)
+    assert mean_bootstrap([0.5, 0.5, 0.5], resamples=100) == (0.5, 0.5, 0.5)
+    assert mean_bootstrap([1 / 3, -1 / 3], resamples=200)[0] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="at least one question"):
+        mean_bootstrap([])

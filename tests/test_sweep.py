@@ -251,6 +251,33 @@ def test_local_run_skip_fail_refuse_rerun(tmp_path, capsys, monkeypatch):
     assert stored["config"]["learning_rate"] == 1e-3
 
 
+
+@pytest.mark.parametrize("written", ["train.yaml", "error.txt"])
+def test_a_full_disk_while_a_cell_file_is_rewritten_leaves_the_previous_file_whole(tmp_path, monkeypatch, written):
+    """A cell's train.yaml and error.txt are written beside and renamed (ratune/io.py atomic_write): the
+    disk filling up during a rerun's write leaves the previous file byte-identical."""
+    import errno
+    import tempfile
+
+    path = write_sweep(tmp_path)
+    monkeypatch.setattr("ratune.sweep.local.run_command", FakeRunner(fail_on=("train_retriever-oracle",)))
+    assert sw.cli_sweep(args(path)) == 1  # oracle failed: its train.yaml and error.txt exist
+    oracle = next(c for c in sw.expand(sw.load_sweep(path)) if c.axes["train_retriever"] == "oracle")
+    before = (oracle.dir / written).read_bytes()
+    real = tempfile.mkstemp
+
+    def mkstemp(*a, prefix=None, **kw):
+        if prefix == f".{written}.":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, prefix=prefix, **kw)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr("ratune.sweep.local.run_command", FakeRunner(fail_on=("train_retriever-oracle",)))
+    with pytest.raises(OSError, match="No space left"):
+        sw.cli_sweep(args(path))
+    assert (oracle.dir / written).read_bytes() == before and before
+    assert not list(oracle.dir.glob(f".{written}.*"))
+
 def test_interrupt_then_resume(tmp_path, capsys, monkeypatch):
     path = write_sweep(tmp_path)
     cells = {c.axes["train_retriever"]: c for c in sw.expand(sw.load_sweep(path))}

@@ -164,6 +164,41 @@ def test_an_over_long_tool_row_is_dropped_never_cut(rows_file, tmp_path, smol_to
     assert all(r["system"].count('"name"') == 1 for r in rows)  # whole schemas
 
 
+def test_same_examples_keeps_in_every_mode_the_examples_all_modes_kept(rows_file, tmp_path, smol_tokenizer):
+    """--same-examples: with max_length at the third shortest `oracle` row (every `none` row is
+    shorter), `none` keeps every example alone, `oracle` three; with the option both modes keep exactly the examples whose
+    oracle row fits, and `none` counts the others as dropped_elsewhere."""
+    from datasets import load_from_disk
+
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.sources.toolset import import_tool_set
+
+    import_tool_set(tmp_path / "ts", rows_file=rows_file, eval_fraction=0)
+
+    def build(out, **settings):
+        manifest = build_dataset(apibench_dir=None, hub=str(tmp_path / "ts"), out_dir=tmp_path / out,
+                                 tokenizer=smol_tokenizer, tokenizer_name="smol", modes=["none", "oracle"],
+                                 progress=False, leakage="allow",
+                                 settings=BuildSettings(answer_format="python_calls", **settings))
+        rows = {m: load_from_disk(str(tmp_path / out / m))["train"] for m in ("none", "oracle")}
+        return manifest, {m: {r["line"]: r["n_prompt_tokens"] + r["n_completion_tokens"] for r in d}
+                          for m, d in rows.items()}
+
+    _, full = build("full", max_length=2048)
+    limit = sorted(full["oracle"].values())[2]
+    fits = {line for line, n in full["oracle"].items() if n <= limit}
+    assert len(full["none"]) == 5 and max(full["none"].values()) <= limit and len(fits) == 3  # the premise
+    _, alone = build("alone", max_length=limit)
+    assert set(alone["none"]) == set(full["none"]) and set(alone["oracle"]) == fits
+    manifest, same = build("same", max_length=limit, same_examples=True)
+    assert set(same["none"]) == set(same["oracle"]) == fits
+    counts = manifest["counts"]["train"]
+    assert counts["none"] == {**counts["none"], "rows": len(fits), "dropped": 0, "dropped_elsewhere": 5 - len(fits)}
+    assert counts["oracle"]["dropped"] == 5 - len(fits) and counts["oracle"]["dropped_elsewhere"] == 0
+    assert manifest["settings"]["same_examples"] is True and "same_examples" not in build("plain", max_length=limit
+                                                                                          )[0]["settings"]
+
+
 def test_training_on_a_tool_set(rows_file, tmp_path, smol_tokenizer, tiny_model_dir):
     import yaml
 
@@ -185,6 +220,45 @@ def test_training_on_a_tool_set(rows_file, tmp_path, smol_tokenizer, tiny_model_
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["hub"] == "rows" and manifest["tool_set"]["kind"] == "tool_set"
     assert manifest["data"]["examples"] == 5 and manifest["steps"] == 1
+
+
+def test_validation_rows_of_a_tool_set_without_an_eval_split(rows_file, tmp_path, smol_tokenizer, tiny_model_dir,
+                                                              monkeypatch):
+    """A tool set imported with --eval-fraction 0 has no eval.jsonl; its validation rows (held out by
+    the data build) are still asked and scored, and the cell's inputs are the file they came from."""
+    from datasets import load_from_disk
+
+    from ratune.data.build import BuildSettings, build_dataset
+    from ratune.eval.run import EvalSettings, evaluate_checkpoint
+    from ratune.io import sha256_file
+    from ratune.sources.toolset import import_tool_set
+    from ratune.train.config import TrainConfig
+    from ratune.train.sft import train
+
+    folder = tmp_path / "ts"
+    import_tool_set(folder, rows_file=rows_file, eval_fraction=0)
+    assert not (folder / "eval.jsonl").exists()
+    build_dataset(apibench_dir=None, hub=str(folder), out_dir=tmp_path / "data", tokenizer=smol_tokenizer,
+                  tokenizer_name="smol", modes=["oracle"], progress=False, leakage="allow",
+                  settings=BuildSettings(max_length=1024, validation_fraction=0.4, validation_by="api_grouped"))
+    held = load_from_disk(str(tmp_path / "data" / "oracle"))["validation"]
+    gold = dict(zip(held["instruction"], held["completion"]))
+    train(TrainConfig(model=str(tiny_model_dir), hub=str(folder), data_dir=str(tmp_path / "data"),
+                      train_retriever="oracle", output_dir=str(tmp_path / "run"), max_length=1024, global_batch_size=1,
+                      max_steps=1, warmup_ratio=0.0, lr_scheduler="constant", torch_threads=1))
+
+    def answers(backend, model, tokenizer, prompts, **kw):  # each held-out row's own answer
+        texts = [tokenizer.decode(p) for p in prompts]
+        return [[(j, next(a for q, a in gold.items() if q in text)) for j, text in enumerate(texts)]]
+
+    monkeypatch.setattr("ratune.eval.run.backend_batches", answers)
+    results = evaluate_checkpoint(tmp_path / "run", hub=str(folder), apibench_dir=None, out_dir=tmp_path / "e",
+                                  settings=EvalSettings(settings=("oracle",), split="validation", batch_size=2,
+                                                        max_new_tokens=8, torch_threads=1), progress=False)
+    m = results["oracle"]
+    assert m["split"] == "validation" and m["n"] == len(gold) >= 1 and m["strict"]["correct_n"] == len(gold)
+    inputs = json.loads((tmp_path / "e" / "oracle" / "metrics.json").read_text())["inputs"]
+    assert inputs["train.jsonl"] == sha256_file(folder / "train.jsonl") and "eval.jsonl" not in inputs
 
 
 @pytest.mark.bfcl

@@ -110,7 +110,7 @@ def expand(sweep: Sweep) -> list[Cell]:
 
     Raises:
         RatuneError: a key that is not a TrainConfig field, a value of the wrong type (naming the
-            cell), duplicate keys, groups of unequal length.
+            cell), duplicate keys, groups of unequal length, a rule mapping without the cell's arm.
     """
     cfg = sweep.config
     dims = _check_axes(cfg, sweep.source)
@@ -137,6 +137,14 @@ def expand(sweep: Sweep) -> list[Cell]:
         if cfg.eval.curve_settings:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
+        if cfg.eval.selection_rule is not None and selection_rule_of(sweep, cells[-1]) is None:
+            raise RatuneError(f"{sweep.source}: eval.selection_rule names no rule for train_retriever "
+                              f"{resolved['train_retriever']} (cell {name}); give one for every arm")
+    if isinstance(cfg.eval.selection_rule, dict):
+        unused = sorted(set(cfg.eval.selection_rule) - {c.config["train_retriever"] for c in cells})
+        if unused:
+            raise RatuneError(f"{sweep.source}: eval.selection_rule names {', '.join(unused)}, which no cell trains "
+                              "with (a train_retriever of the axes or base)")
     return cells
 
 
@@ -198,18 +206,29 @@ def cell_hub_name(hub: str, where: str) -> str:
     return _cell_hub(hub, where).name
 
 
+def selection_rule_of(sweep: Sweep, cell: Cell) -> str | None:
+    """The rule that chooses ``cell``'s checkpoint: ``eval.selection_rule``, or its entry for the
+    cell's train_retriever when it is a mapping (None: no selection)."""
+    rule = sweep.config.eval.selection_rule
+    return rule.get(cell.config["train_retriever"]) if isinstance(rule, dict) else rule
+
+
 def selection_path(cell: Cell) -> Path:
     """``CELL/selection.json``: the checkpoint ``eval.selection_rule`` chose on the cell's curve."""
     return cell.dir / "selection.json"
 
 
 def _check_selection(sweep: Sweep) -> None:
-    """Refuse ``eval.selection_rule`` without a curve, a validation split, or with ``eval.split`` changed.
+    """Refuse a sweep that tests nothing (no ``eval.settings``, no ``bfcl:``), and ``eval.selection_rule``
+    without a curve, a validation split, or with ``eval.split`` changed.
 
     Raises:
         RatuneError: naming the sweep file and the missing setting.
     """
     e = sweep.config.eval
+    if not e.settings and sweep.config.bfcl is None:
+        raise RatuneError(f"{sweep.source}: eval.settings is empty and there is no bfcl: section, so no cell would be "
+                          "tested; name eval.settings (the hub's test questions) or add a bfcl: section")
     if e.selection_rule is None:
         return
     where = f"{sweep.source}: eval.selection_rule {e.selection_rule}"

@@ -9,7 +9,7 @@ from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalS
 from ratune.options import command_arguments
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
-from ratune.sweep.cells import Cell, selection_path, sweep_mixtures
+from ratune.sweep.cells import Cell, selection_path, selection_rule_of, sweep_mixtures
 from ratune.sweep.schema import Sweep
 
 
@@ -72,16 +72,18 @@ def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False, checkpoint: s
 
 
 def select_command(sweep: Sweep, cell: Cell) -> list[str]:
-    """``ratune eval select CELL/curve --rule R --metric M --out CELL/selection.json --checkpoint-only``."""
+    """``ratune eval select CELL/curve --rule R --metric M --out CELL/selection.json --checkpoint-only``
+    (R: :func:`ratune.sweep.cells.selection_rule_of`)."""
     e = sweep.config.eval
-    return ["ratune", "eval", "select", str(cell.dir / "curve"), "--rule", e.selection_rule,
+    return ["ratune", "eval", "select", str(cell.dir / "curve"), "--rule", selection_rule_of(sweep, cell),
             "--metric", e.selection_metric, "--out", str(selection_path(cell)), "--checkpoint-only"]
 
 
-def bfcl_command(sweep: Sweep, cell: Cell) -> list[str]:
-    """``ratune eval bfcl --checkpoint CELL/train --out CELL/bfcl ...`` with the sweep's ``bfcl:`` settings."""
+def bfcl_command(sweep: Sweep, cell: Cell, *, checkpoint: str | None = None) -> list[str]:
+    """``ratune eval bfcl --checkpoint CELL/train --out CELL/bfcl ...`` with the sweep's ``bfcl:`` settings
+    (``checkpoint``: another one, the chosen checkpoint of ``eval.selection_rule``)."""
     b = sweep.config.bfcl
-    cmd = ["ratune", "eval", "bfcl", "--checkpoint", str(cell.dir / "train"), "--out", str(cell.dir / "bfcl"),
+    cmd = ["ratune", "eval", "bfcl", "--checkpoint", checkpoint or str(cell.dir / "train"), "--out", str(cell.dir / "bfcl"),
            *command_arguments(b, BfclSettings, BFCL_OPTIONS, policy="always")]
     if b.categories:
         cmd += ["--categories", *b.categories]

@@ -158,14 +158,14 @@ def _run_cell(sweep: Sweep, cell: Cell, runner, progress: str, out,
         return "skipped (finished)", None
     cell.dir.mkdir(parents=True, exist_ok=True)
     write_json(cell.dir / "cell.json", cell_record(sweep, cell))
-    (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+    write_text(cell.dir / "train.yaml", _yaml(cell.config))
     error_file = cell.dir / "error.txt"
     try:
         if cell.hub in data_errors:
             raise RatuneError(f"shared data build for {cell.hub} failed: {data_errors[cell.hub]}")
         _run_cell_steps(sweep, cell, runner, progress, out)
     except RatuneError as exc:
-        error_file.write_text(f"{exc}\n", encoding="utf-8")
+        write_text(error_file, f"{exc}\n")
         error = str(exc).splitlines()[0]
         print(f"[fail] {cell.name}: {error} (see {error_file})", file=out)
         return "failed", error
@@ -181,16 +181,19 @@ def _run_cell_steps(sweep: Sweep, cell: Cell, runner, progress: str, out) -> Non
     """
     if not is_complete(cell.dir / "train"):  # an unfinished run: resumed or restarted by training
         _run_step(runner, "train", cell, train_command(sweep, cell), progress, out)
-    if sweep.config.eval.selection_rule is None:
+    e = sweep.config.eval
+    if e.selection_rule is None and e.settings:
         _run_step(runner, "eval", cell, eval_command(sweep, cell), progress, out)
     if not is_curve_finished(sweep, cell):
         _run_step(runner, "curve", cell, eval_command(sweep, cell, curve=True), progress, out)
-    if sweep.config.eval.selection_rule is not None:  # the test questions of the chosen checkpoint
+    chosen = None
+    if e.selection_rule is not None:  # the test questions of the chosen checkpoint
         _run_step(runner, "select", cell, select_command(sweep, cell), progress, out)
         chosen = read_json_object(selection_path(cell))["checkpoint"]
-        _run_step(runner, "eval", cell, eval_command(sweep, cell, checkpoint=chosen), progress, out)
+        if e.settings:
+            _run_step(runner, "eval", cell, eval_command(sweep, cell, checkpoint=chosen), progress, out)
     if not is_bfcl_finished(sweep, cell):
-        _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell), progress, out)
+        _run_step(runner, "bfcl", cell, bfcl_command(sweep, cell, checkpoint=chosen), progress, out)
     if not is_finished(sweep, cell):
         raise RatuneError("commands succeeded but the cell's train/eval .complete markers are missing")
 
@@ -245,11 +248,12 @@ def dry_run(sweep: Sweep, cells: list[Cell], out=None, data_cells: list[Cell] | 
         print(f"  train: {_fmt(train_command(sweep, cell))}", file=out)
         if sweep.config.eval.curve_settings:
             print(f"  curve: {_fmt(eval_command(sweep, cell, curve=True))}", file=out)
+        chosen = None
         if sweep.config.eval.selection_rule is not None:
+            chosen = "CHOSEN_CHECKPOINT"
             print(f"  select: {_fmt(select_command(sweep, cell))}", file=out)
-            print(f"  eval:  {_fmt(eval_command(sweep, cell, checkpoint='CHOSEN_CHECKPOINT'))}", file=out)
-        else:
-            print(f"  eval:  {_fmt(eval_command(sweep, cell))}", file=out)
+        if sweep.config.eval.settings:
+            print(f"  eval:  {_fmt(eval_command(sweep, cell, checkpoint=chosen))}", file=out)
         if sweep.config.bfcl is not None:
-            print(f"  bfcl:  {_fmt(bfcl_command(sweep, cell))}", file=out)
+            print(f"  bfcl:  {_fmt(bfcl_command(sweep, cell, checkpoint=chosen))}", file=out)
     return 0

@@ -40,14 +40,19 @@ def report_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None,
     ``pairs`` default to the ``compare`` list of ``SWEEP_DIR/sweep.yaml``. Returns ``{group: table}``.
 
     Raises:
-        RatuneError: no sweep folder or no finished cell; ``out_dir`` a folder ratune did not make; a saved sweep.yaml that
-            does not validate; a chosen pair naming an unknown dimension or matching several cells; an
+        RatuneError: no sweep folder, or neither a finished eval cell nor a finished BFCL category;
+            ``out_dir`` a folder ratune did not make; a saved sweep.yaml that does not validate; a chosen pair naming an unknown dimension or matching several cells; an
             ``apibench`` folder the sweep file names that does not exist (after the tables are written).
     """
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise RatuneError(f"{sweep_dir}: no such sweep folder")
+    from ratune.eval.bfcl_run import finished_categories
+
     found = _finished(sweep_dir)
+    if not found.rows and not any(finished_categories(d) for d in (sweep_dir / "cells").glob("*/bfcl")):
+        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) or BFCL categories "
+                          "(cells/*/bfcl/*/.complete) to report")
     out = Path(out_dir) if out_dir else sweep_dir / "report"
     # the default report/ of a ratune sweep (or demo) folder is ratune's, whatever an interrupted report left
     output = report_output(out, inside_ratune_folder=out_dir is None and output_stage(sweep_dir) in SWEEP_FOLDER_STAGES)
@@ -65,7 +70,8 @@ def _write_report(sweep_dir: Path, found: "_Finished", out: Path, pairs: list[Co
                                  chosen=chosen.get(name))
               for name, g in sorted(groups.items())}
     summary: dict = {"axes": found.axis_keys, "tables": tables}
-    _write_sweep_csv(found, out, summary, replicate)
+    if found.rows:  # a sweep tested on BFCL alone has no Table 2 rows
+        _write_sweep_csv(found, out, summary, replicate)
     curve_paths = sorted((sweep_dir / "cells").glob("*/curve/curve.json"))
     summary["sources"] = {str(path.relative_to(sweep_dir)): sha256_file(path)
                           for path in [*(f["metrics_path"] for f in found.finished), *found.experiment_paths,
@@ -111,11 +117,7 @@ class _Finished:
 
 
 def _finished(sweep_dir: Path) -> _Finished:
-    """Every finished eval cell of ``SWEEP_DIR/cells/*/eval``, Table 2's settings first in registry order.
-
-    Raises:
-        RatuneError: no finished cell.
-    """
+    """Every finished eval cell of ``SWEEP_DIR/cells/*/eval``, Table 2's settings first in registry order."""
     found = _Finished()
     order = {s: i for i, s in enumerate(TABLE_SETTINGS)}
     for cell_json in sorted((sweep_dir / "cells").glob("*/cell.json")):
@@ -136,8 +138,6 @@ def _finished(sweep_dir: Path) -> _Finished:
             found.finished.append({"dims": {**record.get("axes", {}), "hub": cell_hub_name(config["hub"], record["name"]),
                                             "train_retriever": config["train_retriever"], "test_retriever": setting},
                                    "cell": record["name"], "metrics_path": cell.metrics_path, "n": metrics["n"]})
-    if not found.rows:
-        raise RatuneError(f"{sweep_dir}: no finished eval cells (cells/*/eval/*/.complete) to report")
     return found
 
 
@@ -248,11 +248,12 @@ def _write_curves(curve_paths: list[Path], out: Path, summary: dict) -> None:
 
 def _selections(sweep_dir: Path, found: "_Finished") -> list[dict]:
     """Per cell with ``eval.selection_rule`` (``CELL/selection.json``): the chosen checkpoint, its
-    validation counts on the cell's curve and its test counts (from ``found``), the cell's table
-    and row."""
+    validation counts on the cell's curve and its test counts (from ``found``; a cell without eval
+    cells: its finished BFCL categories, BFCL's verdicts), the cell's table and row."""
     paths = sorted((sweep_dir / "cells").glob("*/selection.json"))
     if not paths:
         return []
+    from ratune.eval.bfcl_run import finished_categories
     from ratune.eval.curve import read_curve
 
     tested: dict[str, list] = {}
@@ -269,7 +270,9 @@ def _selections(sweep_dir: Path, found: "_Finished") -> list[dict]:
                                     for s, r in validation.items()},
                      "test": {c["test_retriever"]: {"n": c["n"], "strict": c["strict"]["correct_n"],
                                                     **({"gorilla": c["correct_n"]} if "correct_n" in c else {})}
-                              for _, c in sorted(cells, key=lambda rc: rc[1]["test_retriever"])},
+                              for _, c in sorted(cells, key=lambda rc: rc[1]["test_retriever"])}
+                     or {f"bfcl {k}": {"n": m["n"], "strict": m["correct"]}
+                         for k, m in finished_categories(cell / "bfcl").items()},
                      **({"table": _group_of(cells[0][0], False), "row": cells[0][1]["train_retriever"]}
                         if cells else {})})
     return rows
@@ -290,7 +293,8 @@ def _write_selections(rows: list[dict], out: Path, summary: dict) -> None:
     if not rows:
         return
     lines = ["Checkpoints chosen on the validation questions (eval.selection_rule); the test questions were read "
-             "once, for the chosen checkpoint. Correct answers of n, strict metric (gorilla where the hub has it).",
+             "once, for the chosen checkpoint. Correct answers of n, strict metric (gorilla where the hub has it; "
+             "BFCL's checker for a bfcl category).",
              "", "| cell | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
 
     def counts(block: dict) -> str:
@@ -410,7 +414,12 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
             print(f"best in {name}: {b['cell']} {where}; export it with:\n  {b['export']}")
     for name, reason in summary.get("no_best", {}).items():
         print(f"no best cell in {name}: {reason}")
-    print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} (sweep.csv, {len(tables)} table(s))")
+    if "selection" in summary:
+        print((report_dir / "selection.md").read_text(encoding="utf-8"))
+    if "bfcl" in summary:
+        print((report_dir / summary["bfcl"]["report"]).read_text(encoding="utf-8"))
+    written = f"sweep.csv, {len(tables)} table(s)" if tables else "no Table 2: no eval cells"
+    print(f"wrote {Path(out) if out else Path(sweep_dir) / 'report'} ({written})")
     return 0
 
 

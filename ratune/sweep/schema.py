@@ -48,11 +48,12 @@ SweepEval = config_model(
         description="a learning curve: after training, every Trainer checkpoint of a cell is evaluated under "
                     "these settings (cells/NAME/curve/); the base config must save checkpoints (save_strategy: "
                     "epoch or save_steps) and keep them all (no save_total_limit)")),
-           "selection_rule": (Literal[tuple(SELECTION_RULES)] | None, Field(
-               None, description="choose each cell's checkpoint on the validation questions by this rule "
-                                 "(eval/selection.py): the curve runs on --split validation, and eval.settings "
-                                 "evaluate the chosen checkpoint's test questions; needs curve_settings and "
-                                 "data.validation_fraction")),
+           "selection_rule": (Literal[tuple(SELECTION_RULES)] | dict[str, Literal[tuple(SELECTION_RULES)]] | None,
+                              Field(None, description="choose each cell's checkpoint on the validation questions by "
+                                    "this rule (eval/selection.py), or by a rule per train_retriever ({none: "
+                                    "zero_shot, oracle: oracle, ...}): the curve runs on --split validation, and "
+                                    "eval.settings evaluate the chosen checkpoint's test questions; needs "
+                                    "curve_settings and data.validation_fraction")),
            "selection_metric": (Literal["strict", "gorilla"], Field(
                "strict", description="the counts the selection rule compares"))})
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
 
-from ratune.io import write_json
+from ratune.io import write_json, write_text
 from ratune.sweep.cells import Cell, data_plan
 from ratune.sweep.commands import _fmt, bfcl_command, data_command, eval_command, select_command, train_command
 from ratune.sweep.local import _yaml, prepare_sweep_folder
@@ -39,20 +40,21 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
     submit = ["#!/bin/bash", f"# ratune sweep {sweep.source}: {len(cells)} cells", "set -euo pipefail"]
     data_jobs = {}
     for hub, entry in plan.items():
-        script = slurm_dir / f"data_{hub}.sbatch"
-        lines = _sbatch_header(f"ratune-data-{hub}", slurm_dir / f"data_{hub}-%j.out", nodes=1, gpus=1,
+        name = re.sub(r"\W", "_", Path(entry["dir"]).name)  # a folder hub's path is no file or shell name
+        script = slurm_dir / f"data_{name}.sbatch"
+        lines = _sbatch_header(f"ratune-data-{name}", slurm_dir / f"data_{name}-%j.out", nodes=1, gpus=1,
                                time=s.eval_time or s.time, s=s)
         lines += ["# a folder built with the same request is reused (--reuse-if-same); one that differs is rebuilt",
                   _fmt(data_command(sweep, hub, entry))]
-        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        data_jobs[hub] = f"data_{hub}_jid"
-        submit.append(f"data_{hub}_jid=$(sbatch --parsable {shlex.quote(str(script))})")
+        write_text(script, "\n".join(lines) + "\n")
+        data_jobs[hub] = f"data_{name}_jid"
+        submit.append(f"data_{name}_jid=$(sbatch --parsable {shlex.quote(str(script))})")
     nprocs = s.nodes * s.gpus_per_node
     for cell in cells:
         sdir = cell.dir / "slurm"
         sdir.mkdir(parents=True, exist_ok=True)
         write_json(cell.dir / "cell.json", cell_record(sweep, cell))
-        (cell.dir / "train.yaml").write_text(_yaml(cell.config), encoding="utf-8")
+        write_text(cell.dir / "train.yaml", _yaml(cell.config))
         launch = train_command(sweep, cell, launch_args=[
             "--num_machines", "$SLURM_NNODES", "--machine_rank", "$SLURM_NODEID",
             "--main_process_ip", "$MAIN_IP", "--main_process_port", str(s.main_process_port),
@@ -65,26 +67,31 @@ def write_slurm(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool = False,
                   "# an unfinished run is resumed or restarted by ratune.train itself (--on-unfinished), under its lock",
                   "# one accelerate launcher per node; $SLURM_NODEID is expanded on each node",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(launch_text)}"]
-        (sdir / "train.sbatch").write_text("\n".join(train) + "\n", encoding="utf-8")
+        write_text(sdir / "train.sbatch", "\n".join(train) + "\n")
         ev = _sbatch_header(f"ratune-eval-{cell.name}"[:120], sdir / "eval-%j.out", nodes=1, gpus=1,
                             time=s.eval_time or s.time, s=s)
-        if sweep.config.eval.selection_rule is None:
+        e = sweep.config.eval
+        if e.selection_rule is None and e.settings:
             ev.append(_fmt(eval_command(sweep, cell)))
-        if sweep.config.eval.curve_settings:
+        if e.curve_settings:
             ev.append(_fmt(eval_command(sweep, cell, curve=True)))
-        if sweep.config.eval.selection_rule is not None:  # the test questions of the checkpoint chosen on the curve
+        chosen = None
+        if e.selection_rule is not None:  # the test questions of the checkpoint chosen on the curve
+            chosen = "CHOSEN"
             ev.append(f"CHECKPOINT=$({_fmt(select_command(sweep, cell))})")
-            ev.append(_fmt(eval_command(sweep, cell, checkpoint="CHOSEN")).replace("CHOSEN", '"$CHECKPOINT"', 1))
+            if e.settings:
+                ev.append(_fmt(eval_command(sweep, cell, checkpoint=chosen)).replace(chosen, '"$CHECKPOINT"', 1))
         if sweep.config.bfcl is not None:
-            ev.append(_fmt(bfcl_command(sweep, cell)))
-        (sdir / "eval.sbatch").write_text("\n".join(ev) + "\n", encoding="utf-8")
+            line = _fmt(bfcl_command(sweep, cell, checkpoint=chosen))
+            ev.append(line.replace(chosen, '"$CHECKPOINT"', 1) if chosen else line)
+        write_text(sdir / "eval.sbatch", "\n".join(ev) + "\n")
         prefix = "# finished: " if is_finished(sweep, cell) else ""
         submit += [f"# cell {cell.name}",
                    f"{prefix}jid=$(sbatch --parsable --dependency=afterok:${data_jobs[cell.hub]} "
                    f"{shlex.quote(str(sdir / 'train.sbatch'))})",
                    f"{prefix}sbatch --parsable --dependency=afterok:$jid {shlex.quote(str(sdir / 'eval.sbatch'))}"]
     path = slurm_dir / "submit.sh"
-    path.write_text("\n".join(submit) + "\n", encoding="utf-8")
+    write_text(path, "\n".join(submit) + "\n")
     path.chmod(0o755)
     print(f"wrote {len(cells)} cells' sbatch scripts; submit with: bash {path}", file=out)
     return path
