@@ -14,7 +14,9 @@ writes the curve::
 A row: ``step``, ``epoch`` (from the checkpoint's ``trainer_state.json``; None when absent),
 ``setting``, ``n``, and per metric (``strict``, ``gorilla``) ``{metric}_correct`` (count),
 ``{metric}_accuracy`` and ``{metric}_hallucination`` (fractions of n) and ``{metric}_ci``
-(Wilson interval of the accuracy, :func:`ratune.eval.stats.wilson_interval`). The question "has
+(Wilson interval of the accuracy, :func:`ratune.eval.stats.wilson_interval`); a tool set's rows
+also carry ``by_answer`` (strict counts apart for questions answered with calls and with none,
+:class:`ratune.eval.tool_scorer.ToolSetScorer`), None elsewhere. The question "has
 0-shot accuracy stopped rising?" is read off the table: compare the last checkpoints' counts and
 their intervals.
 """
@@ -72,6 +74,8 @@ def curve_row(step: int, epoch: float | None, setting: str, metrics: dict) -> di
         row[f"{metric}_accuracy"] = block["accuracy"]
         row[f"{metric}_hallucination"] = block["hallucination"]
         row[f"{metric}_ci"] = list(block["accuracy_ci"])
+    by_answer = (metrics.get("calls") or {}).get("by_answer")  # a tool set's cells only
+    row["by_answer"] = None if by_answer is None else {k: dict(v) for k, v in by_answer.items()}
     return row
 
 

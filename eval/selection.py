@@ -12,9 +12,25 @@ from statistics import fmean
 from typing import Callable, Sequence
 
 from ratune.errors import RatuneError
+from ratune.hubs import Hub, ToolSetHub
 from ratune.io import read_json_object
 from ratune.registry import ZERO_SHOT_SETTING, unknown_name
 from ratune.train.layout import TRAINER_DIR
+
+
+def correct_count(row: dict, metric: str) -> int | None:
+    """A curve row's correct count by ``metric`` (None: the curve has no such metric)."""
+    return row[f"{metric}_correct"]
+
+
+def worse_answer_kind(row: dict, metric: str) -> float | None:
+    """The lower strict accuracy of a tool-set row's questions answered with calls and those
+    answered with none (``by_answer``, :func:`ratune.eval.curve.curve_row`; a kind with no
+    questions is left out); None: no such counts (not a tool set, or ``metric`` not strict)."""
+    by_answer = row.get("by_answer")
+    if by_answer is None or metric != "strict":
+        return None
+    return min((kind["correct_n"] / kind["n"] for kind in by_answer.values() if kind["n"]), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -24,24 +40,45 @@ class SelectionRule:
     Attributes:
         name: the rule's name (``--rule``, a sweep's ``selection.rule``).
         summary: one line for help texts, reports and docs.
-        aggregate: the score of a checkpoint from its settings' correct counts.
+        aggregate: the score of a checkpoint from its settings' row scores.
         setting: the one test setting the rule reads (None: every setting of the curve).
+        row_score: one row's score for a metric (None when the row cannot give it).
+        needs: what a curve must hold for ``row_score``, for the error when it does not.
+        hub_kinds: the kinds of hub whose curves give ``row_score`` (None: every kind).
     """
 
     name: str
     summary: str
-    aggregate: Callable[[Sequence[int]], float]
+    aggregate: Callable[[Sequence[float]], float]
     setting: str | None = None
+    row_score: Callable[[dict, str], float | None] = correct_count
+    needs: str = "{metric} metric (a catalog or tool set is scored by strict only)"
+    hub_kinds: tuple[str, ...] | None = None
+
+    def check_hub(self, hub: Hub, where: str) -> None:
+        """Refuse, before any training, a hub whose curves this rule cannot read.
+
+        Raises:
+            RatuneError: naming ``where``, the hub and the kinds the rule reads.
+        """
+        if self.hub_kinds is not None and hub.kind not in self.hub_kinds:
+            raise RatuneError(f"{where}: selection rule {self.name} reads the curves of a {' or '.join(self.hub_kinds)} "
+                              f"hub only (it needs {self.needs.format(metric='strict')}); hub {hub.name} is of kind {hub.kind}")
 
 
 #: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``oracle`` of
 #: one trained with the gold document; ``worst_case`` of a mixture, which should hold up under every
-#: retriever it may meet.
+#: retriever it may meet; ``balanced`` of a tool-calling model, which should both call and abstain
+#: (docs/function_calling.md#choosing-the-checkpoint).
 SELECTION_RULES: dict[str, SelectionRule] = {r.name: r for r in (
     SelectionRule("zero_shot", f"most correct answers at {ZERO_SHOT_SETTING}", min, setting=ZERO_SHOT_SETTING),
     SelectionRule("oracle", "most correct answers at oracle (the gold document)", min, setting="oracle"),
     SelectionRule("worst_case", "most correct answers in the checkpoint's worst setting", min),
     SelectionRule("mean", "most correct answers on average over the settings", fmean),
+    SelectionRule("balanced", "highest strict accuracy on the worse of the questions answered with calls and those "
+                  "answered with none, in the worst setting", min, row_score=worse_answer_kind,
+                  needs="strict counts by reference answer (by_answer: a tool set's curve, --metric strict)",
+                  hub_kinds=(ToolSetHub.kind,)),
 )}
 
 
@@ -58,14 +95,16 @@ def get_selection_rule(name: str) -> SelectionRule:
 
 def choose_checkpoint(rows: Sequence[dict], rule: str, *, metric: str = "strict") -> dict:
     """The checkpoint ``rule`` chooses on curve ``rows`` (:func:`ratune.eval.curve.curve_row`) by
-    ``metric``'s correct counts: the highest score, ties to the earlier step.
+    ``metric`` (the rule's row score: a correct count, or for ``balanced`` an accuracy): the highest
+    score, ties to the earlier step.
 
     Returns:
         ``{"rule", "summary", "metric", "setting", "step", "epoch", "score", "scores": [{"step",
         "epoch", "score"}]}`` (``scores`` by step).
     Raises:
-        RatuneError: an unknown rule; no rows; the rule's setting missing at a step; a metric the
-            curve does not have (a catalog has no ``gorilla``).
+        RatuneError: an unknown rule; no rows; the rule's setting missing at a step; a metric or
+            counts the curve does not have (a catalog has no ``gorilla``; only a tool set's curve
+            has ``by_answer``).
     """
     chosen_rule = get_selection_rule(rule)
     if not rows:
@@ -81,10 +120,9 @@ def choose_checkpoint(rows: Sequence[dict], rule: str, *, metric: str = "strict"
             if not part:
                 raise RatuneError(f"selection rule {rule}: the curve has no {chosen_rule.setting} cell at step {step}; "
                                   f"evaluate the curve with --settings {chosen_rule.setting}")
-        counts = [r[f"{metric}_correct"] for r in part]
+        counts = [chosen_rule.row_score(r, metric) for r in part]
         if any(c is None for c in counts):
-            raise RatuneError(f"selection rule {rule}: the curve has no {metric} metric (a catalog or tool set is "
-                              "scored by strict only)")
+            raise RatuneError(f"selection rule {rule}: the curve has no " + chosen_rule.needs.format(metric=metric))
         scores.append({"step": step, "epoch": part[0]["epoch"], "score": chosen_rule.aggregate(counts)})
     best = max(scores, key=lambda s: (s["score"], -s["step"]))
     return {"rule": rule, "summary": chosen_rule.summary, "metric": metric, "setting": chosen_rule.setting,

@@ -11,6 +11,8 @@ from ratune.sources.formats import PythonCallsFormat
 
 #: The metric a tool-set cell reports.
 TOOL_SET_METRIC = "strict"
+#: The kinds of reference answer a tool-set cell counts apart: one call or more, and none (``[]``).
+ANSWER_KINDS = ("call", "no_call")
 
 
 def _canonical(value):
@@ -62,13 +64,19 @@ class ToolSetScorer:
 
     def score(self, responses: Sequence[dict]) -> dict:
         """Score responses (``question_id``, ``text``): ``{"hub", "n", "strict", "calls", "parser",
-        "per_question"}``; fractions of n (0.0 when n is 0)."""
+        "per_question"}``; fractions of n (0.0 when n is 0). ``calls["by_answer"]`` splits the
+        questions by their reference answer: ``call`` (one call or more) and ``no_call`` (``[]``),
+        each ``{"n", "correct_n"}``."""
         counts = {"correct": 0, "hallucination": 0, "error": 0}
+        by_answer = {kind: {"n": 0, "correct_n": 0} for kind in ANSWER_KINDS}
         decoded = calling = 0
         per_question = []
         for response in responses:
             verdict, calls = self.verdict(response.get("text"), response.get("question_id"))
             counts[verdict] += 1
+            kind = by_answer["call" if self._gold[response["question_id"]] else "no_call"]
+            kind["n"] += 1
+            kind["correct_n"] += verdict == "correct"
             decoded += calls is not None
             calling += bool(calls)
             per_question.append({"question_id": response.get("question_id"), "strict": verdict,
@@ -82,5 +90,5 @@ class ToolSetScorer:
                   "error": rate(counts["error"]), **{f"{k}_n": v for k, v in counts.items()}}
         return {"hub": self.hub, "n": n, "strict": strict,
                 "calls": {"format_adherence": rate(decoded), "call_rate": rate(calling), "decoded_n": decoded,
-                          "calling_n": calling},
+                          "calling_n": calling, "by_answer": by_answer},
                 "parser": self._format.parser_record(), "per_question": per_question}

@@ -51,6 +51,12 @@ def test_curve_row_counts_rates_and_wilson_interval():
     # the row copies the cell's own rates and interval (one computation, in the cell's metrics.json)
     copied = curve_row(21, 1.0, "0_shot", {**metrics, "strict": {**metrics["strict"], "accuracy_ci": [0.25, 0.5]}})
     assert copied["strict_ci"] == [0.25, 0.5]
+    # an APIBench cell has no counts by reference answer; a tool set's cell has them, copied
+    assert row["by_answer"] is None
+    by_answer = {"call": {"n": 4, "correct_n": 1}, "no_call": {"n": 6, "correct_n": 2}}
+    tool_row = curve_row(21, 1.0, "oracle", {"n": 10, "strict": metric_block(3, 2, 5),
+                                             "calls": {"call_rate": 0.5, "by_answer": by_answer}})
+    assert tool_row["by_answer"] == by_answer and tool_row["gorilla_correct"] is None
 
 
 def test_curve_ticks_are_the_measured_epochs(tmp_path, monkeypatch):

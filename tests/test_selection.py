@@ -42,6 +42,37 @@ def test_a_tie_goes_to_the_earlier_step_whatever_the_row_order():
     assert choose_checkpoint(tied, "zero_shot")["step"] == 10
 
 
+def test_balanced_takes_the_worse_of_calling_and_abstaining_worked_out_by_hand():
+    """A tool set's curve: 10 questions that call and 30 that call nothing. Step 10 abstains on all:
+    plain accuracy 30/40 but 0 of the calls; step 20 gets 4/10 calls and 24/30 abstentions (28/40);
+    step 30 gets 6/10 and 15/30 (21/40). worst_case (one setting: plain accuracy) keeps step 10;
+    balanced scores min(0, 1) = 0, min(0.4, 0.8) = 0.4, min(0.6, 0.5) = 0.5 and keeps step 30. With
+    two settings it takes each step's worse setting: step 30's bm25 row, min(0.1, 0.9), brings it to 0.1."""
+    def row(step, setting, call, no_call):
+        return {"step": step, "epoch": step / 10, "setting": setting, "n": 40, "strict_correct": call + no_call,
+                "gorilla_correct": None, "by_answer": {"call": {"n": 10, "correct_n": call},
+                                                       "no_call": {"n": 30, "correct_n": no_call}}}
+
+    curve = [row(10, "oracle", 0, 30), row(20, "oracle", 4, 24), row(30, "oracle", 6, 15)]
+    assert choose_checkpoint(curve, "worst_case")["step"] == 10
+    chosen = choose_checkpoint(curve, "balanced")
+    assert [(s["step"], s["score"]) for s in chosen["scores"]] == [(10, 0.0), (20, 0.4), (30, 0.5)]
+    assert (chosen["step"], chosen["score"]) == (30, 0.5)
+    two = curve + [row(10, "bm25", 0, 30), row(20, "bm25", 4, 24), row(30, "bm25", 1, 27)]
+    assert [(s["step"], s["score"]) for s in choose_checkpoint(two, "balanced")["scores"]] == [
+        (10, 0.0), (20, 0.4), (30, 0.1)]
+    # a kind without questions is left out: only calling questions -> their accuracy
+    only_calls = [{**row(10, "oracle", 3, 0), "by_answer": {"call": {"n": 10, "correct_n": 3},
+                                                           "no_call": {"n": 0, "correct_n": 0}}}]
+    assert choose_checkpoint(only_calls, "balanced")["score"] == 0.3
+    # an APIBench or catalog curve has no by_answer counts; nor has the gorilla metric
+    with pytest.raises(RatuneError, match=r"selection rule balanced: the curve has no strict counts by reference "
+                                          r"answer \(by_answer: a tool set's curve, --metric strict\)"):
+        choose_checkpoint(CURVE, "balanced")
+    with pytest.raises(RatuneError, match="the curve has no strict counts by reference answer"):
+        choose_checkpoint(curve, "balanced", metric="gorilla")
+
+
 def test_refusals_name_the_way_out():
     with pytest.raises(RatuneError, match="unknown selection rule 'best'"):
         choose_checkpoint(CURVE, "best")
@@ -293,7 +324,9 @@ def test_the_report_of_a_sweep_tested_on_bfcl_alone(tmp_path, monkeypatch, capsy
         for e in load_bfcl(bfcl_data_dir(), "simple_python")[:2]))
 
     class Runner(choosing_runner(FakeRunner, rule="worst_case", setting="oracle", hub="mine", epochs={1: 1.0},
-                                 metrics=lambda s: {"n": 5, "strict": metric_block(3, 0, 2)})):
+                                 metrics=lambda s: {"n": 5, "strict": metric_block(3, 0, 2), "calls": {
+                                     "by_answer": {"call": {"n": 2, "correct_n": 1},
+                                                   "no_call": {"n": 3, "correct_n": 2}}}})):
         def __call__(self, cmd, log_path):
             if cmd[:3] == ["ratune", "eval", "bfcl"]:
                 assert main(["eval", "bfcl", "--responses", str(given.parent), "--out",
@@ -312,7 +345,9 @@ def test_the_report_of_a_sweep_tested_on_bfcl_alone(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     report = tmp_path / "sweep" / "report"
     assert "(no Table 2: no eval cells)" in out and not (report / "sweep.csv").exists()
-    assert "| worst_case (strict) | 1 | 1 | oracle 3/5 | bfcl simple_python 2/2 |" in (report / "selection.md").read_text()
+    # a tool set's validation counts show the rows that call and the rows answered [] apart
+    assert ("| worst_case (strict) | 1 | 1 | oracle 3/5 (calls 1/2, [] 2/3) | bfcl simple_python 2/2 |"
+            in (report / "selection.md").read_text())
     assert json.loads((report / "sweep.json").read_text())["tables"] == {}
 
 
@@ -337,3 +372,26 @@ def test_a_rule_per_arm(tmp_path):
         sw.expand(sweep_with({"none": "zero_shot"}))
     with pytest.raises(RatuneError, match="names mix-x, which no cell trains with"):
         sw.expand(sweep_with({"none": "zero_shot", "oracle": "oracle", "mix-x": "mean"}))
+    # balanced reads a tool set's counts by reference answer: refused on APIBench before anything runs
+    with pytest.raises(RatuneError, match=r"cell train_retriever-oracle-\w+: selection rule balanced reads the "
+                                          r"curves of a tool_set hub only \(it needs strict counts by reference "
+                                          r"answer .*\); hub torchhub is of kind apibench"):
+        sw.expand(sweep_with({"none": "zero_shot", "oracle": "balanced"}))
+
+
+def test_the_balanced_rule_is_taken_for_a_tool_set_sweep(tmp_path):
+    from pathlib import Path
+
+    import ratune.sweep as sw
+    from ratune.sources.toolset import import_tool_set
+    from ratune.sweep.commands import select_command
+    from test_sweep import BASE, write_sweep
+
+    import_tool_set(tmp_path / "ts", rows_file=Path(__file__).resolve().parent / "fixtures" / "tools" /
+                    "xlam_rows.jsonl", eval_fraction=0, name="mine")
+    sweep = sw.load_sweep(write_sweep(tmp_path, base={**BASE, "hub": str(tmp_path / "ts"), "save_steps": 1},
+                                      eval={"settings": [], "curve_settings": ["oracle"], "selection_rule": "balanced"},
+                                      data={"max_length": 512, "validation_fraction": 0.4, "leakage": "allow"},
+                                      bfcl={"categories": ["simple_python"]}))
+    commands = [select_command(sweep, c) for c in sw.expand(sweep)]
+    assert len(commands) == 2 and all(cmd[cmd.index("--rule") + 1] == "balanced" for cmd in commands)

@@ -204,9 +204,11 @@ def test_the_tool_set_scorer_reads_tool_calls_answers(tmp_path, tools_tokenizer)
         5: "None of the given functions can be used.",  # row 5 calls nothing: correct
     }
     scored = scoring.score([{"question_id": q, "text": t} for q, t in answers.items()])
+    # rows 1, 2 and 4 call tools (1 and 2 answered right); rows 3 and 5 call nothing (5 answered right)
     assert scored["strict"] == {"accuracy": 0.6, "hallucination": 0.2, "error": 0.2, "correct_n": 3,
                                 "hallucination_n": 1, "error_n": 1}
-    assert scored["calls"] == {"format_adherence": 0.8, "call_rate": 0.6, "decoded_n": 4, "calling_n": 3}
+    assert scored["calls"] == {"format_adherence": 0.8, "call_rate": 0.6, "decoded_n": 4, "calling_n": 3,
+                               "by_answer": {"call": {"n": 3, "correct_n": 2}, "no_call": {"n": 2, "correct_n": 1}}}
     assert scored["parser"].keys() == {"transformers_parse_response"}
 
 

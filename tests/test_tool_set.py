@@ -331,7 +331,9 @@ def test_the_tool_set_scorer_counts_hand_worked_cases(rows_file, tmp_path):
     scored = scoring.score([{"question_id": q, "text": t} for q, t in answers.items()])
     assert scored["strict"] == {"accuracy": 0.4, "hallucination": 0.2, "error": 0.4, "correct_n": 2,
                                 "hallucination_n": 1, "error_n": 2}
-    assert scored["calls"] == {"format_adherence": 0.8, "call_rate": 0.8, "decoded_n": 4, "calling_n": 4}
+    # rows 1, 2 and 4 call a tool (2 right); rows 3 and 5 call nothing (one answered with a call, one in prose)
+    assert scored["calls"] == {"format_adherence": 0.8, "call_rate": 0.8, "decoded_n": 4, "calling_n": 4,
+                               "by_answer": {"call": {"n": 3, "correct_n": 2}, "no_call": {"n": 2, "correct_n": 0}}}
     assert [q["strict"] for q in scored["per_question"]] == ["correct", "correct", "hallucination", "error", "error"]
     assert scoring.score([{"question_id": 3, "text": "[]"}])["strict"]["correct_n"] == 1  # row 3 calls nothing
     with pytest.raises(RatuneError, match="--metric gorilla: the gorilla metric is APIBench's"):

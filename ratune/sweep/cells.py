@@ -16,6 +16,7 @@ from ratune.config import parse_yaml, validate
 from ratune.hubs import resolve_hub
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
+from ratune.eval.selection import get_selection_rule
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
 
@@ -137,9 +138,12 @@ def expand(sweep: Sweep) -> list[Cell]:
         if cfg.eval.curve_settings:
             _check_curve_saves(resolved, f"{sweep.source}: cell {name}")
         cells.append(Cell(name=name, axes=axes, config=resolved, dir=cell_dir))
-        if cfg.eval.selection_rule is not None and selection_rule_of(sweep, cells[-1]) is None:
+        rule = selection_rule_of(sweep, cells[-1])
+        if cfg.eval.selection_rule is not None and rule is None:
             raise RatuneError(f"{sweep.source}: eval.selection_rule names no rule for train_retriever "
                               f"{resolved['train_retriever']} (cell {name}); give one for every arm")
+        if rule is not None:
+            get_selection_rule(rule).check_hub(hub, f"{sweep.source}: cell {name}")
     if isinstance(cfg.eval.selection_rule, dict):
         unused = sorted(set(cfg.eval.selection_rule) - {c.config["train_retriever"] for c in cells})
         if unused:

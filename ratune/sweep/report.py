@@ -266,7 +266,8 @@ def _selections(sweep_dir: Path, found: "_Finished") -> list[dict]:
         cells = tested.get(cell.name, [])
         rows.append({"cell": cell.name, "rule": chosen["rule"], "metric": chosen["metric"], "step": chosen["step"],
                      "epoch": chosen["epoch"], "score": chosen["score"],
-                     "validation": {s: {"n": r["n"], "strict": r["strict_correct"], "gorilla": r["gorilla_correct"]}
+                     "validation": {s: {"n": r["n"], "strict": r["strict_correct"], "gorilla": r["gorilla_correct"],
+                                        **({"by_answer": r["by_answer"]} if r.get("by_answer") else {})}
                                     for s, r in validation.items()},
                      "test": {c["test_retriever"]: {"n": c["n"], "strict": c["strict"]["correct_n"],
                                                     **({"gorilla": c["correct_n"]} if "correct_n" in c else {})}
@@ -298,8 +299,15 @@ def _write_selections(rows: list[dict], out: Path, summary: dict) -> None:
              "", "| cell | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
 
     def counts(block: dict) -> str:
-        return "; ".join(f"{s} {c['strict']}/{c['n']}" + (f" (gorilla {c['gorilla']})" if c.get("gorilla") is not None
-                                                          else "") for s, c in block.items())
+        def detail(c: dict) -> str:
+            if c.get("gorilla") is not None:
+                return f" (gorilla {c['gorilla']})"
+            if "by_answer" in c:  # a tool set's: the calling and the [] rows apart
+                calls, none = c["by_answer"]["call"], c["by_answer"]["no_call"]
+                return f" (calls {calls['correct_n']}/{calls['n']}, [] {none['correct_n']}/{none['n']})"
+            return ""
+
+        return "; ".join(f"{s} {c['strict']}/{c['n']}{detail(c)}" for s, c in block.items())
 
     for r in rows:
         epoch = "" if r["epoch"] is None else f"{r['epoch']:g}"
