@@ -15,7 +15,7 @@ A row: ``step``, ``epoch`` (from the checkpoint's ``trainer_state.json``; None w
 ``setting``, ``n``, and per metric (``strict``, ``gorilla``) ``{metric}_correct`` (count),
 ``{metric}_accuracy`` and ``{metric}_hallucination`` (fractions of n) and ``{metric}_ci``
 (Wilson interval of the accuracy, :func:`ratune.eval.stats.wilson_interval`); a tool set's rows
-also carry ``by_answer`` (strict counts apart for questions answered with calls and with none,
+also carry ``by_answer`` (strict counts apart for questions whose reference answer calls a tool and is ``[]``,
 :class:`ratune.eval.tool_scorer.ToolSetScorer`), None elsewhere. The question "has
 0-shot accuracy stopped rising?" is read off the table: compare the last checkpoints' counts and
 their intervals.

@@ -24,8 +24,8 @@ def correct_count(row: dict, metric: str) -> int | None:
 
 
 def worse_answer_kind(row: dict, metric: str) -> float | None:
-    """The lower strict accuracy of a tool-set row's questions answered with calls and those
-    answered with none (``by_answer``, :func:`ratune.eval.curve.curve_row`; a kind with no
+    """The lower strict accuracy of a tool-set row's questions whose reference answer calls a tool
+    and those whose reference answer is ``[]`` (``by_answer``, :func:`ratune.eval.curve.curve_row`; a kind with no
     questions is left out); None: no such counts (not a tool set, or ``metric`` not strict)."""
     by_answer = row.get("by_answer")
     if by_answer is None or metric != "strict":
@@ -55,15 +55,20 @@ class SelectionRule:
     needs: str = "{metric} metric (a catalog or tool set is scored by strict only)"
     hub_kinds: tuple[str, ...] | None = None
 
-    def check_hub(self, hub: Hub, where: str) -> None:
-        """Refuse, before any training, a hub whose curves this rule cannot read.
+    def check_hub(self, hub: Hub, metric: str, where: str) -> None:
+        """Refuse, before any training, a hub or metric whose curves this rule cannot read.
 
         Raises:
-            RatuneError: naming ``where``, the hub and the kinds the rule reads.
+            RatuneError: naming ``where``, the hub and the kinds the rule reads, or the metric.
         """
-        if self.hub_kinds is not None and hub.kind not in self.hub_kinds:
+        if self.hub_kinds is None:
+            return
+        if hub.kind not in self.hub_kinds:
             raise RatuneError(f"{where}: selection rule {self.name} reads the curves of a {' or '.join(self.hub_kinds)} "
                               f"hub only (it needs {self.needs.format(metric='strict')}); hub {hub.name} is of kind {hub.kind}")
+        if metric != "strict":
+            raise RatuneError(f"{where}: selection rule {self.name} reads strict counts only; use selection metric strict, "
+                              f"not {metric}")
 
 
 #: The rules by name. ``zero_shot`` is the rule of a model trained without documents; ``oracle`` of
@@ -75,9 +80,10 @@ SELECTION_RULES: dict[str, SelectionRule] = {r.name: r for r in (
     SelectionRule("oracle", "most correct answers at oracle (the gold document)", min, setting="oracle"),
     SelectionRule("worst_case", "most correct answers in the checkpoint's worst setting", min),
     SelectionRule("mean", "most correct answers on average over the settings", fmean),
-    SelectionRule("balanced", "highest strict accuracy on the worse of the questions answered with calls and those "
-                  "answered with none, in the worst setting", min, row_score=worse_answer_kind,
-                  needs="strict counts by reference answer (by_answer: a tool set's curve, --metric strict)",
+    SelectionRule("balanced", "highest strict accuracy on the worse of the questions whose reference answer calls a "
+                  "tool and those whose answer is [], in the worst setting", min, row_score=worse_answer_kind,
+                  needs="strict counts by reference answer (by_answer: a tool set's curve, --metric strict; a curve "
+                        "scored before ratune counted them lacks them)",
                   hub_kinds=(ToolSetHub.kind,)),
 )}
 

@@ -67,7 +67,8 @@ def test_balanced_takes_the_worse_of_calling_and_abstaining_worked_out_by_hand()
     assert choose_checkpoint(only_calls, "balanced")["score"] == 0.3
     # an APIBench or catalog curve has no by_answer counts; nor has the gorilla metric
     with pytest.raises(RatuneError, match=r"selection rule balanced: the curve has no strict counts by reference "
-                                          r"answer \(by_answer: a tool set's curve, --metric strict\)"):
+                                          r"answer \(by_answer: a tool set's curve, --metric strict; a curve scored "
+                                          r"before ratune counted them lacks them\)"):
         choose_checkpoint(CURVE, "balanced")
     with pytest.raises(RatuneError, match="the curve has no strict counts by reference answer"):
         choose_checkpoint(curve, "balanced", metric="gorilla")
@@ -395,3 +396,11 @@ def test_the_balanced_rule_is_taken_for_a_tool_set_sweep(tmp_path):
                                       bfcl={"categories": ["simple_python"]}))
     commands = [select_command(sweep, c) for c in sw.expand(sweep)]
     assert len(commands) == 2 and all(cmd[cmd.index("--rule") + 1] == "balanced" for cmd in commands)
+    gorilla = sw.load_sweep(write_sweep(tmp_path, base={**BASE, "hub": str(tmp_path / "ts"), "save_steps": 1},
+                                        eval={"settings": [], "curve_settings": ["oracle"], "selection_rule": "balanced",
+                                              "selection_metric": "gorilla"},
+                                        data={"max_length": 512, "validation_fraction": 0.4, "leakage": "allow"},
+                                        bfcl={"categories": ["simple_python"]}))
+    with pytest.raises(RatuneError, match="selection rule balanced reads strict counts only; use selection metric "
+                                          "strict, not gorilla"):
+        sw.expand(gorilla)

@@ -143,7 +143,7 @@ def expand(sweep: Sweep) -> list[Cell]:
             raise RatuneError(f"{sweep.source}: eval.selection_rule names no rule for train_retriever "
                               f"{resolved['train_retriever']} (cell {name}); give one for every arm")
         if rule is not None:
-            get_selection_rule(rule).check_hub(hub, f"{sweep.source}: cell {name}")
+            get_selection_rule(rule).check_hub(hub, cfg.eval.selection_metric, f"{sweep.source}: cell {name}")
     if isinstance(cfg.eval.selection_rule, dict):
         unused = sorted(set(cfg.eval.selection_rule) - {c.config["train_retriever"] for c in cells})
         if unused:
