@@ -1,7 +1,7 @@
 """BFCL cells in a report (``ratune report --bfcl NAME=DIR ...``): one row per model (or arm of
 several seeds) and category from ``ratune eval bfcl`` outputs, and each model compared with the
-references (the first, or ``--against``), paired by entry id (:func:`ratune.eval.compare.compare_bfcl_arms`),
-Holm-adjusted over the categories of each pair."""
+references (the first, or ``--against``), paired by entry id (:func:`ratune.eval.compare.compare_read_bfcl_arms`),
+Holm-adjusted over the categories of each pair. Each arm's verdicts are read once."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from ratune.errors import RatuneError
 from ratune.eval.bfcl import CATEGORIES
 from ratune.eval.bfcl_run import finished_categories
 from ratune.eval.bfcl_summary import SUMMARY_COLUMNS, summary_chart, summary_csv, summary_markdown, summary_rows
-from ratune.eval.compare import compare_bfcl_arms
+from ratune.eval.compare import BfclArm, compare_read_bfcl_arms, read_bfcl_arm
 from ratune.eval.report import report_output
-from ratune.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, holm, wilson_interval
+from ratune.eval.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, holm, mean_bootstrap
 from ratune.io import write_json, write_text
 from ratune.manifest import package_versions
 
@@ -27,7 +27,8 @@ REPORT_COLUMNS = (*SUMMARY_COLUMNS, "seeds", "accuracy_sd")
 def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str | os.PathLike, *,
                 against: Sequence[str] = (), resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
     """Write ``bfcl.{md,csv,json,png}`` into ``out_dir`` for ``(name, eval bfcl output folder)`` pairs;
-    a name given several times is one arm of several seeds (its rows: means over seeds).
+    a name given several times is one arm of several seeds (its rows: means over seeds, each
+    interval a bootstrap over entries of their shares of seeds right).
 
     Args:
         against: the names every other one is compared with (default: the first name).
@@ -54,7 +55,15 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
             if not done:
                 raise RatuneError(f"--bfcl {name}={folder}: no complete category; give a `ratune eval bfcl` output "
                                   "folder")
-    rows = [row for name, runs in finished.items() for row in _arm_rows(name, runs)]
+    read: dict[tuple[str, str], BfclArm] = {}
+
+    def arm(name: str, category: str) -> BfclArm:
+        if (name, category) not in read:
+            read[name, category] = read_bfcl_arm([f / category for f in arms[name]])
+        return read[name, category]
+
+    rows = [row for name, runs in finished.items()
+            for row in _arm_rows(name, runs, lambda c, name=name: arm(name, c), resamples=resamples, seed=seed)]
     comparisons = []
     for reference in against or [next(iter(arms))]:
         for name in arms:
@@ -63,8 +72,8 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
             common = [c for c in CATEGORIES if all(c in run for run in finished[name] + finished[reference])]
             block = []
             for category in common:
-                result = compare_bfcl_arms([f / category for f in arms[name]], [f / category for f in arms[reference]],
-                                           resamples=resamples, seed=seed)
+                result = compare_read_bfcl_arms(arm(name, category), arm(reference, category), resamples=resamples,
+                                                seed=seed)
                 block.append({**result, "a": {**result["a"], "model": name}, "b": {**result["b"], "model": reference},
                               "category": category})
             for c, p in zip(block, holm([c["mcnemar_p"] for c in block])):
@@ -79,9 +88,10 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
     return report
 
 
-def _arm_rows(name: str, runs: list[dict[str, dict]]) -> list[dict]:
+def _arm_rows(name: str, runs: list[dict[str, dict]], arm, *, resamples: int, seed: int) -> list[dict]:
     """The summary rows of one arm: one run's as they are; several seeds' as means over seeds
-    (``correct`` summed, its interval the Wilson interval of all seeds' answers pooled).
+    (``correct`` the mean count; the interval the bootstrap interval, over entries, of the mean of
+    each entry's share of seeds right; ``arm(category)`` gives the arm's :class:`BfclArm`).
 
     Raises:
         RatuneError: seeds that scored a category on different numbers of entries.
@@ -96,10 +106,10 @@ def _arm_rows(name: str, runs: list[dict[str, dict]]) -> list[dict]:
         if len({m["n"] for m in ms}) > 1:
             raise RatuneError(f"--bfcl {name}: its seeds scored {category} on {sorted({m['n'] for m in ms})} entries; "
                               "give seeds that answered the same entries")
-        correct, total = sum(m["correct"] for m in ms), sum(m["n"] for m in ms)
-        low, high = wilson_interval(correct, total)
-        rows.append({"category": category, "n": ms[0]["n"], "correct": correct,
-                     "accuracy": fmean(m["accuracy"] for m in ms), "accuracy_low": low, "accuracy_high": high,
+        accuracy, low, high = mean_bootstrap([share for _, share in sorted(arm(category).shares().items())],
+                                           resamples=resamples, seed=seed)
+        rows.append({"category": category, "n": ms[0]["n"], "correct": fmean(m["correct"] for m in ms),
+                     "accuracy": accuracy, "accuracy_low": low, "accuracy_high": high,
                      "call_rate": fmean(m["call_rate"] for m in ms),
                      "format_adherence": fmean(m["format_adherence"] for m in ms), "model": name,
                      "bfcl_version": ms[0]["bfcl_version"], "seeds": len(ms),

@@ -39,8 +39,9 @@ def summary_markdown(rows: list[dict]) -> str:
     lines += [f"| {r['category']} | {r['model']} | {r['n']} | {accuracy(r)} | {pct(r['accuracy_low'])}-"
               f"{pct(r['accuracy_high'])} | {pct(r['call_rate'])} | {pct(r['format_adherence'])} |" for r in rows]
     versions = sorted({r["bfcl_version"] for r in rows})
-    seeds = ("; a model of several seeds: the mean over seeds ±sd, the interval of all its seeds' answers pooled, "
-             "call rate and format adherence averaged" if any(r.get("seeds", 1) > 1 for r in rows) else "")
+    seeds = ("; a model of several seeds: the mean over seeds ±sd, its interval the 95 % bootstrap interval over "
+             "entries of each entry's share of seeds right, call rate and format adherence averaged"
+             if any(r.get("seeds", 1) > 1 for r in rows) else "")
     return (f"BFCL (bfcl-eval {', '.join(versions)}, checker model key {BFCL_MODEL}), scored by BFCL's own checker; "
             f"accuracy with its 95 % Wilson interval{seeds}.\n\n" + "\n".join(lines) + "\n")
 

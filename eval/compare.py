@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -126,83 +127,123 @@ def compare_files(responses_a, responses_b, *, hub, apibench_dir=None, metric: s
     return result
 
 
+#: What two BFCL category folders compared must share: one category, scored by one bfcl-eval and model key.
+BFCL_PAIRED_KEYS = ("category", "bfcl_version", "bfcl_model")
+
+
+@dataclass(frozen=True)
+class BfclArm:
+    """One arm's category folders of ``ratune eval bfcl`` (one per seed), read once
+    (:func:`read_bfcl_arm`): ``meta`` is the first folder's ``metrics.json`` with its ``category``,
+    ``verdicts`` each seed's ``{entry id: BFCL's checker accepted it}``."""
+
+    cells: tuple[Path, ...]
+    meta: dict
+    verdicts: tuple[dict[str, bool], ...]
+
+    @property
+    def seeds(self) -> int:
+        return len(self.cells)
+
+    def shares(self) -> dict[str, float]:
+        """Each entry's share of the arm's seeds that BFCL's checker accepts (0 or 1 for one seed)."""
+        return {q: sum(v[q] for v in self.verdicts) / self.seeds for q in self.verdicts[0]}
+
+
+def read_bfcl_arm(cells: Sequence[str | os.PathLike]) -> BfclArm:
+    """Read the verdicts of one arm's folders of a BFCL category (one per seed).
+
+    Raises:
+        RatuneError: a folder that is not a complete category; seeds that answered other entries, or
+            that differ in :data:`BFCL_PAIRED_KEYS`.
+        InputError: a malformed verdict line (file, line).
+    """
+    from ratune.eval.bfcl_run import bfcl_cell_outcomes
+
+    metas, verdicts = [], []
+    for cell in cells:
+        meta, outcomes = bfcl_cell_outcomes(cell)
+        metas.append((Path(cell), meta))
+        verdicts.append({o["question_id"]: o["bfcl"] == "correct" for o in outcomes})
+        if set(verdicts[-1]) != set(verdicts[0]):
+            raise RatuneError(f"{cell}: its entries differ from those of {cells[0]}; the seeds of an arm answer "
+                              "the same entries")
+    _check_one_bfcl(metas)
+    return BfclArm(tuple(c for c, _ in metas), metas[0][1], tuple(verdicts))
+
+
+def _check_one_bfcl(metas: Sequence[tuple[Path, dict]]) -> None:
+    """Refuse ``(folder, metrics)`` pairs that differ in :data:`BFCL_PAIRED_KEYS` (RatuneError)."""
+    for key in BFCL_PAIRED_KEYS:
+        values = {m.get(key) for _, m in metas}
+        if len(values) > 1:
+            raise RatuneError(f"the folders compared differ in {key} ({', '.join(sorted(map(str, values)))}: "
+                              f"{', '.join(os.fspath(c) for c, _ in metas)}); compare one category scored by one BFCL")
+
+
 def compare_bfcl_cells(cell_a, cell_b, *, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
     """Two category folders of ``ratune eval bfcl`` compared paired by entry id, by BFCL's own
     verdicts: :func:`compare_outcomes`'s dict (metric ``bfcl``) plus ``hub``, each side's ``path``
     and ``model``, ``bfcl_version`` and ``bfcl_model``.
 
     Raises:
-        RatuneError: a folder that is not a complete category, two categories, two bfcl-eval
-            versions or model keys, unpaired entries.
+        RatuneError: as :func:`compare_read_bfcl_arms`.
     """
-    from ratune.eval.bfcl_run import bfcl_cell_outcomes
-
-    (ma, a), (mb, b) = bfcl_cell_outcomes(cell_a), bfcl_cell_outcomes(cell_b)
-    for key in ("category", "bfcl_version", "bfcl_model"):
-        if ma.get(key) != mb.get(key):
-            raise RatuneError(f"A ({cell_a}) and B ({cell_b}) differ in {key}: {ma.get(key)} vs {mb.get(key)}; "
-                              "compare the same category scored by the same BFCL")
-    try:
-        result = compare_outcomes(a, b, metric=BFCL_METRIC, resamples=resamples, seed=seed)
-    except RatuneError as err:
-        raise RatuneError(f"{err} [A = {cell_a}, B = {cell_b}]") from None
-    result["hub"] = f"BFCL {ma['category']}"
-    for key, path, m in (("a", cell_a, ma), ("b", cell_b, mb)):
-        result[key].update(path=os.fspath(path), model=m.get("model"))
-    return {**result, "bfcl_version": ma.get("bfcl_version"), "bfcl_model": ma.get("bfcl_model")}
+    return compare_read_bfcl_arms(read_bfcl_arm([cell_a]), read_bfcl_arm([cell_b]), resamples=resamples, seed=seed)
 
 
 def compare_bfcl_arms(cells_a: Sequence, cells_b: Sequence, *, resamples: int = DEFAULT_RESAMPLES,
                       seed: int = DEFAULT_SEED) -> dict:
     """Two arms' folders of one BFCL category (one folder per seed each) compared paired by entry
-    id. One seed each: :func:`compare_bfcl_cells`. Otherwise each entry counts the share of an arm's
-    seeds that BFCL's checker accepts; ``contingency`` holds the entries where A's share is higher
-    (``only_a``), B's (``only_b``) or neither (``tied``); ``mcnemar_p`` is the two-sided sign test on
-    ``only_a`` and ``only_b`` (the exact McNemar test when each arm has one seed); ``difference`` is
-    the mean share A - B with its paired bootstrap interval over entries; ``a``/``b`` give ``seeds``,
-    ``correct_n`` (the mean over seeds) and ``accuracy``.
+    id: :func:`compare_read_bfcl_arms` of :func:`read_bfcl_arm` of each."""
+    return compare_read_bfcl_arms(read_bfcl_arm(cells_a), read_bfcl_arm(cells_b), resamples=resamples, seed=seed)
+
+
+def compare_read_bfcl_arms(a: BfclArm, b: BfclArm, *, resamples: int = DEFAULT_RESAMPLES,
+                           seed: int = DEFAULT_SEED) -> dict:
+    """Two arms of one BFCL category compared paired by entry id. One seed each:
+    :func:`compare_outcomes`'s dict (the exact McNemar test) with each side's ``path`` and ``model``.
+    Otherwise each entry counts the share of an arm's seeds that BFCL's checker accepts;
+    ``contingency`` holds the entries where A's share is higher (``only_a``), B's (``only_b``) or
+    neither (``tied``); ``mcnemar_p`` is the two-sided sign test on ``only_a`` and ``only_b``;
+    ``difference`` is the mean share A - B with its paired bootstrap interval over entries;
+    ``a``/``b`` give ``seeds``, ``correct_n`` (the mean over seeds), ``accuracy`` and ``paths``.
+    Both add ``hub``, ``bfcl_version`` and ``bfcl_model``.
 
     Raises:
-        RatuneError: as :func:`compare_bfcl_cells`; seeds of one arm that answered other entries.
+        RatuneError: the arms differ in :data:`BFCL_PAIRED_KEYS`; unpaired entries.
     """
-    from ratune.eval.bfcl_run import bfcl_cell_outcomes
-
-    if len(cells_a) == len(cells_b) == 1:
-        return compare_bfcl_cells(cells_a[0], cells_b[0], resamples=resamples, seed=seed)
-    metas, shares = [], {}
-    for key, cells in (("a", cells_a), ("b", cells_b)):
-        runs = []
-        for cell in cells:
-            meta, outcomes = bfcl_cell_outcomes(cell)
-            metas.append((cell, meta))
-            runs.append({o["question_id"]: o["bfcl"] == "correct" for o in outcomes})
-            if set(runs[-1]) != set(runs[0]):
-                raise RatuneError(f"{cell}: its entries differ from those of {cells[0]}; the seeds of an arm answer "
-                                  "the same entries")
-        shares[key] = {q: sum(run[q] for run in runs) / len(runs) for q in runs[0]}
-    for key in ("category", "bfcl_version", "bfcl_model"):
-        values = {m.get(key) for _, m in metas}
-        if len(values) > 1:
-            raise RatuneError(f"the folders compared differ in {key} ({', '.join(sorted(map(str, values)))}: "
-                              f"{', '.join(os.fspath(c) for c, _ in metas)}); compare one category scored by one BFCL")
+    _check_one_bfcl([(a.cells[0], a.meta), (b.cells[0], b.meta)])
+    common = {"hub": f"BFCL {a.meta['category']}", "bfcl_version": a.meta.get("bfcl_version"),
+              "bfcl_model": a.meta.get("bfcl_model")}
+    if a.seeds == b.seeds == 1:
+        outcomes = [[{"question_id": q, BFCL_METRIC: "correct" if right else "wrong"} for q, right in arm.verdicts[0].items()]
+                    for arm in (a, b)]
+        try:
+            result = compare_outcomes(*outcomes, metric=BFCL_METRIC, resamples=resamples, seed=seed)
+        except RatuneError as err:
+            raise RatuneError(f"{err} [A = {a.cells[0]}, B = {b.cells[0]}]") from None
+        for key, arm in (("a", a), ("b", b)):
+            result[key].update(path=os.fspath(arm.cells[0]), model=arm.meta.get("model"))
+        return {**result, **common}
+    shares = {"a": a.shares(), "b": b.shares()}
     if set(shares["a"]) != set(shares["b"]):
-        raise RatuneError(f"unpaired comparison refused: A ({cells_a[0]}) has {len(shares['a'])} entries, B "
-                          f"({cells_b[0]}) {len(shares['b'])}, {len(set(shares['a']) & set(shares['b']))} in common")
+        raise RatuneError(f"unpaired comparison refused: A ({a.cells[0]}) has {len(shares['a'])} entries, B "
+                          f"({b.cells[0]}) {len(shares['b'])}, {len(set(shares['a']) & set(shares['b']))} in common")
     ids = sorted(shares["a"])
     d = [shares["a"][q] - shares["b"][q] for q in ids]
     only_a, only_b = sum(x > 0 for x in d), sum(x < 0 for x in d)
     mean, low, high = mean_bootstrap(d, resamples=resamples, seed=seed)
-    n, category = len(ids), metas[0][1]["category"]
+    n = len(ids)
     side = {}
-    for key, cells in (("a", cells_a), ("b", cells_b)):
+    for key, arm in (("a", a), ("b", b)):
         correct = sum(shares[key].values())  # a mean over seeds; a whole count for one seed
-        side[key] = {"seeds": len(cells), "correct_n": round(correct) if len(cells) == 1 else correct,
-                     "accuracy": correct / n, "paths": [os.fspath(c) for c in cells]}
-    return {"metric": BFCL_METRIC, "n": n, **side, "hub": f"BFCL {category}",
+        side[key] = {"seeds": arm.seeds, "correct_n": round(correct) if arm.seeds == 1 else correct,
+                     "accuracy": correct / n, "paths": [os.fspath(c) for c in arm.cells]}
+    return {"metric": BFCL_METRIC, "n": n, **side, **common,
             "contingency": {"only_a": only_a, "only_b": only_b, "tied": n - only_a - only_b},
             "mcnemar_p": mcnemar_exact(only_a, only_b), "test": "sign test on each entry's share of seeds right",
-            "difference": {"value": mean, "low": low, "high": high, "resamples": resamples, "seed": seed},
-            "bfcl_version": metas[0][1].get("bfcl_version"), "bfcl_model": metas[0][1].get("bfcl_model")}
+            "difference": {"value": mean, "low": low, "high": high, "resamples": resamples, "seed": seed}}
 
 
 def format_compare(result: dict) -> str:

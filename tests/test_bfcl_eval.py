@@ -268,6 +268,13 @@ def test_two_bfcl_cells_are_compared_by_entry_id(tmp_path, capsys):
     assert result["mcnemar_p"] == 0.5 and (result["a"]["correct_n"], result["b"]["correct_n"]) == (3, 1)
     assert result["bfcl_version"] == BFCL_EVAL_VERSION
     # another category, or --metric, is refused; response files still need --hub
+    other = tmp_path / "b" / "irrelevance"
+    other.mkdir()
+    for name in ("metrics.json", "verdicts.jsonl", ".complete"):
+        if (tmp_path / "b" / "simple_python" / name).exists():
+            (other / name).write_bytes((tmp_path / "b" / "simple_python" / name).read_bytes())
+    rc, _, err = _run(["compare", str(tmp_path / "a" / "simple_python"), str(other)], capsys)
+    assert rc == 2 and "the folders compared differ in category (irrelevance, simple_python: " in err, err
     rc, _, err = _run(["compare", str(tmp_path / "a" / "simple_python"), str(tmp_path / "b" / "simple_python"),
                        "--metric", "strict"], capsys)
     assert rc == 2 and "--metric strict: two BFCL category folders are compared by BFCL's own verdict" in err
@@ -314,12 +321,16 @@ def test_the_bfcl_report_puts_models_side_by_side(tmp_path, capsys):
     assert rc == 2 and "ratune report --bfcl NAME=DIR ... takes --out and --against only (not --eval)" in err
 
 
-def test_the_bfcl_report_takes_seeds_and_references(tmp_path, capsys):
+def test_the_bfcl_report_takes_seeds_and_references(tmp_path, capsys, monkeypatch):
     """Arm r has two seeds, answering the first 4 simple_python entries right on 0-2 and on 0-1; arm
     k one seed, right on entry 0. Per entry r's share of seeds right is 1, 1, 0.5, 0 and k's 1, 0,
     0, 0: r higher on 2 entries, k on none, so the sign test gives 2 x 0.5^2 = 0.5 (one category:
     Holm changes nothing), and the mean difference is (0 + 1 + 0.5 + 0) / 4 = 37.5 points. r's row:
-    accuracy (0.75 + 0.5) / 2 = 62.5 %, sd 17.7 points, 5 of 8 answers pooled."""
+    accuracy (0.75 + 0.5) / 2 = 62.5 %, sd 17.7 points, 2.5 right on average; its interval is the
+    bootstrap over entries of the shares 1, 1, 0.5, 0. Enumerating the 256 equally likely resamples
+    of 4 shares, the mean is at most 0.125 in 5 (2.0 %) and at most 0.25 in 19 (7.4 %), and below 1
+    in 240 (93.8 %): the 2.5th and 97.5th percentiles are 0.25 and 1.0 (the pooled Wilson interval of
+    5 of 8 answers, 30.6-86.3 %, was narrower)."""
     from ratune.sources.bfcl import bfcl_data_dir, load_bfcl, possible_answer_text
 
     entries = load_bfcl(bfcl_data_dir(), "simple_python")[:4]
@@ -336,18 +347,29 @@ def test_the_bfcl_report_takes_seeds_and_references(tmp_path, capsys):
     assert rc == 0, err
     report = json.loads((tmp_path / "report" / "bfcl.json").read_text())
     (k_row, r_row), (comparison,) = report["rows"], report["comparisons"]
-    assert (k_row["seeds"], k_row["correct"], r_row["seeds"], r_row["correct"], r_row["accuracy"]) == (1, 1, 2, 5, 0.625)
-    assert r_row["accuracy_sd"] == pytest.approx(0.1767767) and r_row["accuracy_low"] == pytest.approx(0.3057, abs=1e-4)
+    assert (k_row["seeds"], k_row["correct"], r_row["seeds"], r_row["correct"], r_row["accuracy"]) == (1, 1, 2, 2.5,
+                                                                                                       0.625)
+    assert r_row["accuracy_sd"] == pytest.approx(0.1767767)
+    assert (r_row["accuracy_low"], r_row["accuracy_high"]) == (0.25, 1.0)
+    assert (k_row["accuracy_low"], k_row["accuracy_high"]) == pytest.approx((0.0456, 0.6994), abs=1e-4)  # Wilson 1 of 4
     assert (comparison["a"]["model"], comparison["b"]["model"], comparison["a"]["seeds"]) == ("r", "k", 2)
     assert comparison["contingency"] == {"only_a": 2, "only_b": 0, "tied": 2}
     assert comparison["mcnemar_p"] == comparison["holm_p"] == 0.5 and comparison["difference"]["value"] == 0.375
-    assert "| simple_python | r | 4 | 62.5 ±17.7 sd (2 seeds) | 30.6-86.3 |" in out
+    assert "| simple_python | r | 4 | 62.5 ±17.7 sd (2 seeds) | 25.0-100.0 |" in out
     assert "| simple_python | r | k | 4 | 2.5 | 1 | 2 | 0 | 0.5 | 0.5 | +37.5 [" in out
     assert list(csv.DictReader((tmp_path / "report" / "bfcl.csv").open()))[1]["seeds"] == "2"
     # --against: k compared with r, the same test from the other side
     assert _run(["report", *arms, "--against", "r", "--out", str(tmp_path / "r_first")], capsys)[0] == 0
     (flipped,) = json.loads((tmp_path / "r_first" / "bfcl.json").read_text())["comparisons"]
     assert (flipped["a"]["model"], flipped["contingency"]["only_b"], flipped["mcnemar_p"]) == ("k", 2, 0.5)
+    # each folder's verdicts are read once: k (the reference of r and of s), r's two seeds and s
+    import ratune.eval.bfcl_run as bfcl_run
+
+    read = []
+    monkeypatch.setattr(bfcl_run, "bfcl_cell_outcomes",
+                        lambda path, real=bfcl_run.bfcl_cell_outcomes: read.append(path) or real(path))
+    assert _run(["report", *arms, "--bfcl", f"s={tmp_path / 'r1'}", "--out", str(tmp_path / "once")], capsys)[0] == 0
+    assert sorted(str(p) for p in read) == sorted(str(tmp_path / n / "simple_python") for n in ("k", "r1", "r2", "r1"))
     for argv, message in ((["--against", "x"], "--against x: not a --bfcl name (given: k, r)"),
                           (["--bfcl", f"r={tmp_path / 'short'}"], "--bfcl r: its seeds scored simple_python on "
                                                                   "[3, 4] entries")):
