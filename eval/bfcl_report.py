@@ -48,32 +48,32 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
     unknown = [a for a in against if a not in arms]
     if unknown:
         raise RatuneError(f"--against {', '.join(unknown)}: not a --bfcl name (given: {', '.join(arms)})")
-    finished = {}
+    finished, read = {}, {}
     for name, folders in arms.items():
         finished[name] = [finished_categories(f) for f in folders]
         for folder, done in zip(folders, finished[name]):
             if not done:
                 raise RatuneError(f"--bfcl {name}={folder}: no complete category; give a `ratune eval bfcl` output "
                                   "folder")
-    read: dict[tuple[str, str], BfclArm] = {}
-
-    def arm(name: str, category: str) -> BfclArm:
-        if (name, category) not in read:
-            read[name, category] = read_bfcl_arm([f / category for f in arms[name]])
-        return read[name, category]
-
+        read[name] = {}
+        for category in CATEGORIES:
+            if all(category in run for run in finished[name]):
+                counts = sorted({run[category]["n"] for run in finished[name]})
+                if len(counts) > 1:
+                    raise RatuneError(f"--bfcl {name}: its seeds scored {category} on {counts} entries; give seeds "
+                                      "that answered the same entries")
+                read[name][category] = read_bfcl_arm([f / category for f in folders])
     rows = [row for name, runs in finished.items()
-            for row in _arm_rows(name, runs, lambda c, name=name: arm(name, c), resamples=resamples, seed=seed)]
+            for row in _arm_rows(name, runs, read[name], resamples=resamples, seed=seed)]
     comparisons = []
     for reference in against or [next(iter(arms))]:
         for name in arms:
             if name == reference:
                 continue
-            common = [c for c in CATEGORIES if all(c in run for run in finished[name] + finished[reference])]
             block = []
-            for category in common:
-                result = compare_read_bfcl_arms(arm(name, category), arm(reference, category), resamples=resamples,
-                                                seed=seed)
+            for category in (c for c in read[name] if c in read[reference]):
+                result = compare_read_bfcl_arms(read[name][category], read[reference][category],
+                                                resamples=resamples, seed=seed)
                 block.append({**result, "a": {**result["a"], "model": name}, "b": {**result["b"], "model": reference},
                               "category": category})
             for c, p in zip(block, holm([c["mcnemar_p"] for c in block])):
@@ -88,25 +88,18 @@ def bfcl_report(outputs: Sequence[tuple[str, str | os.PathLike]], out_dir: str |
     return report
 
 
-def _arm_rows(name: str, runs: list[dict[str, dict]], arm, *, resamples: int, seed: int) -> list[dict]:
+def _arm_rows(name: str, runs: list[dict[str, dict]], read: dict[str, BfclArm], *, resamples: int,
+             seed: int) -> list[dict]:
     """The summary rows of one arm: one run's as they are; several seeds' as means over seeds
     (``correct`` the mean count; the interval the bootstrap interval, over entries, of the mean of
-    each entry's share of seeds right; ``arm(category)`` gives the arm's :class:`BfclArm`).
-
-    Raises:
-        RatuneError: seeds that scored a category on different numbers of entries.
-    """
+    each entry's share of seeds right); ``read`` holds the arm's :class:`BfclArm` per category that
+    all its seeds finished."""
     if len(runs) == 1:
         return [{**row, "model": name, "seeds": 1, "accuracy_sd": None} for row in summary_rows(runs[0])]
     rows = []
-    for category in CATEGORIES:
-        if not all(category in run for run in runs):
-            continue
+    for category, arm in read.items():
         ms = [run[category] for run in runs]
-        if len({m["n"] for m in ms}) > 1:
-            raise RatuneError(f"--bfcl {name}: its seeds scored {category} on {sorted({m['n'] for m in ms})} entries; "
-                              "give seeds that answered the same entries")
-        accuracy, low, high = mean_bootstrap([share for _, share in sorted(arm(category).shares().items())],
+        accuracy, low, high = mean_bootstrap([share for _, share in sorted(arm.shares.items())],
                                            resamples=resamples, seed=seed)
         rows.append({"category": category, "n": ms[0]["n"], "correct": fmean(m["correct"] for m in ms),
                      "accuracy": accuracy, "accuracy_low": low, "accuracy_high": high,

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -145,6 +146,7 @@ class BfclArm:
     def seeds(self) -> int:
         return len(self.cells)
 
+    @cached_property
     def shares(self) -> dict[str, float]:
         """Each entry's share of the arm's seeds that BFCL's checker accepts (0 or 1 for one seed)."""
         return {q: sum(v[q] for v in self.verdicts) / self.seeds for q in self.verdicts[0]}
@@ -226,7 +228,7 @@ def compare_read_bfcl_arms(a: BfclArm, b: BfclArm, *, resamples: int = DEFAULT_R
         for key, arm in (("a", a), ("b", b)):
             result[key].update(path=os.fspath(arm.cells[0]), model=arm.meta.get("model"))
         return {**result, **common}
-    shares = {"a": a.shares(), "b": b.shares()}
+    shares = {"a": a.shares, "b": b.shares}
     if set(shares["a"]) != set(shares["b"]):
         raise RatuneError(f"unpaired comparison refused: A ({a.cells[0]}) has {len(shares['a'])} entries, B "
                           f"({b.cells[0]}) {len(shares['b'])}, {len(set(shares['a']) & set(shares['b']))} in common")

@@ -321,6 +321,22 @@ def table2_markdown(table: dict) -> str:
     return "\n".join(out)
 
 
+def selection_counts(block: dict) -> str:
+    """One side of a chosen checkpoint's counts, ``{setting: {"n", "strict", "gorilla"?, "by_answer"?}}``,
+    as ``oracle 131/217 (calls 22/96, [] 109/121); ...``: the strict count of n, then the gorilla
+    count where the hub has one, or a tool set's calling and ``[]`` rows apart
+    (:func:`ratune.eval.curve.curve_row`'s ``by_answer``)."""
+    def detail(c: dict) -> str:
+        if c.get("gorilla") is not None:
+            return f" (gorilla {c['gorilla']})"
+        if "by_answer" in c:
+            calls, none = c["by_answer"]["call"], c["by_answer"]["no_call"]
+            return f" (calls {calls['correct_n']}/{calls['n']}, [] {none['correct_n']}/{none['n']})"
+        return ""
+
+    return "; ".join(f"{s} {c['strict']}/{c['n']}{detail(c)}" for s, c in block.items())
+
+
 def _chosen_table(chosen: dict, cells: list[dict]) -> list[str]:
     """Markdown lines of the rows' checkpoints chosen on validation (``chosen``: row -> the
     selection record of ``ratune eval select``, with ``validation`` counts), their validation counts
@@ -330,20 +346,18 @@ def _chosen_table(chosen: dict, cells: list[dict]) -> list[str]:
     rows, cols = table_axes(cells)
     index = {(c["train_retriever"], c["test_retriever"]): c for c in cells}
 
-    def counts(block: dict) -> str:
-        return "; ".join(f"{s} {c['strict']}/{c['n']}" for s, c in block.items())
-
     out = ["## checkpoints chosen on validation", "",
            "Each row is the checkpoint its rule chose on the validation questions; the test questions were read "
-           "once, for it. Correct answers of n, strict metric.", "",
+           "once, for it. Correct answers of n, strict metric (gorilla where the hub has it).", "",
            "| train | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
     for r in (r for r in rows if r in chosen):
         c = chosen[r]
-        test = {s: {"strict": index[(r, s)]["strict"]["correct_n"], "n": index[(r, s)]["n"]}
-                for s in cols if has_result(index.get((r, s))) and "correct_n" in index[(r, s)].get("strict", {})}
+        test = {s: {"strict": cell["strict"]["correct_n"], "n": cell["n"],
+                    **({"gorilla": cell["correct_n"]} if "correct_n" in cell else {})}
+                for s in cols if has_result(cell := index.get((r, s))) and "correct_n" in cell.get("strict", {})}
         epoch = "" if c.get("epoch") is None else f"{c['epoch']:g}"
-        out.append(f"| {r} | {c['rule']} ({c['metric']}) | {c['step']} | {epoch} | {counts(c['validation'])} "
-                   f"| {counts(test)} |")
+        out.append(f"| {r} | {c['rule']} ({c['metric']}) | {c['step']} | {epoch} | {selection_counts(c['validation'])} "
+                   f"| {selection_counts(test)} |")
     return out + [""]
 
 

@@ -40,6 +40,20 @@ CELLS = [
 ]
 
 
+def test_table2_sets_each_chosen_checkpoints_validation_counts_beside_its_test_counts():
+    """Under Table 2, a chosen row's validation counts (gorilla where the hub has it, a tool set's
+    calling and [] rows apart) beside the row's test counts: strict 40, gorilla 44 of 60 at 0_shot."""
+    chosen = {"none": {"rule": "balanced", "metric": "strict", "step": 90, "epoch": 2.0,
+                       "validation": {"oracle": {"n": 217, "strict": 131, "by_answer": {
+                           "call": {"n": 96, "correct_n": 22}, "no_call": {"n": 121, "correct_n": 109}}}}},
+              "oracle": {"rule": "zero_shot", "metric": "strict", "step": 3, "epoch": None,
+                         "validation": {"0_shot": {"n": 5, "strict": 3, "gorilla": 4}}}}
+    text = table2_markdown({"hub": "h", "model": "m", "cells": CELLS, "chosen": chosen})
+    assert ("| none | balanced (strict) | 90 | 2 | oracle 131/217 (calls 22/96, [] 109/121) "
+            "| 0_shot 40/60 (gorilla 44); oracle 30/60 (gorilla 30) |") in text
+    assert "| oracle | zero_shot (strict) | 3 |  | 0_shot 3/5 (gorilla 4) | oracle 60/60 (gorilla 60) |" in text
+
+
 def test_make_cell_fields():
     c = CELLS[0]
     assert c["n"] == 60 and c["correct_n"] == 44 and c["hallucination_n"] == 6 and c["error_n"] == 10

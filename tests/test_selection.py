@@ -243,8 +243,8 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
     # ... and Table 2 marks each row's chosen checkpoint under the table
     tables = sorted((tmp_path / "sweep" / "report").glob("*/table2.md"))
     text = "".join(t.read_text() for t in tables)
-    marked = [line for line in text.splitlines() if line.endswith(" | zero_shot (strict) | 2 | 1 | 0_shot 3/5 | "
-                                                                  "0_shot 4/10; oracle 4/10 |")]
+    marked = [line for line in text.splitlines() if line.endswith(" | zero_shot (strict) | 2 | 1 | 0_shot 3/5 (gorilla 4) | "
+                                                                  "0_shot 4/10 (gorilla 5); oracle 4/10 (gorilla 5) |")]
     assert len(marked) == len(sw.expand(sweep)) and "## checkpoints chosen on validation" in text
     chosen = [json.loads(t.with_suffix(".json").read_text())["chosen"] for t in tables]
     assert sorted(r for c in chosen for r in c) == sorted(cell.config["train_retriever"] for cell in sw.expand(sweep))

@@ -16,7 +16,7 @@ from ratune.hubs import recorded_hub_kind
 from ratune.errors import RatuneError
 from ratune.eval.compare import released_comparisons, released_markdown
 from ratune.eval.report import (GENERATION, INTERVAL, SPREAD, aggregate_replicates, headline_metric, make_cell,
-                                metric_block, report_output, table2_markdown, write_table2)
+                                metric_block, report_output, selection_counts, table2_markdown, write_table2)
 from ratune.eval.results import finished_cells
 from ratune.eval.robustness import worst_case, worst_case_markdown
 from ratune.io import read_json_object, sha256_file, write_json, write_text
@@ -298,21 +298,10 @@ def _write_selections(rows: list[dict], out: Path, summary: dict) -> None:
              "BFCL's checker for a bfcl category).",
              "", "| cell | rule | step | epoch | validation | test |", "|---|---|---|---|---|---|"]
 
-    def counts(block: dict) -> str:
-        def detail(c: dict) -> str:
-            if c.get("gorilla") is not None:
-                return f" (gorilla {c['gorilla']})"
-            if "by_answer" in c:  # a tool set's: the calling and the [] rows apart
-                calls, none = c["by_answer"]["call"], c["by_answer"]["no_call"]
-                return f" (calls {calls['correct_n']}/{calls['n']}, [] {none['correct_n']}/{none['n']})"
-            return ""
-
-        return "; ".join(f"{s} {c['strict']}/{c['n']}{detail(c)}" for s, c in block.items())
-
     for r in rows:
         epoch = "" if r["epoch"] is None else f"{r['epoch']:g}"
-        lines.append(f"| {r['cell']} | {r['rule']} ({r['metric']}) | {r['step']} | {epoch} | {counts(r['validation'])} "
-                     f"| {counts(r['test'])} |")
+        lines.append(f"| {r['cell']} | {r['rule']} ({r['metric']}) | {r['step']} | {epoch} "
+                     f"| {selection_counts(r['validation'])} | {selection_counts(r['test'])} |")
     write_text(out / "selection.md", "\n".join(lines) + "\n")
     write_json(out / "selection.json", {"cells": rows})
     summary["selection"] = {r["cell"]: r["step"] for r in rows}
