@@ -194,13 +194,6 @@ def compare_bfcl_cells(cell_a, cell_b, *, resamples: int = DEFAULT_RESAMPLES, se
     return compare_read_bfcl_arms(read_bfcl_arm([cell_a]), read_bfcl_arm([cell_b]), resamples=resamples, seed=seed)
 
 
-def compare_bfcl_arms(cells_a: Sequence, cells_b: Sequence, *, resamples: int = DEFAULT_RESAMPLES,
-                      seed: int = DEFAULT_SEED) -> dict:
-    """Two arms' folders of one BFCL category (one folder per seed each) compared paired by entry
-    id: :func:`compare_read_bfcl_arms` of :func:`read_bfcl_arm` of each."""
-    return compare_read_bfcl_arms(read_bfcl_arm(cells_a), read_bfcl_arm(cells_b), resamples=resamples, seed=seed)
-
-
 def compare_read_bfcl_arms(a: BfclArm, b: BfclArm, *, resamples: int = DEFAULT_RESAMPLES,
                            seed: int = DEFAULT_SEED) -> dict:
     """Two arms of one BFCL category compared paired by entry id. One seed each:
