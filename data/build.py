@@ -27,7 +27,7 @@ from ratune.models import TOKENIZER_FOLDER_FILES, load_tokenizer, resolve_model_
 from ratune.options import values_from_args
 from ratune.output import StageOutput
 from ratune.registry import DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS, TRAIN_MODES, unknown_name
-from ratune.retrieval.retrievers import require_finetuned_retriever
+from ratune.retrieval.retrievers import require_finetuned_retriever, require_held_out
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
@@ -76,7 +76,7 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     mixture_modes = [m.mode for m in mixtures]
     if len(set(mixture_modes)) != len(mixture_modes):
         raise RatuneError(f"two mixtures share a name: {', '.join(mixture_modes)}")
-    needs_model = [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
+    needs_model = _finetuned_users(modes, mixtures)
     if needs_model:
         require_finetuned_retriever(settings.dense_model, source.name, f"the {needs_model[0]} mode")
     get_answer_format(source.choose_answer_format(settings.answer_format)).check_tokenizer(tokenizer)
@@ -195,6 +195,11 @@ def _same_build(final: Path, request: dict, modes: Sequence[str]) -> dict | None
     return manifest
 
 
+def _finetuned_users(modes: Sequence[str], mixtures: Sequence) -> list[str]:
+    """The modes and mixtures' top1 retrievers that retrieve with the finetuned retriever."""
+    return [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
+
+
 def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
@@ -203,6 +208,10 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
 
     out = output.folder
     read = _read_splits(source, settings, lenient=lenient, leakage=leakage, progress=progress)
+    needs_model = _finetuned_users(modes, mixtures)
+    if read.held_out and needs_model:  # validation rows get its documents too
+        require_held_out(settings.dense_model, read.held_out, hub=source.name, train_path=source.examples_file("train"),
+                         what=f"the {needs_model[0]} mode with a validation split")
     cache: dict = {}
     counts: dict = {}
     built: dict = {}  # mode -> {split: rows}

@@ -7,19 +7,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ratune.args import input_dir, registered
-from ratune.config import BM25BackendName, Count, MaxLength, OpenFraction, Seed, check_fields
+from ratune.config import BM25BackendName, Count, MaxLength, check_fields
 from ratune.data.labels import ANSWER_TOKENIZATIONS
 from ratune.options import Option
 from ratune.registry import BM25_BACKENDS, DEFAULT_BM25_BACKEND, RETRIEVED_MODES, RETRIEVERS
 from ratune.sources.formats import ANSWER_FORMATS
-from ratune.sources.validate import HOLDOUT_KINDS, HOLDOUTS
+from ratune.sources.validate import HOLDOUT_OPTIONS, HoldoutSettings
 
 # The train-time modes are ratune/registry.py TRAIN_MODES (Gorilla trains with none or oracle;
 # the retrieved ones are ours).
 
 
 @dataclass(frozen=True)
-class BuildSettings:
+class BuildSettings(HoldoutSettings):
     """Settings that change the built rows (all recorded in the manifest).
 
     Attributes:
@@ -31,10 +31,8 @@ class BuildSettings:
             lowest-ranked one where the retriever missed it (RAFT-style; counted ``forced_gold``).
         dense_model: the finetuned retriever folder of ``dense_ft`` (mode or top1 component).
         bm25_backend: ``rank_bm25`` or ``bm25s`` (the same rows).
-        validation_fraction: share of the training examples held out as a ``validation`` split
-            (never trained on); None: none.
-        validation_by, validation_seed: how (:data:`~ratune.sources.validate.HOLDOUT_KINDS`) and
-            with which seed it is drawn.
+        validation_fraction, validation_by, validation_seed: the ``validation`` split held out of
+            the training examples (never trained on; :class:`~ratune.sources.validate.HoldoutSettings`).
         answer_tokenization: one of :data:`ratune.data.labels.ANSWER_TOKENIZATIONS`.
         answer_format: one of :data:`ratune.sources.formats.ANSWER_FORMATS`; None: the hub's own.
         same_examples: every mode keeps only the examples that all modes kept (the arms of an
@@ -47,9 +45,6 @@ class BuildSettings:
     force_gold: bool = False
     dense_model: str | None = None
     bm25_backend: BM25BackendName = DEFAULT_BM25_BACKEND
-    validation_fraction: OpenFraction | None = None
-    validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
-    validation_seed: Seed = 0
     answer_tokenization: Literal[ANSWER_TOKENIZATIONS] = ANSWER_TOKENIZATIONS[0]
     answer_format: str | None = None
     same_examples: bool = False
@@ -70,12 +65,7 @@ BUILD_OPTIONS: tuple[Option, ...] = (
            help=f"finetuned retriever folder (`ratune retrieval train`) for the {_FINETUNED} mode / top1 retriever"),
     Option("bm25_backend", "--bm25-backend", cli=registered("BM25 backend", BM25_BACKENDS),
            help="BM25 implementation (same rankings; bm25s is faster)"),
-    Option("validation_fraction", "--validation-fraction",
-           help="hold out this share of the training examples as a validation split, for choices made "
-                "without the test questions (default none)"),
-    Option("validation_by", "--validation-by",
-           help="; ".join(f"{k.name}: {k.help}" for k in HOLDOUTS.values())),
-    Option("validation_seed", "--validation-seed", help="the validation split's seed"),
+    *HOLDOUT_OPTIONS,
     Option("answer_tokenization", "--answer-tokenization",
            help="in_context: the answer tokenized behind the prompt's text (default); separate: tokenized apart and "
                 "its ids put behind the prompt's (TRL's way), for a tokenizer whose merges cross the boundary"),

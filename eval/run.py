@@ -20,7 +20,7 @@ from ratune.eval.generate import generate_batches, generation_limits, max_positi
 from ratune.eval.hub_scoring import scoring_for
 from ratune.eval.resume import append_responses, check_cell_identity, read_done
 from ratune.eval.report import read_metrics
-from ratune.eval.settings import EvalSettings, resolve_placement
+from ratune.eval.settings import EvalSettings, needs_finetuned_retriever, resolve_placement
 from ratune.eval.stats import rate_intervals
 from ratune.eval.swap import follow_rates
 from ratune.io import read_json_object, sha256_file, write_json
@@ -30,7 +30,7 @@ from ratune.models import load_adapter_merged, load_model, load_tokenizer, requi
 from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
-from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
+from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever, require_held_out
 from ratune.eval.questions import questions, split_refusal
 from ratune.train.layout import (Checkpoint, resolve_checkpoint, trained_answer_format, trained_chat_template,
                                  trained_document_budget)
@@ -80,14 +80,6 @@ def checkpoint_max_positions(source: Checkpoint, *, trust_remote_code: bool = Fa
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise RatuneError(f"{where}: cannot read the model config ({type(exc).__name__}: {first})") from None
     return max_positions_of(config)
-
-
-def _needs_model(setting: str) -> bool:
-    """Whether a setting's retriever needs the finetuned retriever folder (``dense_model``)."""
-    try:
-        return RETRIEVERS[setting_retriever(setting)].needs_model
-    except KeyError:  # swap, irrelevant: their own retrievers over the API database
-        return False
 
 
 def _setting_plan(setting: str, examples: list, *, source, settings: EvalSettings):
@@ -207,6 +199,12 @@ class _EvalRun:
             if refusal:
                 raise RatuneError(refusal)
         all_examples, split_record = questions(hub_source, settings.split, described_by)
+        needs_model = [s for s in settings.settings if needs_finetuned_retriever(s)]
+        if split_record is not None and needs_model:  # validation questions: the retriever must not know them
+            held = read_json_object(Path(split_record["data"]) / "manifest.json")["validation_split"]
+            require_held_out(settings.dense_model, held, hub=hub_source.name,
+                             train_path=hub_source.examples_file("train"),
+                             what=f"test setting {needs_model[0]} on validation questions")
         if settings.n_questions is not None:
             all_examples = all_examples[:settings.n_questions]
         name = model_name or (f"{source.run.name}-step{source.step}" if source.step is not None
@@ -238,7 +236,7 @@ class _EvalRun:
         source = self.request.checkpoint
         identity = {"checkpoint": str(source.folder.resolve()), "hub": self.request.hub.name, "setting": setting,
                     "questions": [e.line for e in examples], "generation": self.generation}
-        if _needs_model(setting):  # which finetuned retriever gave the documents
+        if needs_finetuned_retriever(setting):  # which finetuned retriever gave the documents
             identity["retriever_model"] = str(Path(self.settings.dense_model).resolve())
         if source.base is not None:  # an adapter: the base it is merged into
             identity["adapter_base"] = source.base
@@ -342,7 +340,7 @@ def resolve_eval_request(checkpoint: str | os.PathLike, hub, apibench_dir, setti
     """
     hub_source = as_hub_source(hub, apibench_dir)
     hub_source.check_settings(settings.settings)
-    needs_model = [s for s in settings.settings if _needs_model(s)]
+    needs_model = [s for s in settings.settings if needs_finetuned_retriever(s)]
     if needs_model:
         require_finetuned_retriever(settings.dense_model, hub_source.name, f"the {needs_model[0]} test setting")
     source, device, dtype = resolve_generation(checkpoint, backend=settings.backend, device=settings.device,

@@ -15,7 +15,7 @@ from ratune.sources.formats import ANSWER_FORMATS
 from ratune.errors import RatuneError
 from ratune.options import Option
 from ratune.registry import (BM25_BACKENDS, CATALOG_DEFAULT_SETTINGS, DEFAULT_BM25_BACKEND, DEFAULT_SETTINGS, EVAL_SETTINGS,
-                             RETRIEVERS)
+                             RETRIEVERS, setting_retriever)
 
 #: Generation backends: batched HF generate (default) and vLLM (optional extra, CUDA only).
 BACKENDS = ("hf", "vllm")
@@ -69,6 +69,14 @@ class EvalSettings:
 
     def __post_init__(self):
         check_fields(self)  # the bounds of ratune.config (Count, Threads), before any work starts
+
+
+def needs_finetuned_retriever(setting: str) -> bool:
+    """Whether a setting's retriever needs the finetuned retriever folder (``dense_model``)."""
+    try:
+        return RETRIEVERS[setting_retriever(setting)].needs_model
+    except KeyError:  # swap, irrelevant: their own retrievers over the API database
+        return False
 
 
 #: The retrievers (and test settings) that need a finetuned retriever folder (``--dense-model``).

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ratune.sources.prompt import serialize_document
+from ratune.sources.validate import HoldoutSettings
 from ratune.errors import InputError, RatuneError
-from ratune.io import read_json
+from ratune.io import read_json, sha256_file
 from ratune.retrieval.base import Retriever, dedup_corpus
 
 
@@ -72,6 +73,33 @@ def require_finetuned_retriever(model: str | Path | None, hub: str, what: str) -
         raise RatuneError(f"{what} needs the finetuned retriever folder (--dense-model DIR, written by "
                           f"`ratune retrieval train`); got {str(model) if model else None!r}")
     return check_retriever_hub(model, hub)
+
+
+def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str | Path, what: str) -> None:
+    """Refuse a finetuned retriever that trained on any validation question ``what`` retrieves for.
+
+    ``held``: a data build's ``validation_split`` record (``fraction``, ``by``, ``seed``, ``lines``:
+    the questions' lines in ``train_path``, the hub's training file).
+
+    Raises:
+        RatuneError: ``model`` held out no validation split, another one, or trained on another
+            training file; the message gives the command that trains one holding these questions out.
+    """
+    meta = read_retriever_metadata(model) or {}
+    own = set((meta.get("validation_split") or {}).get("lines", ()))
+    trained = [line for line in held["lines"] if line not in own]
+    if meta.get("train_sha256") != sha256_file(train_path):
+        why = f"was trained on another version of {Path(train_path).name}"
+    elif trained:
+        why = (f"trained on {len(trained)} of the {len(held['lines'])} validation questions (lines "
+               f"{', '.join(map(str, trained[:5]))}{', ...' if len(trained) > 5 else ''} of {Path(train_path).name})")
+    else:
+        return
+    flags = HoldoutSettings(validation_fraction=held["fraction"], validation_by=held["by"],
+                            validation_seed=held["seed"]).flags()
+    raise RatuneError(f"{what}: the finetuned retriever {model} {why}, so its documents for them would be "
+                      f"chosen with their answers known; train one that holds them out: ratune retrieval train "
+                      f"--hub {hub} {' '.join(flags)} --out DIR")
 
 
 class DenseRetriever(Retriever):

@@ -18,7 +18,9 @@ from ratune.args import add_apibench_argument, bounded, checked, output_dir, set
 from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
 from ratune.sources.apibench import Example
 from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
-from ratune.sources.validate import LEAK_KINDS, NEAR_DUPLICATE_JACCARD, check_leakage
+from ratune.options import add_arguments, values_from_args
+from ratune.sources.validate import (HOLDOUT_OPTIONS, LEAK_KINDS, NEAR_DUPLICATE_JACCARD, HoldoutSettings,
+                                     check_leakage, dedupe, hold_out)
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions
@@ -87,7 +89,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
                           out_dir: str | os.PathLike, train_path: str | os.PathLike, eval_path: str | os.PathLike,
                           settings: FinetuneSettings = FinetuneSettings(), base_model: str | os.PathLike | None = None,
                           api_database: str | os.PathLike | None = None, overwrite: bool = False,
-                          threads: int | None = None) -> dict:
+                          threads: int | None = None, held_out: dict | None = None) -> dict:
     """Finetune a bi-encoder on (instruction, gold document) pairs and save it as a retriever folder.
 
     Args:
@@ -99,6 +101,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         base_model: a sentence-transformers folder; default all-MiniLM-L6-v2 offline.
         api_database: the hub's API database file (its sha256 is recorded).
         threads: torch CPU threads (None keeps torch's setting).
+        held_out: the validation split left out of ``train_examples`` (:func:`train_hub_retriever`),
+            recorded as the metadata's ``validation_split``.
     Returns:
         The metadata written to ``out_dir/ratune_retriever.json``.
     Raises:
@@ -147,7 +151,7 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
                                    api_database=api_database, pairs=pairs, settings=settings,
                                    max_seq_length=model.max_seq_length, result=result,
                                    train_seconds=train_seconds, torch_threads=torch.get_num_threads(),
-                                   leakage=leakage)
+                                   leakage=leakage, held_out=held_out)
         write_json(tmp / RETRIEVER_METADATA_FILE, meta)
     return meta
 
@@ -181,7 +185,7 @@ def _checked_request(train_examples: Sequence[Example], eval_examples: Sequence[
 
 def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_database, pairs, settings,
                         max_seq_length: int, result, train_seconds: float, torch_threads: int,
-                        leakage: dict) -> dict:
+                        leakage: dict, held_out: dict | None) -> dict:
     """The content of RETRIEVER_METADATA_FILE for a finished training run."""
     return {
         "format": METADATA_FORMAT,
@@ -209,29 +213,40 @@ def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_data
         "train_seconds": round(train_seconds, 1),
         "torch_threads": torch_threads,
         "leakage_check": leakage,
+        **({"validation_split": held_out} if held_out else {}),
         "versions": package_versions(),
         "git_commit": git_commit(),
     }
 
 
 def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub", out_dir: str | os.PathLike, *,
-                        settings: FinetuneSettings = FinetuneSettings(), overwrite: bool = False,
-                        threads: int | None = None) -> dict:
-    """Train the finetuned retriever on every example of ``hub``'s training split; return its metadata.
+                        settings: FinetuneSettings = FinetuneSettings(), holdout: HoldoutSettings = HoldoutSettings(),
+                        overwrite: bool = False, threads: int | None = None) -> dict:
+    """Train the finetuned retriever on ``hub``'s training split; return its metadata.
 
     ``hub``: an APIBench hub (with ``apibench_dir``), a catalog folder or a :class:`~ratune.hubs.Hub`.
+    ``holdout``: with a fraction, the validation split the data build draws with the same settings
+    (from the deduplicated training examples, as the build draws it) is left out and its lines
+    recorded, so that choices made on it may use ``dense_ft``; else every training example is used.
 
     Raises:
-        RatuneError: no training file for the hub, or the errors of :func:`train_dense_retriever`.
+        RatuneError: no training file for the hub, a split that holds out nothing, or the errors of
+            :func:`train_dense_retriever`.
     """
     source = as_hub_source(hub, apibench_dir)
     train_path = source.examples_file("train")
     eval_path = source.examples_file("eval")
     source.require_split("train", "the finetuned retriever trains on training instructions only")
-    return train_dense_retriever(source.load_examples("train"), source.load_examples("eval"),
+    train, held_out = source.load_examples("train"), None
+    if holdout.validation_fraction is not None:
+        train, held = hold_out(dedupe(train)[0], holdout.validation_fraction, by=holdout.validation_by,
+                               seed=holdout.validation_seed)
+        held_out = {"fraction": holdout.validation_fraction, "by": holdout.validation_by,
+                    "seed": holdout.validation_seed, "n": len(held), "lines": [e.line for e in held]}
+    return train_dense_retriever(train, source.load_examples("eval"),
                                  hub=source.name, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
                                  settings=settings, api_database=source.api_database_file,
-                                 overwrite=overwrite, threads=threads)
+                                 overwrite=overwrite, threads=threads, held_out=held_out)
 
 
 def add_train_arguments(parser) -> None:
@@ -249,6 +264,7 @@ def add_train_arguments(parser) -> None:
     parser.add_argument("--lr", type=setting(FinetuneSettings, "learning_rate"), default=d.learning_rate,
                         help="peak learning rate")
     parser.add_argument("--seed", type=setting(FinetuneSettings, "seed"), default=d.seed)
+    add_arguments(parser, HoldoutSettings, HOLDOUT_OPTIONS)
     parser.add_argument("--threads", type=bounded(Threads), default=None, help="torch CPU threads")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--evaluate", action="store_true",
@@ -262,11 +278,14 @@ def run_train(args) -> int:
     source = resolve_hub(args.hub, args.apibench)
     settings = FinetuneSettings(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                                 seed=args.seed)
-    meta = train_hub_retriever(None, source, args.out, settings=settings, overwrite=args.overwrite,
-                               threads=args.threads)
+    meta = train_hub_retriever(None, source, args.out, settings=settings,
+                               holdout=HoldoutSettings(**values_from_args(args, HOLDOUT_OPTIONS)),
+                               overwrite=args.overwrite, threads=args.threads)
     summary = {k: meta[k] for k in ("hub", "n_pairs", "epochs", "batch_size", "learning_rate", "seed", "steps",
                                     "final_train_loss", "train_seconds")}
     summary["out"] = str(args.out)
+    if "validation_split" in meta:
+        summary["validation_held_out"] = meta["validation_split"]["n"]
     if args.evaluate:
         from ratune.retrieval.metrics import KS, evaluate_retriever
         from ratune.retrieval.retrievers import make_retriever
@@ -279,7 +298,9 @@ def run_train(args) -> int:
     else:
         print(f"trained {source.name} retriever on {meta['n_pairs']} pairs, {meta['epochs']} epoch(s), "
               f"{meta['steps']} steps in {meta['train_seconds']} s (final loss {meta['final_train_loss']:.4f}); "
-              f"leakage check: 0 eval instructions in training; wrote {args.out}")
+              f"leakage check: 0 eval instructions in training; "
+              + (f"{meta['validation_split']['n']} validation examples held out; " if "validation_split" in meta else "")
+              + f"wrote {args.out}")
         if "eval" in summary:
             e = summary["eval"]
             print(f"eval ({e['n']} questions): top-1 {100 * e['top1']:.1f} %, R@5 {100 * e['recall@5']:.1f} %, "

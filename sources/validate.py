@@ -8,10 +8,12 @@ import random
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
-from ratune.sources.apibench import Example, api_identity
+from ratune.config import OpenFraction, Seed, check_fields
 from ratune.errors import RatuneError
+from ratune.options import Option
+from ratune.sources.apibench import Example, api_identity
 
 #: Token-set Jaccard at or above which an eval instruction near-duplicates a training one: one
 #: word changed (why 0.9: docs/reliability.md#bad-input).
@@ -416,6 +418,42 @@ def hold_out(examples: Sequence[Example], fraction: float, *, by: str, seed: int
         raise RatuneError(f"validation fraction {fraction} ({by}) holds out none of the {len(examples)} training "
                           f"examples of {len(keys)} APIs: raise it, or hold out by another rule")
     return ([ex for i, ex in enumerate(examples) if i not in held], [ex for i, ex in enumerate(examples) if i in held])
+
+
+@dataclass(frozen=True)
+class HoldoutSettings:
+    """Which training examples are held out as the validation split (:func:`hold_out`): the data
+    build's ``--validation-*`` settings, which the finetuned retriever takes too so that it never
+    trains on the questions choices are made on.
+
+    Attributes:
+        validation_fraction: share of the training examples held out; None: none.
+        validation_by, validation_seed: the :data:`HOLDOUT_KINDS` rule and its seed.
+    """
+
+    validation_fraction: OpenFraction | None = None
+    validation_by: Literal[HOLDOUT_KINDS] = "api_stratified"
+    validation_seed: Seed = 0
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def flags(self) -> list[str]:
+        """The flags that give these settings to a command (none without a fraction)."""
+        if self.validation_fraction is None:
+            return []
+        return [f for o in HOLDOUT_OPTIONS for f in (o.flag, str(getattr(self, o.field)))]
+
+
+#: The flags of :class:`HoldoutSettings` (``ratune data build`` and ``ratune retrieval train``).
+HOLDOUT_OPTIONS: tuple[Option, ...] = (
+    Option("validation_fraction", "--validation-fraction",
+           help="hold out this share of the training examples as a validation split, for choices made "
+                "without the test questions (default none)"),
+    Option("validation_by", "--validation-by",
+           help="; ".join(f"{k.name}: {k.help}" for k in HOLDOUTS.values())),
+    Option("validation_seed", "--validation-seed", help="the validation split's seed"),
+)
 
 
 def near_duplicate_rate(train_examples: Sequence[Example], held_out: Sequence[Example]) -> float:

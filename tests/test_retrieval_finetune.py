@@ -173,3 +173,30 @@ def test_cli_retrieval_eval_with_a_finetuned_folder(apibench, trained, capsys):
     assert main(["retrieval", "eval", "--apibench", str(apibench), "--hub", "torchhub", "--retriever",
                  "dense_ft"]) == 2
     assert "--retriever dense_ft needs --dense-model DIR" in capsys.readouterr().err
+
+
+def test_a_retriever_trained_beside_a_validation_split_holds_out_the_builds_questions(
+        apibench_tiny, smol_tokenizer_dir, tmp_path, capsys):
+    """`ratune retrieval train --validation-*` leaves out exactly the examples a data build with the
+    same settings holds out (4 of the tiny TorchHub's 12: two whole APIs), records their lines, and
+    then passes the check that refuses a retriever trained on validation questions."""
+    import json
+
+    from ratune.cli import main
+    from ratune.hubs import resolve_hub
+    from ratune.retrieval.retrievers import require_held_out
+
+    split = ["--validation-fraction", "0.34", "--validation-by", "api_grouped", "--validation-seed", "0"]
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",
+                 str(tmp_path / "data"), "--tokenizer", str(smol_tokenizer_dir), "--modes", "none", *split]) == 0
+    held = json.loads((tmp_path / "data" / "manifest.json").read_text())["validation_split"]
+    capsys.readouterr()
+    assert main(["retrieval", "train", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",
+                 str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "4", "--threads", "1", *split, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the Trainer's own log lines
+    assert (summary["n_pairs"], summary["validation_held_out"]) == (8, 4)
+    meta = json.loads((tmp_path / "ft" / RETRIEVER_METADATA_FILE).read_text())
+    assert meta["validation_split"] == {"fraction": 0.34, "by": "api_grouped", "seed": 0, "n": 4,
+                                        "lines": held["lines"]}
+    require_held_out(tmp_path / "ft", held, hub="torchhub", what="dense_ft",
+                     train_path=resolve_hub("torchhub", apibench_tiny).examples_file("train"))

@@ -89,8 +89,8 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
                                                                   tiny_model_dir, monkeypatch, capsys):
     """``--split validation`` asks the questions the checkpoint's data build held out, numbered 1..n,
     scored against their own gold APIs; the cells record which build and lines; a curve of them
-    feeds a selection rule. The paper's documents (eval questions only) and a model without a run
-    manifest are refused."""
+    feeds a selection rule. The paper's documents (eval questions only), a finetuned retriever that
+    trained on the validation questions and a model without a run manifest are refused."""
     import json
 
     from ratune.cli import main
@@ -150,6 +150,19 @@ def test_a_curve_on_the_validation_questions_chooses_a_checkpoint(tmp_path, apib
                                           "questions only, not for validation questions"):
         evaluate_checkpoint(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "g",
                             settings=EvalSettings(settings=("gpt_index",), split="validation"), progress=False)
+    # dense_ft on validation questions: a finetuned retriever that trained on them is refused
+    from ratune.io import sha256_file
+    from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+
+    (tmp_path / "ft").mkdir()
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(
+        {"hub": "torchhub", "train_sha256": sha256_file(resolve_hub("torchhub", apibench_tiny).examples_file("train"))}))
+    with pytest.raises(RatuneError, match=r"test setting dense_ft on validation questions: the finetuned retriever "
+                                          r".* trained on 4 of the 4 validation questions"):
+        evaluate_checkpoint(tmp_path / "run", hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "d",
+                            settings=EvalSettings(settings=("0_shot", "dense_ft"), split="validation",
+                                                  dense_model=str(tmp_path / "ft")), progress=False)
+    assert not (tmp_path / "d").exists()
     with pytest.raises(RatuneError, match="has no run manifest naming the data it was trained on"):
         evaluate_checkpoint(tiny_model_dir, hub="torchhub", apibench_dir=apibench_tiny, out_dir=tmp_path / "m",
                             settings=EvalSettings(settings=("0_shot",), split="validation"), progress=False)
@@ -255,6 +268,23 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
         bad = write_sweep(tmp_path, base=base, eval=eval_section, data=data)
         with pytest.raises(RatuneError, match=missing):
             sw.cli_sweep(args(bad, out=tmp_path / "refused"))
+    # ... a dense_ft curve with a finetuned retriever that did not hold this validation split out
+    from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+
+    (tmp_path / "ft").mkdir()
+    held = {"fraction": 0.1, "by": "api_stratified", "seed": 1, "n": 3, "lines": [1, 2, 3]}
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "torchhub", "validation_split": held}))
+    bad = write_sweep(tmp_path, base=base, data={"validation_fraction": 0.1},
+                      eval={**selection, "curve_settings": ["0_shot", "dense_ft"], "dense_model": str(tmp_path / "ft")})
+    with pytest.raises(RatuneError, match=r"eval.curve_settings dense_ft retrieves for the validation questions with "
+                                          r"eval.dense_model .*ft, which did not hold this validation split out of its "
+                                          r"training; train one that does: ratune retrieval train --hub torchhub "
+                                          r"--validation-fraction 0.1 --validation-by api_stratified "
+                                          r"--validation-seed 0 --out DIR"):
+        sw.cli_sweep(args(bad, out=tmp_path / "refused", dry_run=True))
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "torchhub", "validation_split": {
+        **held, "seed": 0}}))  # the same rule, fraction and seed: planned
+    assert sw.cli_sweep(args(bad, out=tmp_path / "planned", dry_run=True)) == 0
 
 
 def test_a_sweep_tested_on_bfcl_alone_reads_the_chosen_checkpoint(tmp_path, monkeypatch, capsys):

@@ -160,3 +160,55 @@ def test_a_grouped_split_of_a_tool_set_keeps_each_validation_tool_out_of_trainin
         train = load_from_disk(str(tmp_path / "data" / mode))["train"]
         shown = {name for r in train for name in r["document_api_calls"]}
         assert shown and shown.isdisjoint(hidden), mode
+
+
+def _retriever_folder(folder, train_path, lines=None):
+    """A finetuned retriever's metadata alone (the checks read nothing else), holding out ``lines``."""
+    from ratune.io import sha256_file
+    from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+
+    folder.mkdir()
+    meta = {"hub": "torchhub", "train_sha256": sha256_file(train_path)}
+    if lines is not None:
+        meta["validation_split"] = {"fraction": 0.5, "by": "api_stratified", "seed": 0, "n": len(lines),
+                                    "lines": lines}
+    (folder / RETRIEVER_METADATA_FILE).write_text(json.dumps(meta))
+    return folder
+
+
+def test_the_finetuned_retriever_must_hold_the_validation_questions_out(tmp_path, apibench_tiny):
+    """require_held_out: a retriever that trained on validation questions (or on another training
+    file) is refused, naming how many and the command that trains one without them."""
+    from ratune.hubs import resolve_hub
+    from ratune.retrieval.retrievers import require_held_out
+
+    train_path = resolve_hub("torchhub", apibench_tiny).examples_file("train")
+    held = {"fraction": 0.34, "by": "api_grouped", "seed": 0, "lines": [3, 4, 9, 10]}
+    check = dict(held=held, hub="torchhub", train_path=train_path, what="the dense_ft mode")
+    require_held_out(_retriever_folder(tmp_path / "own", train_path, [3, 4, 9, 10, 11]), **check)  # a superset
+    command = ("train one that holds them out: ratune retrieval train --hub torchhub --validation-fraction 0.34 "
+               "--validation-by api_grouped --validation-seed 0 --out DIR")
+    with pytest.raises(RatuneError, match=r"the dense_ft mode: the finetuned retriever .*all trained on 4 of the 4 "
+                                          r"validation questions \(lines 3, 4, 9, 10 of torchhub_train.json\), so its documents for them would be "
+                                          r"chosen with their answers known; " + command):
+        require_held_out(_retriever_folder(tmp_path / "all", train_path), **check)
+    with pytest.raises(RatuneError, match=r"trained on 1 of the 4 validation questions \(lines 10 of"):
+        require_held_out(_retriever_folder(tmp_path / "some", train_path, [3, 4, 9]), **check)
+    other = tmp_path / "other.jsonl"
+    other.write_text("{}\n")
+    with pytest.raises(RatuneError, match=r"was trained on another version of torchhub_train.json, so .*; " + command):
+        require_held_out(_retriever_folder(tmp_path / "file", other, [3, 4, 9, 10]), **check)
+
+
+def test_a_build_refuses_a_finetuned_retriever_that_trained_on_its_validation_split(tmp_path, apibench_tiny,
+                                                                                   smol_tokenizer_dir, capsys):
+    from ratune.cli import main
+    from ratune.hubs import resolve_hub
+
+    folder = _retriever_folder(tmp_path / "ft", resolve_hub("torchhub", apibench_tiny).examples_file("train"))
+    assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",
+                 str(tmp_path / "data"), "--tokenizer", str(smol_tokenizer_dir), "--modes", "dense_ft",
+                 "--dense-model", str(folder), "--validation-fraction", "0.5"]) == 2
+    assert ("the dense_ft mode with a validation split: the finetuned retriever " + str(folder) +
+            " trained on 6 of the 6 validation questions") in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

@@ -16,7 +16,10 @@ from ratune.config import parse_yaml, validate
 from ratune.hubs import resolve_hub
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
+from ratune.eval.settings import needs_finetuned_retriever
 from ratune.eval.selection import get_selection_rule
+from ratune.retrieval.retrievers import read_retriever_metadata
+from ratune.sources.validate import HoldoutSettings
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
 
@@ -243,6 +246,19 @@ def _check_selection(sweep: Sweep) -> None:
     if e.split != "eval":
         raise RatuneError(f"{where}: eval.settings read the chosen checkpoint's test questions; leave eval.split "
                           "at eval (the curve runs on validation)")
+    finetuned = [s for s in e.curve_settings if needs_finetuned_retriever(s)]
+    if finetuned:  # the lines are the build's; the rule, fraction and seed must already be the same
+        d = sweep.config.data
+        split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
+                                validation_seed=d.validation_seed)
+        own = ((read_retriever_metadata(e.dense_model) or {}) if e.dense_model and Path(e.dense_model).is_dir()
+               else {}).get("validation_split") or {}
+        if (own.get("fraction"), own.get("by"), own.get("seed")) != (d.validation_fraction, d.validation_by,
+                                                                      d.validation_seed):
+            raise RatuneError(f"{where}: eval.curve_settings {finetuned[0]} retrieves for the validation questions "
+                              f"with eval.dense_model {e.dense_model}, which did not hold this validation split out "
+                              f"of its training; train one that does: ratune retrieval train --hub "
+                              f"{sweep.base.get('hub', 'torchhub')} {' '.join(split.flags())} --out DIR")
 
 
 def _check_curve_saves(config: dict, where: str) -> None:
