@@ -88,6 +88,10 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     if reuse_if_same:
         reused = _same_build(final, request, [*modes, *mixture_modes])
         if reused is not None:
+            if reused.get("validation_split") and needs_model:  # a build from before the check
+                require_held_out(settings.dense_model, reused["validation_split"], hub=source.ref,
+                                 train_path=source.examples_file("train"),
+                                 what=f"the {needs_model[0]} mode with a validation split")
             print(f"ratune: note: {final}: already built with the same request (modes, settings, tokenizer, "
                   "mixtures, input files); reused (--reuse-if-same)", file=sys.stderr)
             return reused
@@ -210,7 +214,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
     read = _read_splits(source, settings, lenient=lenient, leakage=leakage, progress=progress)
     needs_model = _finetuned_users(modes, mixtures)
     if read.held_out and needs_model:  # validation rows get its documents too
-        require_held_out(settings.dense_model, read.held_out, hub=source.name, train_path=source.examples_file("train"),
+        require_held_out(settings.dense_model, read.held_out, hub=source.ref, train_path=source.examples_file("train"),
                          what=f"the {needs_model[0]} mode with a validation split")
     cache: dict = {}
     counts: dict = {}

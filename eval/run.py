@@ -202,7 +202,7 @@ class _EvalRun:
         needs_model = [s for s in settings.settings if needs_finetuned_retriever(s)]
         if split_record is not None and needs_model:  # validation questions: the retriever must not know them
             held = read_json_object(Path(split_record["data"]) / "manifest.json")["validation_split"]
-            require_held_out(settings.dense_model, held, hub=hub_source.name,
+            require_held_out(settings.dense_model, held, hub=hub_source.ref,
                              train_path=hub_source.examples_file("train"),
                              what=f"test setting {needs_model[0]} on validation questions")
         if settings.n_questions is not None:

@@ -79,7 +79,8 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
     """Refuse a finetuned retriever that trained on any validation question ``what`` retrieves for.
 
     ``held``: a data build's ``validation_split`` record (``fraction``, ``by``, ``seed``, ``lines``:
-    the questions' lines in ``train_path``, the hub's training file).
+    the questions' lines in ``train_path``, the hub's training file); ``hub``: what ``--hub``
+    takes to name the hub (:attr:`ratune.hubs.Hub.ref`), for the command in the message.
 
     Raises:
         RatuneError: ``model`` held out no validation split, another one, or trained on another
@@ -96,7 +97,7 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
     else:
         return
     flags = HoldoutSettings(validation_fraction=held["fraction"], validation_by=held["by"],
-                            validation_seed=held["seed"]).flags()
+                            validation_seed=held["seed"]).holdout_flags()
     raise RatuneError(f"{what}: the finetuned retriever {model} {why}, so its documents for them would be "
                       f"chosen with their answers known; train one that holds them out: ratune retrieval train "
                       f"--hub {hub} {' '.join(flags)} --out DIR")

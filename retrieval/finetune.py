@@ -20,7 +20,7 @@ from ratune.sources.apibench import Example
 from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.options import add_arguments, values_from_args
 from ratune.sources.validate import (HOLDOUT_OPTIONS, LEAK_KINDS, NEAR_DUPLICATE_JACCARD, HoldoutSettings,
-                                     check_leakage, dedupe, hold_out)
+                                     check_leakage)
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions
@@ -226,8 +226,9 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub"
 
     ``hub``: an APIBench hub (with ``apibench_dir``), a catalog folder or a :class:`~ratune.hubs.Hub`.
     ``holdout``: with a fraction, the validation split the data build draws with the same settings
-    (from the deduplicated training examples, as the build draws it) is left out and its lines
-    recorded, so that choices made on it may use ``dense_ft``; else every training example is used.
+    (:meth:`~ratune.sources.validate.HoldoutSettings.split`: duplicates are removed first, as the
+    build removes them) is left out and its lines recorded, so that choices made on it may use
+    ``dense_ft``; else every training example is used, duplicates included.
 
     Raises:
         RatuneError: no training file for the hub, a split that holds out nothing, or the errors of
@@ -239,10 +240,7 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub"
     source.require_split("train", "the finetuned retriever trains on training instructions only")
     train, held_out = source.load_examples("train"), None
     if holdout.validation_fraction is not None:
-        train, held = hold_out(dedupe(train)[0], holdout.validation_fraction, by=holdout.validation_by,
-                               seed=holdout.validation_seed)
-        held_out = {"fraction": holdout.validation_fraction, "by": holdout.validation_by,
-                    "seed": holdout.validation_seed, "n": len(held), "lines": [e.line for e in held]}
+        train, held_out = holdout.split(train)
     return train_dense_retriever(train, source.load_examples("eval"),
                                  hub=source.name, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
                                  settings=settings, api_database=source.api_database_file,

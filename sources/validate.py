@@ -438,11 +438,26 @@ class HoldoutSettings:
     def __post_init__(self):
         check_fields(self)
 
-    def flags(self) -> list[str]:
-        """The flags that give these settings to a command (none without a fraction)."""
+    def holdout_flags(self) -> list[str]:
+        """The flags that give the validation split's settings to a command (none without a fraction)."""
         if self.validation_fraction is None:
             return []
         return [f for o in HOLDOUT_OPTIONS for f in (o.flag, str(getattr(self, o.field)))]
+
+    def split(self, examples: Sequence[Example]) -> tuple[list[Example], dict]:
+        """``(training examples, validation_split record)`` of a hub's training examples, deduplicated
+        first as the data build's checks do (:func:`dedupe`); the record holds ``fraction``, ``by``,
+        ``seed``, ``n`` and the held-out ``lines``.
+
+        Raises:
+            RatuneError: no fraction set, or the errors of :func:`hold_out`.
+        """
+        if self.validation_fraction is None:
+            raise RatuneError("no validation split asked for (validation_fraction is None)")
+        train, held = hold_out(dedupe(examples)[0], self.validation_fraction, by=self.validation_by,
+                               seed=self.validation_seed)
+        return train, {"fraction": self.validation_fraction, "by": self.validation_by, "seed": self.validation_seed,
+                       "n": len(held), "lines": [e.line for e in held]}
 
 
 #: The flags of :class:`HoldoutSettings` (``ratune data build`` and ``ratune retrieval train``).

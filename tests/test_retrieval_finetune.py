@@ -179,7 +179,8 @@ def test_a_retriever_trained_beside_a_validation_split_holds_out_the_builds_ques
         apibench_tiny, smol_tokenizer_dir, tmp_path, capsys):
     """`ratune retrieval train --validation-*` leaves out exactly the examples a data build with the
     same settings holds out (4 of the tiny TorchHub's 12: two whole APIs), records their lines, and
-    then passes the check that refuses a retriever trained on validation questions."""
+    then passes the check that refuses a retriever trained on validation questions; a build with
+    dense_ft then runs, and is not reused once the retriever's record says it trained on one."""
     import json
 
     from ratune.cli import main
@@ -200,3 +201,15 @@ def test_a_retriever_trained_beside_a_validation_split_holds_out_the_builds_ques
                                         "lines": held["lines"]}
     require_held_out(tmp_path / "ft", held, hub="torchhub", what="dense_ft",
                      train_path=resolve_hub("torchhub", apibench_tiny).examples_file("train"))
+    # a build that retrieves with it for its own validation split; reused only while it holds them out
+    build = ["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out", str(tmp_path / "ft_data"),
+             "--tokenizer", str(smol_tokenizer_dir), "--modes", "dense_ft", "--dense-model", str(tmp_path / "ft"),
+             "--reuse-if-same", *split]
+    assert main(build) == 0
+    assert json.loads((tmp_path / "ft_data" / "manifest.json").read_text())["validation_split"]["lines"] == held["lines"]
+    meta["validation_split"]["lines"] = held["lines"][1:]  # as if it had trained on one of them
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(build) == 2  # the same request (the weights did not change), but not reused
+    assert (f"trained on 1 of the 4 validation questions (lines {held['lines'][0]} of torchhub_train.json"
+            in capsys.readouterr().err)

@@ -269,22 +269,27 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
         with pytest.raises(RatuneError, match=missing):
             sw.cli_sweep(args(bad, out=tmp_path / "refused"))
     # ... a dense_ft curve with a finetuned retriever that did not hold this validation split out
+    from ratune.hubs import resolve_hub
+    from ratune.io import sha256_file
     from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+    from ratune.sources.validate import HoldoutSettings
 
+    hub = resolve_hub("torchhub")
+    lines = HoldoutSettings(validation_fraction=0.1).split(hub.load_examples("train"))[1]["lines"]
+    meta = {"hub": "torchhub", "train_sha256": sha256_file(hub.examples_file("train"))}
     (tmp_path / "ft").mkdir()
-    held = {"fraction": 0.1, "by": "api_stratified", "seed": 1, "n": 3, "lines": [1, 2, 3]}
-    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "torchhub", "validation_split": held}))
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(
+        {**meta, "validation_split": {"lines": lines[1:]}}))  # trained on one of them
     bad = write_sweep(tmp_path, base=base, data={"validation_fraction": 0.1},
                       eval={**selection, "curve_settings": ["0_shot", "dense_ft"], "dense_model": str(tmp_path / "ft")})
-    with pytest.raises(RatuneError, match=r"eval.curve_settings dense_ft retrieves for the validation questions with "
-                                          r"eval.dense_model .*ft, which did not hold this validation split out of its "
-                                          r"training; train one that does: ratune retrieval train --hub torchhub "
-                                          r"--validation-fraction 0.1 --validation-by api_stratified "
-                                          r"--validation-seed 0 --out DIR"):
+    with pytest.raises(RatuneError, match=rf"sweep.yaml: eval.curve_settings dense_ft \(the validation questions\): "
+                                          rf"the finetuned retriever .*ft trained on 1 of the {len(lines)} validation "
+                                          rf"questions \(lines {lines[0]} of .*; train one that holds them out: ratune "
+                                          r"retrieval train --hub torchhub --validation-fraction 0.1 --validation-by "
+                                          r"api_stratified --validation-seed 0 --out DIR"):
         sw.cli_sweep(args(bad, out=tmp_path / "refused", dry_run=True))
-    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "torchhub", "validation_split": {
-        **held, "seed": 0}}))  # the same rule, fraction and seed: planned
-    assert sw.cli_sweep(args(bad, out=tmp_path / "planned", dry_run=True)) == 0
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({**meta, "validation_split": {"lines": lines}}))
+    assert sw.cli_sweep(args(bad, out=tmp_path / "planned", dry_run=True)) == 0  # held out: planned
 
 
 def test_a_sweep_tested_on_bfcl_alone_reads_the_chosen_checkpoint(tmp_path, monkeypatch, capsys):

@@ -212,3 +212,23 @@ def test_a_build_refuses_a_finetuned_retriever_that_trained_on_its_validation_sp
     assert ("the dense_ft mode with a validation split: the finetuned retriever " + str(folder) +
             " trained on 6 of the 6 validation questions") in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_the_retrievers_split_is_drawn_after_removing_duplicates_as_the_builds_is(apibench_tiny):
+    """HoldoutSettings.split (what `ratune retrieval train --validation-*` holds out) drops a duplicate
+    before drawing: with a copy of line 1 appended, API A's count would be 3 and round(3 x 0.5) = 2
+    of them held out instead of 1."""
+    import dataclasses
+
+    from ratune.sources.apibench import load_examples
+    from ratune.sources.validate import HoldoutSettings, hold_out
+
+    train = load_examples(apibench_tiny, "torchhub", "train")
+    copy = dataclasses.replace(train[0], line=99)
+    kept, record = HoldoutSettings(validation_fraction=0.5).split([*train, copy])
+    expected = [e.line for e in hold_out(train, 0.5, by="api_stratified", seed=0)[1]]
+    assert record == {"fraction": 0.5, "by": "api_stratified", "seed": 0, "n": 6, "lines": expected}
+    assert 99 not in {e.line for e in kept} and len(kept) == 6
+    assert len(hold_out([*train, copy], 0.5, by="api_stratified", seed=0)[1]) == 7  # without the dedupe
+    with pytest.raises(RatuneError, match="no validation split asked for"):
+        HoldoutSettings().split(train)

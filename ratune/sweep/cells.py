@@ -18,7 +18,7 @@ from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
 from ratune.eval.settings import needs_finetuned_retriever
 from ratune.eval.selection import get_selection_rule
-from ratune.retrieval.retrievers import read_retriever_metadata
+from ratune.retrieval.retrievers import require_finetuned_retriever, require_held_out
 from ratune.sources.validate import HoldoutSettings
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
@@ -119,7 +119,7 @@ def expand(sweep: Sweep) -> list[Cell]:
     cfg = sweep.config
     dims = _check_axes(cfg, sweep.source)
     _check_selection(sweep)
-    cells = []
+    cells, checked_hubs = [], set()
     for combo in itertools.product(*dims):
         axes: dict = {}
         for part in combo:
@@ -130,6 +130,9 @@ def expand(sweep: Sweep) -> list[Cell]:
         for key, value in axes.items():
             _set_dotted(data, key, value)
         hub = _cell_hub(data.get("hub", "torchhub"), f"{sweep.source}: cell {name}")
+        if hub.ref not in checked_hubs:
+            _check_curve_retriever(sweep, hub)
+            checked_hubs.add(hub.ref)
         # named by the hub's name: a catalog's folder path would not make a folder name
         data["data_dir"] = str(sweep.out_dir / "data" / hub.name)
         data["output_dir"] = str(cell_dir / "train")
@@ -246,19 +249,27 @@ def _check_selection(sweep: Sweep) -> None:
     if e.split != "eval":
         raise RatuneError(f"{where}: eval.settings read the chosen checkpoint's test questions; leave eval.split "
                           "at eval (the curve runs on validation)")
-    finetuned = [s for s in e.curve_settings if needs_finetuned_retriever(s)]
-    if finetuned:  # the lines are the build's; the rule, fraction and seed must already be the same
-        d = sweep.config.data
-        split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
-                                validation_seed=d.validation_seed)
-        own = ((read_retriever_metadata(e.dense_model) or {}) if e.dense_model and Path(e.dense_model).is_dir()
-               else {}).get("validation_split") or {}
-        if (own.get("fraction"), own.get("by"), own.get("seed")) != (d.validation_fraction, d.validation_by,
-                                                                      d.validation_seed):
-            raise RatuneError(f"{where}: eval.curve_settings {finetuned[0]} retrieves for the validation questions "
-                              f"with eval.dense_model {e.dense_model}, which did not hold this validation split out "
-                              f"of its training; train one that does: ratune retrieval train --hub "
-                              f"{sweep.base.get('hub', 'torchhub')} {' '.join(split.flags())} --out DIR")
+
+
+def _check_curve_retriever(sweep: Sweep, hub) -> None:
+    """Refuse, before anything runs, a curve on the validation questions (``eval.selection_rule``)
+    whose ``dense_ft`` settings would retrieve with a finetuned retriever that trained on them: the
+    questions are the ones ``data:``'s split draws from ``hub`` (as ``ratune retrieval train`` draws
+    them; a build that drops leaked rows may draw others, which its eval then refuses).
+
+    Raises:
+        RatuneError: naming the sweep file, the setting and the command that trains a retriever without them.
+    """
+    e, d = sweep.config.eval, sweep.config.data
+    finetuned = [s for s in e.curve_settings or () if needs_finetuned_retriever(s)]
+    if e.selection_rule is None or not finetuned:
+        return
+    what = f"{sweep.source}: eval.curve_settings {finetuned[0]} (the validation questions)"
+    require_finetuned_retriever(e.dense_model, hub.name, what)
+    split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
+                            validation_seed=d.validation_seed)
+    require_held_out(e.dense_model, split.split(hub.load_examples("train"))[1], hub=hub.ref,
+                     train_path=hub.examples_file("train"), what=what)
 
 
 def _check_curve_saves(config: dict, where: str) -> None:
