@@ -27,7 +27,8 @@ from ratune.models import TOKENIZER_FOLDER_FILES, load_tokenizer, resolve_model_
 from ratune.options import values_from_args
 from ratune.output import StageOutput
 from ratune.registry import DEFAULT_MODES, RETRIEVED_MODES, RETRIEVERS, SPLITS, TRAIN_MODES, unknown_name
-from ratune.retrieval.retrievers import require_finetuned_retriever, require_held_out
+from ratune.retrieval.dense import require_held_out
+from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template

@@ -30,7 +30,8 @@ from ratune.models import load_adapter_merged, load_model, load_tokenizer, requi
 from ratune.registry import (CONSTRAINTS_PREFIX, RETRIEVERS,
                              TEST_SETTINGS, setting_retriever)
 from ratune.retrieval.perturbed import IrrelevantRetriever, SwapRetriever
-from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever, require_held_out
+from ratune.retrieval.dense import require_held_out
+from ratune.retrieval.retrievers import Query, make_retriever, require_finetuned_retriever
 from ratune.eval.questions import questions, split_refusal
 from ratune.train.layout import (Checkpoint, resolve_checkpoint, trained_answer_format, trained_chat_template,
                                  trained_document_budget)

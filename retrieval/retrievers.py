@@ -14,7 +14,7 @@ from ratune.retrieval.bm25 import (BM25_B, BM25_EPSILON, BM25_INDEX_FORMAT, BM25
                                    rank_scores, saved_index_metadata)
 from ratune.retrieval.dense import (RETRIEVER_METADATA_FILE, DenseRetriever, check_retriever_hub,
                                     default_dense_model, dense_document_text, read_retriever_metadata,
-                                    require_finetuned_retriever, require_held_out)
+                                    require_finetuned_retriever)
 from ratune.retrieval.fusion import FusionRetriever
 from ratune.retrieval.precomputed import PrecomputedRetriever
 
@@ -23,7 +23,7 @@ __all__ = [
     "bm25_tokenize", "BM25_VARIANTS", "BM25_K1", "BM25_B", "BM25_EPSILON", "SCORE_DECIMALS", "BM25_INDEX_FORMAT",
     "BM25_INDEX_METADATA", "okapi_idf", "rank_scores", "BM25Retriever", "saved_index_metadata",
     "RETRIEVER_METADATA_FILE", "default_dense_model", "dense_document_text", "read_retriever_metadata",
-    "check_retriever_hub", "require_finetuned_retriever", "require_held_out", "DenseRetriever",
+    "check_retriever_hub", "require_finetuned_retriever", "DenseRetriever",
     "PrecomputedRetriever",
     "FusionRetriever",
     "make_retriever",

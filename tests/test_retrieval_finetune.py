@@ -185,7 +185,7 @@ def test_a_retriever_trained_beside_a_validation_split_holds_out_the_builds_ques
 
     from ratune.cli import main
     from ratune.hubs import resolve_hub
-    from ratune.retrieval.retrievers import require_held_out
+    from ratune.retrieval.dense import require_held_out
 
     split = ["--validation-fraction", "0.34", "--validation-by", "api_grouped", "--validation-seed", "0"]
     assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",

@@ -180,7 +180,7 @@ def test_the_finetuned_retriever_must_hold_the_validation_questions_out(tmp_path
     """require_held_out: a retriever that trained on validation questions (or on another training
     file) is refused, naming how many and the command that trains one without them."""
     from ratune.hubs import resolve_hub
-    from ratune.retrieval.retrievers import require_held_out
+    from ratune.retrieval.dense import require_held_out
 
     train_path = resolve_hub("torchhub", apibench_tiny).examples_file("train")
     held = {"fraction": 0.34, "by": "api_grouped", "seed": 0, "lines": [3, 4, 9, 10]}

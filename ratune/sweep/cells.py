@@ -18,7 +18,8 @@ from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
 from ratune.eval.settings import needs_finetuned_retriever
 from ratune.eval.selection import get_selection_rule
-from ratune.retrieval.retrievers import require_finetuned_retriever, require_held_out
+from ratune.retrieval.dense import require_held_out
+from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.validate import HoldoutSettings
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
 from ratune.train.config import TrainConfig
