@@ -89,10 +89,7 @@ def build_dataset(*, apibench_dir=None, hub: str | Hub, out_dir, tokenizer, toke
     if reuse_if_same:
         reused = _same_build(final, request, [*modes, *mixture_modes])
         if reused is not None:
-            if reused.get("validation_split") and needs_model:  # a build from before the check
-                require_held_out(settings.dense_model, reused["validation_split"], hub=source.ref,
-                                 train_path=source.examples_file("train"),
-                                 what=f"the {needs_model[0]} mode with a validation split")
+            _check_validation_retriever(reused.get("validation_split"), source, settings, needs_model)
             print(f"ratune: note: {final}: already built with the same request (modes, settings, tokenizer, "
                   "mixtures, input files); reused (--reuse-if-same)", file=sys.stderr)
             return reused
@@ -205,6 +202,19 @@ def _finetuned_users(modes: Sequence[str], mixtures: Sequence) -> list[str]:
     return [m for m in [*modes, *(x.top1_retriever for x in mixtures)] if RETRIEVERS[m].needs_model]
 
 
+def _check_validation_retriever(held: dict | None, source: Hub, settings: BuildSettings,
+                                needs_model: Sequence[str]) -> None:
+    """Refuse a finetuned retriever that trained on the build's validation split (``held``, its
+    ``validation_split`` record), where ``needs_model`` modes give the validation rows its documents.
+
+    Raises:
+        RatuneError: as :func:`ratune.retrieval.dense.require_held_out`.
+    """
+    if held and needs_model:
+        require_held_out(settings.dense_model, held, hub=source.ref, train_path=source.examples_file("train"),
+                         what=f"the {needs_model[0]} mode with a validation split")
+
+
 def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: str, modes: Sequence[str],
                 settings: BuildSettings, lenient: bool, progress: bool, leakage: str, mixtures: Sequence,
                 utility_keep: dict | None, utility_meta: dict | None, request: dict) -> dict:
@@ -213,10 +223,7 @@ def _build_into(output: StageOutput, *, source: Hub, tokenizer, tokenizer_name: 
 
     out = output.folder
     read = _read_splits(source, settings, lenient=lenient, leakage=leakage, progress=progress)
-    needs_model = _finetuned_users(modes, mixtures)
-    if read.held_out and needs_model:  # validation rows get its documents too
-        require_held_out(settings.dense_model, read.held_out, hub=source.ref, train_path=source.examples_file("train"),
-                         what=f"the {needs_model[0]} mode with a validation split")
+    _check_validation_retriever(read.held_out, source, settings, _finetuned_users(modes, mixtures))
     cache: dict = {}
     counts: dict = {}
     built: dict = {}  # mode -> {split: rows}
