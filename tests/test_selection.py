@@ -292,6 +292,49 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
     assert sw.cli_sweep(args(bad, out=tmp_path / "planned", dry_run=True)) == 0  # held out: planned
 
 
+def test_a_sweep_evaluated_on_validation_questions_is_checked_before_anything_runs(tmp_path):
+    """``eval.split: validation`` without a selection rule runs eval.settings and the curve on the
+    validation questions: refused at expansion (before any training) without data.validation_fraction,
+    with a setting that exists for test questions only, and with a dense_ft setting whose retriever
+    trained on them (eval.settings, not only the curve); planned once the retriever held them out."""
+    import json
+
+    import ratune.sweep as sw
+    from ratune.hubs import resolve_hub
+    from ratune.io import sha256_file
+    from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+    from ratune.sources.validate import HoldoutSettings
+    from test_sweep import write_sweep
+
+    on_validation = {"settings": ["0_shot", "oracle"], "n_questions": 5, "split": "validation"}
+    fraction = {"max_length": 256, "validation_fraction": 0.1}
+
+    def cells(**over):
+        return sw.expand(sw.load_sweep(write_sweep(tmp_path, **over)))
+
+    with pytest.raises(RatuneError, match=r"sweep.yaml: eval.split validation: 0_shot, oracle run on the validation "
+                                          r"questions; set data.validation_fraction"):
+        cells(eval=on_validation)
+    with pytest.raises(RatuneError, match=r"sweep.yaml: eval.split validation: test setting gpt_index: the paper's "
+                                          r"documents exist for its eval questions only, not for validation questions"):
+        cells(eval={**on_validation, "settings": ["0_shot", "gpt_index"]}, data=fraction)
+    hub = resolve_hub("torchhub")
+    lines = HoldoutSettings(validation_fraction=0.1).split(hub.load_examples("train"))[1]["lines"]
+    (tmp_path / "ft").mkdir()
+    meta = {"hub": "torchhub", "train_sha256": sha256_file(hub.examples_file("train")),
+            "validation_split": {"lines": lines[:-1]}}  # trained on the last of them
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(meta))
+    finetuned = {**on_validation, "settings": ["dense_ft"], "dense_model": str(tmp_path / "ft")}
+    with pytest.raises(RatuneError, match=rf"sweep.yaml: eval.settings dense_ft \(the validation questions\): the "
+                                          rf"finetuned retriever .*ft trained on 1 of the {len(lines)} validation "
+                                          rf"questions \(lines {lines[-1]} of "):
+        cells(eval=finetuned, data=fraction)
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps({**meta, "validation_split": {"lines": lines}}))
+    assert [c.config["train_retriever"] for c in cells(eval=finetuned, data=fraction)] == ["none", "oracle"]
+    # the test questions (eval.split eval) need no split and may read the paper's documents
+    assert len(cells(eval={**on_validation, "split": "eval", "settings": ["gpt_index"]})) == 2
+
+
 def test_a_sweep_tested_on_bfcl_alone_reads_the_chosen_checkpoint(tmp_path, monkeypatch, capsys):
     """No eval.settings and a bfcl: section (configs/bfcl/unseen.yaml): each cell runs train, the
     validation curve, the choice and ``ratune eval bfcl`` of the chosen checkpoint, no ``eval run`` of

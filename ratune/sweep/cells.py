@@ -16,6 +16,7 @@ from ratune.config import parse_yaml, validate
 from ratune.hubs import resolve_hub
 from ratune.data.mixture import Mixture
 from ratune.errors import RatuneError
+from ratune.eval.questions import split_refusal
 from ratune.eval.settings import needs_finetuned_retriever
 from ratune.eval.selection import get_selection_rule
 from ratune.retrieval.dense import require_held_out
@@ -132,7 +133,7 @@ def expand(sweep: Sweep) -> list[Cell]:
             _set_dotted(data, key, value)
         hub = _cell_hub(data.get("hub", "torchhub"), f"{sweep.source}: cell {name}")
         if hub.ref not in checked_hubs:
-            _check_curve_retriever(sweep, hub)
+            _check_validation_retriever(sweep, hub)
             checked_hubs.add(hub.ref)
         # named by the hub's name: a catalog's folder path would not make a folder name
         data["data_dir"] = str(sweep.out_dir / "data" / hub.name)
@@ -229,43 +230,61 @@ def selection_path(cell: Cell) -> Path:
     return cell.dir / "selection.json"
 
 
+def validation_settings(sweep: Sweep) -> list[str]:
+    """The test settings a sweep runs on the validation questions: ``eval.curve_settings`` under a
+    selection rule, and ``eval.settings`` and ``eval.curve_settings`` with ``eval.split: validation``."""
+    e = sweep.config.eval
+    curve = list(e.curve_settings or ()) if e.selection_rule is not None or e.split == "validation" else []
+    return [*curve, *(s for s in e.settings if e.split == "validation" and s not in curve)]
+
+
 def _check_selection(sweep: Sweep) -> None:
-    """Refuse a sweep that tests nothing (no ``eval.settings``, no ``bfcl:``), and ``eval.selection_rule``
-    without a curve, a validation split, or with ``eval.split`` changed.
+    """Refuse a sweep that tests nothing (no ``eval.settings``, no ``bfcl:``), ``eval.selection_rule``
+    without a curve or with ``eval.split`` changed, and settings on the validation questions
+    (:func:`validation_settings`) without a validation split or that exist for test questions only.
 
     Raises:
-        RatuneError: naming the sweep file and the missing setting.
+        RatuneError: naming the sweep file and the missing or refused setting.
     """
     e = sweep.config.eval
     if not e.settings and sweep.config.bfcl is None:
         raise RatuneError(f"{sweep.source}: eval.settings is empty and there is no bfcl: section, so no cell would be "
                           "tested; name eval.settings (the hub's test questions) or add a bfcl: section")
-    if e.selection_rule is None:
+    if e.selection_rule is not None:
+        where = f"{sweep.source}: eval.selection_rule {e.selection_rule}"
+        if not e.curve_settings:
+            raise RatuneError(f"{where}: the checkpoint is chosen on a learning curve; set eval.curve_settings")
+        if e.split != "eval":
+            raise RatuneError(f"{where}: eval.settings read the chosen checkpoint's test questions; leave eval.split "
+                              "at eval (the curve runs on validation)")
+    on_validation = validation_settings(sweep)
+    if not on_validation:
         return
-    where = f"{sweep.source}: eval.selection_rule {e.selection_rule}"
-    if not e.curve_settings:
-        raise RatuneError(f"{where}: the checkpoint is chosen on a learning curve; set eval.curve_settings")
+    why = ("eval.selection_rule" if e.selection_rule is not None else "eval.split validation")
     if sweep.config.data.validation_fraction is None:
-        raise RatuneError(f"{where}: the curve runs on the validation questions; set data.validation_fraction")
-    if e.split != "eval":
-        raise RatuneError(f"{where}: eval.settings read the chosen checkpoint's test questions; leave eval.split "
-                          "at eval (the curve runs on validation)")
+        raise RatuneError(f"{sweep.source}: {why}: {', '.join(on_validation)} run on the validation questions; "
+                          "set data.validation_fraction")
+    for setting in on_validation:
+        refusal = split_refusal(setting, "validation")
+        if refusal:
+            raise RatuneError(f"{sweep.source}: {why}: {refusal}")
 
 
-def _check_curve_retriever(sweep: Sweep, hub) -> None:
-    """Refuse, before anything runs, a curve on the validation questions (``eval.selection_rule``)
-    whose ``dense_ft`` settings would retrieve with a finetuned retriever that trained on them: the
-    questions are the ones ``data:``'s split draws from ``hub`` (as ``ratune retrieval train`` draws
-    them; a build that drops leaked rows may draw others, which its eval then refuses).
+def _check_validation_retriever(sweep: Sweep, hub) -> None:
+    """Refuse, before anything runs, settings on the validation questions (:func:`validation_settings`)
+    whose ``dense_ft`` would retrieve with a finetuned retriever that trained on them: the questions
+    are the ones ``data:``'s split draws from ``hub`` (as ``ratune retrieval train`` draws them; a
+    build that drops leaked rows may draw others, which its eval then refuses).
 
     Raises:
         RatuneError: naming the sweep file, the setting and the command that trains a retriever without them.
     """
     e, d = sweep.config.eval, sweep.config.data
-    finetuned = [s for s in e.curve_settings or () if needs_finetuned_retriever(s)]
-    if e.selection_rule is None or not finetuned:
+    finetuned = [s for s in validation_settings(sweep) if needs_finetuned_retriever(s)]
+    if not finetuned:
         return
-    what = f"{sweep.source}: eval.curve_settings {finetuned[0]} (the validation questions)"
+    where = "eval.curve_settings" if finetuned[0] in (e.curve_settings or ()) else "eval.settings"
+    what = f"{sweep.source}: {where} {finetuned[0]} (the validation questions)"
     require_finetuned_retriever(e.dense_model, hub.name, what)
     split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
                             validation_seed=d.validation_seed)
