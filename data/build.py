@@ -32,7 +32,7 @@ from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
-from ratune.sources.validate import HOLDOUTS, example_identities, hold_out, near_duplicate_rate, validate_splits
+from ratune.sources.validate import HOLDOUTS, example_identities, near_duplicate_rate, validate_splits
 
 #: What other modules import from here (the settings and the row builder live beside it).
 __all__ = ["BUILD_OPTIONS", "BuildSettings", "MIN_DOCUMENT_TOKENS", "build_dataset", "build_request", "build_rows",
@@ -131,16 +131,14 @@ def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | 
         return None, frozenset()
     if "train" not in splits:
         raise RatuneError("--validation-fraction: the hub has no training examples to hold a validation split out of")
-    train, held = hold_out(splits["train"], settings.validation_fraction, by=settings.validation_by,
-                           seed=settings.validation_seed)
+    train, held, record = settings.draw(splits["train"])
     splits["train"], splits["validation"] = train, [dataclasses.replace(e, split="validation") for e in held]
     trained = {api_identity(e.api) for e in train}
     apis = {api_identity(e.api) for e in held}
     unseen = HOLDOUTS[settings.validation_by].unseen
     hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train))
                        if unseen else ())
-    return {"fraction": settings.validation_fraction, "by": settings.validation_by, "seed": settings.validation_seed,
-            "n": len(held), "lines": [e.line for e in held], "apis": len(apis), "apis_also_trained": len(apis & trained),
+    return {**record, "apis": len(apis), "apis_also_trained": len(apis & trained),
             **({"hidden_from_training": len(hidden)} if unseen else {}),
             "near_duplicates": {"validation": near_duplicate_rate(train, held),
                                 **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}

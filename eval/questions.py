@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from ratune.errors import RatuneError
 from ratune.hubs import Hub
@@ -13,9 +14,18 @@ from ratune.io import read_json_object
 from ratune.registry import PRECOMPUTED_SETTINGS
 from ratune.train.layout import trained_data_dir
 
-def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> tuple[list, dict | None]:
-    """``(examples, record)``: the questions of ``split`` and, for ``validation``, what the cells'
-    identity records of them (the data build and the held-out lines).
+class Questions(NamedTuple):
+    """An eval's questions: ``examples``; for ``validation`` questions, ``record``, what the cells'
+    identity records of them (the data build and the held-out lines), and ``held_out``, the data
+    build's ``validation_split`` record (None for the test questions)."""
+
+    examples: list
+    record: dict | None
+    held_out: dict | None
+
+
+def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> Questions:
+    """The questions of ``split`` (:class:`Questions`).
 
     ``validation``: the hub's training examples whose lines the data manifest of
     ``checkpoint``'s run records as held out (``validation_split.lines``), in that order, with
@@ -26,7 +36,7 @@ def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> tuple[list
             of another hub, or a held-out line the hub's training file does not have.
     """
     if split == "eval":
-        return hub.load_examples("eval"), None
+        return Questions(hub.load_examples("eval"), None, None)
     data_dir = trained_data_dir(checkpoint)
     if data_dir is None:
         raise RatuneError(f"--split validation: {checkpoint} has no run manifest naming the data it was trained on; "
@@ -48,7 +58,8 @@ def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> tuple[list
                           f"{manifest_path}, is not there (the hub's files changed since the build)")
     examples = [dataclasses.replace(by_line[line], split="validation", line=number)
                 for number, line in enumerate(held["lines"], start=1)]
-    return examples, {"split": "validation", "data": str(Path(data_dir).resolve()), "lines": held["lines"]}
+    return Questions(examples, {"split": "validation", "data": str(Path(data_dir).resolve()), "lines": held["lines"]},
+                     held)
 
 
 def split_refusal(setting: str, split: str) -> str | None:

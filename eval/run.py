@@ -199,10 +199,9 @@ class _EvalRun:
             refusal = split_refusal(setting, settings.split)
             if refusal:
                 raise RatuneError(refusal)
-        all_examples, split_record = questions(hub_source, settings.split, described_by)
+        all_examples, split_record, held = questions(hub_source, settings.split, described_by)
         needs_model = [s for s in settings.settings if needs_finetuned_retriever(s)]
-        if split_record is not None and needs_model:  # validation questions: the retriever must not know them
-            held = read_json_object(Path(split_record["data"]) / "manifest.json")["validation_split"]
+        if held is not None and needs_model:  # validation questions: the retriever must not know them
             require_held_out(settings.dense_model, held, hub=hub_source.ref,
                              train_path=hub_source.examples_file("train"),
                              what=f"test setting {needs_model[0]} on validation questions")

@@ -444,20 +444,28 @@ class HoldoutSettings:
             return []
         return [f for o in HOLDOUT_OPTIONS for f in (o.flag, str(getattr(self, o.field)))]
 
-    def split(self, examples: Sequence[Example]) -> tuple[list[Example], dict]:
-        """``(training examples, validation_split record)`` of a hub's training examples, deduplicated
-        first as the data build's checks do (:func:`dedupe`); the record holds ``fraction``, ``by``,
-        ``seed``, ``n`` and the held-out ``lines``.
+    def draw(self, examples: Sequence[Example]) -> tuple[list[Example], list[Example], dict]:
+        """``(train, held_out, record)`` of ``examples`` by these settings (:func:`hold_out`); the
+        ``validation_split`` record holds ``fraction``, ``by``, ``seed``, ``n`` and the held-out ``lines``.
 
         Raises:
             RatuneError: no fraction set, or the errors of :func:`hold_out`.
         """
         if self.validation_fraction is None:
             raise RatuneError("no validation split asked for (validation_fraction is None)")
-        train, held = hold_out(dedupe(examples)[0], self.validation_fraction, by=self.validation_by,
-                               seed=self.validation_seed)
-        return train, {"fraction": self.validation_fraction, "by": self.validation_by, "seed": self.validation_seed,
-                       "n": len(held), "lines": [e.line for e in held]}
+        train, held = hold_out(examples, self.validation_fraction, by=self.validation_by, seed=self.validation_seed)
+        return train, held, {"fraction": self.validation_fraction, "by": self.validation_by,
+                             "seed": self.validation_seed, "n": len(held), "lines": [e.line for e in held]}
+
+    def split(self, examples: Sequence[Example]) -> tuple[list[Example], dict]:
+        """``(training examples, validation_split record)`` of a hub's training examples, deduplicated
+        first as the data build's checks do (:func:`dedupe`), then drawn by :meth:`draw`.
+
+        Raises:
+            RatuneError: as :meth:`draw`.
+        """
+        train, _, record = self.draw(dedupe(examples)[0])
+        return train, record
 
 
 #: The flags of :class:`HoldoutSettings` (``ratune data build`` and ``ratune retrieval train``).
