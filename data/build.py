@@ -118,9 +118,10 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
             **({"same_examples": True} if settings.same_examples else {})}
 
 
-def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | None, frozenset[str]]:
+def _hold_out_validation(splits: dict, settings: BuildSettings, leakage: str) -> tuple[dict | None, frozenset[str]]:
     """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked; returns the
-    manifest's ``validation_split`` record (else None) and, for a kind whose held-out APIs are unseen
+    manifest's ``validation_split`` record (else None; ``leakage: drop`` when leaked training rows were
+    dropped before the draw) and, for a kind whose held-out APIs are unseen
     (``api_grouped``), the API identities only validation examples show (training rows' retrieval passes
     them over).
 
@@ -138,7 +139,8 @@ def _hold_out_validation(splits: dict, settings: BuildSettings) -> tuple[dict | 
     unseen = HOLDOUTS[settings.validation_by].unseen
     hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train))
                        if unseen else ())
-    return {**record, "apis": len(apis), "apis_also_trained": len(apis & trained),
+    return {**record, **({"leakage": "drop"} if leakage == "drop" else {}),
+            "apis": len(apis), "apis_also_trained": len(apis & trained),
             **({"hidden_from_training": len(hidden)} if unseen else {}),
             "near_duplicates": {"validation": near_duplicate_rate(train, held),
                                 **({"eval": near_duplicate_rate(train, splits["eval"])} if "eval" in splits else {})}
@@ -294,7 +296,7 @@ def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage
     splits, validation = validate_splits(splits, database, train_path=source.examples_file("train"),
                                          eval_path=source.examples_file("eval"), leakage=leakage)
     hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
-    held_out, hidden = _hold_out_validation(splits, settings)
+    held_out, hidden = _hold_out_validation(splits, settings, leakage)
     if progress:
         print(validation.summary())
         if held_out:

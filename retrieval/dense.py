@@ -79,8 +79,9 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
     """Refuse a finetuned retriever that trained on any validation question ``what`` retrieves for.
 
     ``held``: a data build's ``validation_split`` record (``fraction``, ``by``, ``seed``, ``lines``:
-    the questions' lines in ``train_path``, the hub's training file); ``hub``: what ``--hub``
-    takes to name the hub (:attr:`ratune.hubs.Hub.ref`), for the command in the message.
+    the questions' lines in ``train_path``, the hub's training file; ``leakage: drop`` when leaked
+    training rows were dropped before the draw); ``hub``: what ``--hub`` takes to name the hub
+    (:attr:`ratune.hubs.Hub.ref`), for the command in the message.
 
     Raises:
         RatuneError: ``model`` held out no validation split, another one, or trained on another
@@ -98,6 +99,8 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
         return
     flags = HoldoutSettings(validation_fraction=held["fraction"], validation_by=held["by"],
                             validation_seed=held["seed"]).holdout_flags()
+    if held.get("leakage") == "drop":  # the build drew the split after dropping leaked rows
+        flags += ["--leakage", "drop"]
     raise RatuneError(f"{what}: the finetuned retriever {model} {why}, so its documents for them would be "
                       f"chosen with their answers known; train one that holds them out: ratune retrieval train "
                       f"--hub {hub} {' '.join(flags)} --out DIR")

@@ -19,13 +19,17 @@ from ratune.config import Count, PositiveFloat, Seed, Threads, check_fields
 from ratune.sources.apibench import Example
 from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.options import add_arguments, values_from_args
-from ratune.sources.validate import (HOLDOUT_OPTIONS, LEAK_KINDS, NEAR_DUPLICATE_JACCARD, HoldoutSettings,
-                                     check_leakage)
+from ratune.sources.validate import (HOLDOUT_OPTIONS, LEAK_KINDS, LEAKAGE_POLICIES, NEAR_DUPLICATE_JACCARD,
+                                     HoldoutSettings, check_leakage, dedupe, drop_leaked)
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions
 from ratune.output import StageOutput
 from ratune.retrieval.dense import RETRIEVER_METADATA_FILE, default_dense_model, dense_document_text
+
+#: ``ratune retrieval train --leakage``: the data build's policies but ``allow`` (a retriever never
+#: trains on an eval question).
+RETRIEVER_LEAKAGE_POLICIES = tuple(p for p in LEAKAGE_POLICIES if p != "allow")
 
 #: Version of the ratune_retriever.json layout.
 METADATA_FORMAT = "ratune-finetuned-retriever/1"
@@ -89,7 +93,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
                           out_dir: str | os.PathLike, train_path: str | os.PathLike, eval_path: str | os.PathLike,
                           settings: FinetuneSettings = FinetuneSettings(), base_model: str | os.PathLike | None = None,
                           api_database: str | os.PathLike | None = None, overwrite: bool = False,
-                          threads: int | None = None, held_out: dict | None = None) -> dict:
+                          threads: int | None = None, held_out: dict | None = None,
+                          leaked_dropped: int | None = None) -> dict:
     """Finetune a bi-encoder on (instruction, gold document) pairs and save it as a retriever folder.
 
     Args:
@@ -103,6 +108,8 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
         threads: torch CPU threads (None keeps torch's setting).
         held_out: the validation split left out of ``train_examples`` (:func:`train_hub_retriever`),
             recorded as the metadata's ``validation_split``.
+        leaked_dropped: how many training examples an eval instruction leaked into were left out
+            before (``--leakage drop``), recorded in ``leakage_check``; None: none were dropped (policy error).
     Returns:
         The metadata written to ``out_dir/ratune_retriever.json``.
     Raises:
@@ -112,6 +119,9 @@ def train_dense_retriever(train_examples: Sequence[Example], eval_examples: Sequ
     settings, output = _checked_request(train_examples, eval_examples, hub=hub, settings=settings,
                                         out_dir=out_dir, overwrite=overwrite)
     leakage = check_no_eval_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path)
+    leakage["policy"] = "error" if leaked_dropped is None else "drop"
+    if leaked_dropped is not None:
+        leakage["dropped_train_rows"] = leaked_dropped
 
     # heavy imports only once the inputs are known to be usable (refusals stay fast)
     import torch
@@ -219,32 +229,52 @@ def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_data
     }
 
 
-def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub", out_dir: str | os.PathLike, *,
-                        settings: FinetuneSettings = FinetuneSettings(), holdout: HoldoutSettings = HoldoutSettings(),
-                        overwrite: bool = False, threads: int | None = None) -> dict:
-    """Train the finetuned retriever on ``hub``'s training split; return its metadata.
+def retriever_examples(source: Hub, holdout: HoldoutSettings = HoldoutSettings(), *, drop_leaked_rows: bool = False
+                       ) -> tuple[list[Example], dict | None, int | None]:
+    """``(examples, validation_split record or None, dropped)``: the training examples ``source``'s
+    finetuned retriever trains on, drawn as the data build draws them.
 
-    ``hub``: an APIBench hub (with ``apibench_dir``), a catalog folder or a :class:`~ratune.hubs.Hub`.
-    ``holdout``: with a fraction, the validation split the data build draws with the same settings
-    (:meth:`~ratune.sources.validate.HoldoutSettings.split`: duplicates are removed first, as the
-    build removes them) is left out and its lines recorded, so that choices made on it may use
-    ``dense_ft``; else every training example is used, duplicates included.
+    ``drop_leaked_rows`` (``--leakage drop``): the training examples an eval instruction leaks into
+    are left out first (``dropped``: how many; None without the flag), as the data build drops them.
+    ``holdout`` with a fraction: duplicates are removed first, as the build removes them, and the
+    validation split (:meth:`~ratune.sources.validate.HoldoutSettings.draw`) is left out; its record
+    says ``leakage: drop`` when leaked rows were dropped before the draw. Else every training example
+    is used, duplicates included.
 
     Raises:
-        RatuneError: no training file for the hub, a split that holds out nothing, or the errors of
-            :func:`train_dense_retriever`.
+        RatuneError: no training file for the hub, or a split that holds out nothing.
+    """
+    source.require_split("train", "the finetuned retriever trains on training instructions only")
+    train, held_out, dropped = source.load_examples("train"), None, None
+    if holdout.validation_fraction is not None:
+        train = dedupe(train)[0]  # the build's order: duplicates, leaked rows, then the draw
+    if drop_leaked_rows:
+        kept, pairs = drop_leaked(train, source.load_examples("eval"))
+        train, dropped = kept, len({p.train_line for p in pairs})
+    if holdout.validation_fraction is not None:
+        train, _, held_out = holdout.draw(train)
+        if drop_leaked_rows:
+            held_out["leakage"] = "drop"
+    return train, held_out, dropped
+
+
+def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub", out_dir: str | os.PathLike, *,
+                        settings: FinetuneSettings = FinetuneSettings(), holdout: HoldoutSettings = HoldoutSettings(),
+                        drop_leaked_rows: bool = False, overwrite: bool = False, threads: int | None = None) -> dict:
+    """Train the finetuned retriever on ``hub``'s training examples (:func:`retriever_examples`); return its metadata.
+
+    ``hub``: an APIBench hub (with ``apibench_dir``), a catalog folder or a :class:`~ratune.hubs.Hub`.
+
+    Raises:
+        RatuneError: as :func:`retriever_examples` and :func:`train_dense_retriever`.
     """
     source = as_hub_source(hub, apibench_dir)
-    train_path = source.examples_file("train")
-    eval_path = source.examples_file("eval")
-    source.require_split("train", "the finetuned retriever trains on training instructions only")
-    train, held_out = source.load_examples("train"), None
-    if holdout.validation_fraction is not None:
-        train, held_out = holdout.split(train)
+    train, held_out, dropped = retriever_examples(source, holdout, drop_leaked_rows=drop_leaked_rows)
     return train_dense_retriever(train, source.load_examples("eval"),
-                                 hub=source.name, out_dir=out_dir, train_path=train_path, eval_path=eval_path,
-                                 settings=settings, api_database=source.api_database_file,
-                                 overwrite=overwrite, threads=threads, held_out=held_out)
+                                 hub=source.name, out_dir=out_dir, train_path=source.examples_file("train"),
+                                 eval_path=source.examples_file("eval"), settings=settings,
+                                 api_database=source.api_database_file, overwrite=overwrite, threads=threads,
+                                 held_out=held_out, leaked_dropped=dropped)
 
 
 def add_train_arguments(parser) -> None:
@@ -263,6 +293,10 @@ def add_train_arguments(parser) -> None:
                         help="peak learning rate")
     parser.add_argument("--seed", type=setting(FinetuneSettings, "seed"), default=d.seed)
     add_arguments(parser, HoldoutSettings, HOLDOUT_OPTIONS)
+    parser.add_argument("--leakage", choices=RETRIEVER_LEAKAGE_POLICIES, default="error",
+                        help="eval instructions found in the training data: fail (default), or leave those training "
+                             "examples out, as `ratune data build --leakage drop` does (a retriever never trains "
+                             "on an eval question); recorded in ratune_retriever.json")
     parser.add_argument("--threads", type=bounded(Threads), default=None, help="torch CPU threads")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--evaluate", action="store_true",
@@ -278,12 +312,14 @@ def run_train(args) -> int:
                                 seed=args.seed)
     meta = train_hub_retriever(None, source, args.out, settings=settings,
                                holdout=HoldoutSettings(**values_from_args(args, HOLDOUT_OPTIONS)),
-                               overwrite=args.overwrite, threads=args.threads)
+                               drop_leaked_rows=args.leakage == "drop", overwrite=args.overwrite, threads=args.threads)
     summary = {k: meta[k] for k in ("hub", "n_pairs", "epochs", "batch_size", "learning_rate", "seed", "steps",
                                     "final_train_loss", "train_seconds")}
     summary["out"] = str(args.out)
     if "validation_split" in meta:
         summary["validation_held_out"] = meta["validation_split"]["n"]
+    if "dropped_train_rows" in meta["leakage_check"]:
+        summary["leaked_dropped"] = meta["leakage_check"]["dropped_train_rows"]
     if args.evaluate:
         from ratune.retrieval.metrics import KS, evaluate_retriever
         from ratune.retrieval.retrievers import make_retriever
@@ -296,7 +332,9 @@ def run_train(args) -> int:
     else:
         print(f"trained {source.name} retriever on {meta['n_pairs']} pairs, {meta['epochs']} epoch(s), "
               f"{meta['steps']} steps in {meta['train_seconds']} s (final loss {meta['final_train_loss']:.4f}); "
-              f"leakage check: 0 eval instructions in training; "
+              f"leakage check: 0 eval instructions in training"
+              + (f" ({meta['leakage_check']['dropped_train_rows']} leaked examples left out); "
+                 if "dropped_train_rows" in meta["leakage_check"] else "; ")
               + (f"{meta['validation_split']['n']} validation examples held out; " if "validation_split" in meta else "")
               + f"wrote {args.out}")
         if "eval" in summary:

@@ -457,16 +457,6 @@ class HoldoutSettings:
         return train, held, {"fraction": self.validation_fraction, "by": self.validation_by,
                              "seed": self.validation_seed, "n": len(held), "lines": [e.line for e in held]}
 
-    def split(self, examples: Sequence[Example]) -> tuple[list[Example], dict]:
-        """``(training examples, validation_split record)`` of a hub's training examples, deduplicated
-        first as the data build's checks do (:func:`dedupe`), then drawn by :meth:`draw`.
-
-        Raises:
-            RatuneError: as :meth:`draw`.
-        """
-        train, _, record = self.draw(dedupe(examples)[0])
-        return train, record
-
 
 #: The flags of :class:`HoldoutSettings` (``ratune data build`` and ``ratune retrieval train``).
 HOLDOUT_OPTIONS: tuple[Option, ...] = (

@@ -213,3 +213,53 @@ def test_a_retriever_trained_beside_a_validation_split_holds_out_the_builds_ques
     assert main(build) == 2  # the same request (the weights did not change), but not reused
     assert (f"trained on 1 of the 4 validation questions (lines {held['lines'][0]} of torchhub_train.json"
             in capsys.readouterr().err)
+
+
+def test_a_leaky_hub_trains_its_retriever_with_leakage_drop_on_the_builds_training_examples(
+        apibench_tiny, smol_tokenizer_dir, tmp_path, capsys):
+    """The tiny TorchHub with line 13 a copy of line 1 and line 14 line 1 asking eval question 1:
+    `ratune retrieval train` refuses the leak; with `--leakage drop` it leaves line 14 out (and the
+    copy, before the draw), as `ratune data build --leakage drop` does, so both hold out the same 4
+    lines (those of the hub without 13 and 14) and a dense_ft build with that split runs; a retriever
+    without them is refused with a command that names --leakage drop."""
+    import json
+    import shutil
+
+    from ratune.cli import main
+    from ratune.hubs import resolve_hub
+    from ratune.retrieval.dense import require_held_out
+
+    apibench = tmp_path / "ab"
+    shutil.copytree(apibench_tiny, apibench)
+    train_file = resolve_hub("torchhub", apibench).examples_file("train")
+    first = train_file.read_text(encoding="utf-8").splitlines()[0]
+    train_1 = load_examples(apibench, "torchhub", "train")[0].instruction
+    eval_1 = load_examples(apibench, "torchhub", "eval")[0].instruction
+    assert train_1 in first and train_1 != eval_1
+    with train_file.open("a", encoding="utf-8") as f:
+        f.write(first + "\n" + first.replace(train_1, eval_1) + "\n")
+    split = ["--validation-fraction", "0.34", "--validation-by", "api_grouped", "--validation-seed", "0"]
+    hub = ["--apibench", str(apibench), "--hub", "torchhub"]
+    retriever = ["retrieval", "train", *hub, "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "4",
+                 "--threads", "1", *split, "--json"]
+    assert main(retriever) == 2
+    assert "train/eval leakage: 1 eval instruction(s) also in the training data" in capsys.readouterr().err
+    build = ["data", "build", *hub, "--tokenizer", str(smol_tokenizer_dir), "--leakage", "drop", *split]
+    assert main([*build, "--out", str(tmp_path / "data"), "--modes", "none"]) == 0
+    held = json.loads((tmp_path / "data" / "manifest.json").read_text())["validation_split"]
+    assert held["leakage"] == "drop" and held["n"] == 4 and not {13, 14} & set(held["lines"])
+    capsys.readouterr()
+    assert main([*retriever, "--leakage", "drop"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["n_pairs"], summary["validation_held_out"], summary["leaked_dropped"]) == (8, 4, 1)
+    meta = json.loads((tmp_path / "ft" / RETRIEVER_METADATA_FILE).read_text())
+    assert meta["validation_split"] == {"fraction": 0.34, "by": "api_grouped", "seed": 0, "n": 4,
+                                        "lines": held["lines"], "leakage": "drop"}
+    assert (meta["leakage_check"]["policy"], meta["leakage_check"]["dropped_train_rows"]) == ("drop", 1)
+    assert main([*build, "--out", str(tmp_path / "ft_data"), "--modes", "dense_ft", "--dense-model",
+                 str(tmp_path / "ft")]) == 0
+    meta["validation_split"]["lines"] = held["lines"][1:]  # as if it had trained on one of them
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(RatuneError, match=r"ratune retrieval train --hub torchhub --validation-fraction 0.34 "
+                                          r"--validation-by api_grouped --validation-seed 0 --leakage drop --out DIR"):
+        require_held_out(tmp_path / "ft", held, hub="torchhub", what="dense_ft", train_path=train_file)

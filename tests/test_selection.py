@@ -272,10 +272,11 @@ def test_a_sweep_evaluates_the_checkpoint_chosen_on_validation(tmp_path, monkeyp
     from ratune.hubs import resolve_hub
     from ratune.io import sha256_file
     from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+    from ratune.retrieval.finetune import retriever_examples
     from ratune.sources.validate import HoldoutSettings
 
     hub = resolve_hub("torchhub")
-    lines = HoldoutSettings(validation_fraction=0.1).split(hub.load_examples("train"))[1]["lines"]
+    lines = retriever_examples(hub, HoldoutSettings(validation_fraction=0.1))[1]["lines"]
     meta = {"hub": "torchhub", "train_sha256": sha256_file(hub.examples_file("train"))}
     (tmp_path / "ft").mkdir()
     (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(
@@ -303,6 +304,7 @@ def test_a_sweep_evaluated_on_validation_questions_is_checked_before_anything_ru
     from ratune.hubs import resolve_hub
     from ratune.io import sha256_file
     from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+    from ratune.retrieval.finetune import retriever_examples
     from ratune.sources.validate import HoldoutSettings
     from test_sweep import write_sweep
 
@@ -319,7 +321,7 @@ def test_a_sweep_evaluated_on_validation_questions_is_checked_before_anything_ru
                                           r"documents exist for its eval questions only, not for validation questions"):
         cells(eval={**on_validation, "settings": ["0_shot", "gpt_index"]}, data=fraction)
     hub = resolve_hub("torchhub")
-    lines = HoldoutSettings(validation_fraction=0.1).split(hub.load_examples("train"))[1]["lines"]
+    lines = retriever_examples(hub, HoldoutSettings(validation_fraction=0.1))[1]["lines"]
     (tmp_path / "ft").mkdir()
     meta = {"hub": "torchhub", "train_sha256": sha256_file(hub.examples_file("train")),
             "validation_split": {"lines": lines[:-1]}}  # trained on the last of them

@@ -214,21 +214,29 @@ def test_a_build_refuses_a_finetuned_retriever_that_trained_on_its_validation_sp
     assert not (tmp_path / "data").exists()
 
 
-def test_the_retrievers_split_is_drawn_after_removing_duplicates_as_the_builds_is(apibench_tiny):
-    """HoldoutSettings.split (what `ratune retrieval train --validation-*` holds out) drops a duplicate
-    before drawing: with a copy of line 1 appended, API A's count would be 3 and round(3 x 0.5) = 2
-    of them held out instead of 1."""
-    import dataclasses
+def test_the_retrievers_split_is_drawn_after_removing_duplicates_as_the_builds_is(apibench_tiny, tmp_path):
+    """retriever_examples (what `ratune retrieval train --validation-*` trains on) drops a duplicate
+    before drawing: with a copy of line 1 appended as line 13, API A's count would be 3 and
+    round(3 x 0.5) = 2 of them held out instead of 1."""
+    import shutil
 
+    from ratune.hubs import resolve_hub
+    from ratune.retrieval.finetune import retriever_examples
     from ratune.sources.apibench import load_examples
     from ratune.sources.validate import HoldoutSettings, hold_out
 
     train = load_examples(apibench_tiny, "torchhub", "train")
-    copy = dataclasses.replace(train[0], line=99)
-    kept, record = HoldoutSettings(validation_fraction=0.5).split([*train, copy])
+    shutil.copytree(apibench_tiny, tmp_path / "ab")
+    train_file = resolve_hub("torchhub", tmp_path / "ab").examples_file("train")
+    with train_file.open("a", encoding="utf-8") as f:
+        f.write(train_file.read_text(encoding="utf-8").splitlines()[0] + "\n")  # line 13: a copy of line 1
+    kept, record, dropped = retriever_examples(resolve_hub("torchhub", tmp_path / "ab"),
+                                               HoldoutSettings(validation_fraction=0.5))
     expected = [e.line for e in hold_out(train, 0.5, by="api_stratified", seed=0)[1]]
     assert record == {"fraction": 0.5, "by": "api_stratified", "seed": 0, "n": 6, "lines": expected}
-    assert 99 not in {e.line for e in kept} and len(kept) == 6
-    assert len(hold_out([*train, copy], 0.5, by="api_stratified", seed=0)[1]) == 7  # without the dedupe
+    assert 13 not in {e.line for e in kept} and len(kept) == 6 and dropped is None
+    with_copy = load_examples(tmp_path / "ab", "torchhub", "train")
+    assert len(hold_out(with_copy, 0.5, by="api_stratified", seed=0)[1]) == 7  # without the dedupe
+    assert len(retriever_examples(resolve_hub("torchhub", tmp_path / "ab"))[0]) == 13  # no split: every example
     with pytest.raises(RatuneError, match="no validation split asked for"):
-        HoldoutSettings().split(train)
+        HoldoutSettings().draw(train)

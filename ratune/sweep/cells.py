@@ -20,6 +20,7 @@ from ratune.eval.questions import split_refusal
 from ratune.eval.settings import needs_finetuned_retriever
 from ratune.eval.selection import get_selection_rule
 from ratune.retrieval.dense import require_held_out
+from ratune.retrieval.finetune import retriever_examples
 from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.validate import HoldoutSettings
 from ratune.sweep.schema import Sweep, SweepConfig, parse_only
@@ -273,8 +274,8 @@ def _check_selection(sweep: Sweep) -> None:
 def _check_validation_retriever(sweep: Sweep, hub) -> None:
     """Refuse, before anything runs, settings on the validation questions (:func:`validation_settings`)
     whose ``dense_ft`` would retrieve with a finetuned retriever that trained on them: the questions
-    are the ones ``data:``'s split draws from ``hub`` (as ``ratune retrieval train`` draws them; a
-    build that drops leaked rows may draw others, which its eval then refuses).
+    are the ones ``data:``'s split draws from ``hub``, after ``data.leakage: drop`` drops leaked rows
+    (:func:`ratune.retrieval.finetune.retriever_examples`, as ``ratune retrieval train`` draws them).
 
     Raises:
         RatuneError: naming the sweep file, the setting and the command that trains a retriever without them.
@@ -288,8 +289,8 @@ def _check_validation_retriever(sweep: Sweep, hub) -> None:
     require_finetuned_retriever(e.dense_model, hub.name, what)
     split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
                             validation_seed=d.validation_seed)
-    require_held_out(e.dense_model, split.split(hub.load_examples("train"))[1], hub=hub.ref,
-                     train_path=hub.examples_file("train"), what=what)
+    held = retriever_examples(hub, split, drop_leaked_rows=d.leakage == "drop")[1]
+    require_held_out(e.dense_model, held, hub=hub.ref, train_path=hub.examples_file("train"), what=what)
 
 
 def _check_curve_saves(config: dict, where: str) -> None:
