@@ -200,16 +200,23 @@ def test_the_finetuned_retriever_must_hold_the_validation_questions_out(tmp_path
         require_held_out(_retriever_folder(tmp_path / "file", other, [3, 4, 9, 10]), **check)
 
 
+@pytest.mark.parametrize("modes, user", [
+    (["--modes", "dense_ft"], "dense_ft"),
+    (["--modes", "none", "hybrid_ft"], "hybrid_ft"),
+    (["--modes", "none", "--mixture", "half:none=0.5,top1=0.5", "--top1-retriever", "dense_ft"], "dense_ft"),
+])
 def test_a_build_refuses_a_finetuned_retriever_that_trained_on_its_validation_split(tmp_path, apibench_tiny,
-                                                                                   smol_tokenizer_dir, capsys):
+                                                                                   smol_tokenizer_dir, capsys, modes,
+                                                                                   user):
+    """Every mode that retrieves with the finetuned retriever (dense_ft, hybrid_ft, a mixture's top1)."""
     from ratune.cli import main
     from ratune.hubs import resolve_hub
 
     folder = _retriever_folder(tmp_path / "ft", resolve_hub("torchhub", apibench_tiny).examples_file("train"))
     assert main(["data", "build", "--apibench", str(apibench_tiny), "--hub", "torchhub", "--out",
-                 str(tmp_path / "data"), "--tokenizer", str(smol_tokenizer_dir), "--modes", "dense_ft",
+                 str(tmp_path / "data"), "--tokenizer", str(smol_tokenizer_dir), *modes,
                  "--dense-model", str(folder), "--validation-fraction", "0.5"]) == 2
-    assert ("the dense_ft mode with a validation split: the finetuned retriever " + str(folder) +
+    assert (f"the {user} mode with a validation split: the finetuned retriever " + str(folder) +
             " trained on 6 of the 6 validation questions") in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
 
@@ -240,3 +247,13 @@ def test_the_retrievers_split_is_drawn_after_removing_duplicates_as_the_builds_i
     assert len(retriever_examples(resolve_hub("torchhub", tmp_path / "ab"))[0]) == 13  # no split: every example
     with pytest.raises(RatuneError, match="no validation split asked for"):
         HoldoutSettings().draw(train)
+
+
+def test_the_eval_settings_that_retrieve_with_the_finetuned_retriever():
+    """What eval --split validation and a sweep's preflight check (needs_finetuned_retriever): the
+    finetuned retrievers' settings, with and without constraints, and no other."""
+    from ratune.eval.settings import needs_finetuned_retriever
+    from ratune.registry import EVAL_SETTINGS
+
+    assert {s for s in EVAL_SETTINGS if needs_finetuned_retriever(s)} == {
+        "dense_ft", "hybrid_ft", "constraints_dense_ft", "constraints_hybrid_ft"}
