@@ -10,7 +10,7 @@
 - under ``accelerate launch`` with two processes ratune's error reaches the output as its one line,
   without a traceback of ratune's code (how many copies appear: see the test);
 - ``ratune sweep --rerun-changed`` deletes exactly the changed cells' ``train/``, ``eval/``,
-  ``error.txt`` and ``cell.json``.
+  ``error.txt`` and ``cell.json``, and keeps ``train/`` when only ``eval:`` settings changed.
 """
 
 from __future__ import annotations
@@ -281,6 +281,21 @@ def _listing(root: Path) -> dict[str, str | None]:
     return {str(p.relative_to(root)): None if p.is_dir() else _sha256(p) for p in root.rglob("*")}
 
 
+def _look_after_the_check(monkeypatch, sweep_dir: Path) -> dict:
+    """The dict that, once the sweep has run, holds :func:`_listing` of ``sweep_dir`` right after
+    the sweep's check of changed cells (what ``--rerun-changed`` deleted, before anything ran)."""
+    after_check = {}
+    real_check = sw.check_changed
+
+    def check_then_look(*a, **kw):
+        names = real_check(*a, **kw)
+        after_check.update(_listing(sweep_dir))
+        return names
+
+    monkeypatch.setattr("ratune.sweep.local.check_changed", check_then_look)
+    return after_check
+
+
 def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsys, monkeypatch):
     """Cell ``none`` ran (train done, eval failed halfway: error.txt, a partial eval/) before
     learning_rate changed; cell ``oracle`` finished with the new value. ``ratune sweep
@@ -314,15 +329,7 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
     assert {f"{changed}/my_notes.txt", f"{changed}/train.yaml", f"{changed}/logs/train.log",
             f"{kept}/my_notes.txt", f"{kept}/eval/oracle/metrics.json", "data/torchhub/manifest.json"} <= set(before)
 
-    after_check = {}
-    real_check = sw.check_changed
-
-    def check_then_look(*a, **kw):
-        names = real_check(*a, **kw)
-        after_check.update(_listing(sweep_dir))
-        return names
-
-    monkeypatch.setattr("ratune.sweep.local.check_changed", check_then_look)
+    after_check = _look_after_the_check(monkeypatch, sweep_dir)
     runner = _PartialEval()
     monkeypatch.setattr("ratune.sweep.local.run_command", runner)
     assert sw.cli_sweep(args(path, rerun_changed=True)) == 0
@@ -339,3 +346,40 @@ def test_rerun_changed_deletes_exactly_the_changed_cells_results(tmp_path, capsy
     assert after[f"{changed}/my_notes.txt"] == before[f"{changed}/my_notes.txt"]
     assert json.loads((sweep_dir / changed / "cell.json").read_text())["config"]["learning_rate"] == 1e-3
     assert sw.is_finished(sw.load_sweep(path), cells["none"]) and f"{changed}/error.txt" not in after
+
+
+def test_rerun_changed_after_an_eval_change_deletes_the_evaluations_and_keeps_the_training(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """A finished cell whose eval settings alone changed (n_questions 5 -> 4): ``--rerun-changed``
+    deletes its eval/ (with everything inside) and cell.json, nothing else (train/ stays
+    byte-identical, your file too), and the rerun evaluates without training again."""
+    sweep_yaml = dict(axes={"train_retriever": ["none"]})
+    monkeypatch.setattr("ratune.sweep.local.run_command", _PartialEval())
+    assert sw.cli_sweep(args(write_sweep(tmp_path, **sweep_yaml))) == 0
+    path = write_sweep(tmp_path, **sweep_yaml, eval={"settings": ["0_shot", "oracle"], "n_questions": 4})
+    cell = sw.expand(sw.load_sweep(path))[0]
+    sweep_dir = tmp_path / "sweep"
+    (cell.dir / "my_notes.txt").write_text("notes\n")
+    capsys.readouterr()
+    before = _listing(sweep_dir)
+    name = f"cells/{cell.name}"
+    deleted = {k for k in before if k == f"{name}/cell.json" or k == f"{name}/eval" or k.startswith(f"{name}/eval/")}
+    assert {f"{name}/eval/0_shot/metrics.json", f"{name}/cell.json"} <= deleted
+    assert f"{name}/train/.complete" in before
+
+    after_check = _look_after_the_check(monkeypatch, sweep_dir)
+    runner = _PartialEval()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    with pytest.raises(RatuneError, match=r"a change of eval settings alone keeps the training"):
+        sw.cli_sweep(args(path))
+    assert sw.cli_sweep(args(path, rerun_changed=True)) == 0
+    assert after_check == {k: v for k, v in before.items() if k not in deleted}
+    assert (f"[rerun] {cell.name}: config changed (eval.n_questions); evaluations deleted, training kept"
+            in capsys.readouterr().out)
+    # the shared data build (reused: the same request), then the eval; no training
+    assert [c[:3] for c in runner.calls] == [["ratune", "data", "build"], ["ratune", "eval", "run"]]
+    after = _listing(sweep_dir)
+    assert {k: v for k, v in after.items() if k.startswith(f"{name}/train/")} == \
+        {k: v for k, v in before.items() if k.startswith(f"{name}/train/")}
+    assert json.loads((cell.dir / "cell.json").read_text())["eval"]["n_questions"] == 4
+    assert sw.is_finished(sw.load_sweep(path), cell)

@@ -109,10 +109,17 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
     return wanted <= {r.get("setting") for r in read_curve(cell.dir / "curve") if isinstance(r, dict)}
 
 
+#: The folders of what a cell read from its trained checkpoints, which ``--rerun-changed`` deletes
+#: (with the choice and ``error.txt``) when the cell's ``eval`` settings alone changed (the curve too:
+#: its split and generation follow ``eval``).
+EVALUATION_RESULTS = ("eval", "curve", "bfcl")
+
+
 def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
     """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
-    delete their results (the curve too: it names checkpoints by path) so they run again; returns
-    the changed cells' names.
+    delete their results so they run again; returns the changed cells' names. A cell whose ``eval``
+    settings alone changed loses its :data:`EVALUATION_RESULTS`, choice and ``error.txt`` and keeps
+    its training; any other change deletes ``train/`` too.
 
     Raises:
         RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.
@@ -122,12 +129,16 @@ def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=N
     if changed and not rerun_changed:
         lines = [f"  {name}: {', '.join(keys)}" for name, keys in changed.items()]
         raise RatuneError(f"{sweep.source}: {len(changed)} cell(s) ran with a different resolved config:\n"
-                          + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them")
+                          + "\n".join(lines) + "\npass --rerun-changed to delete their results and rerun them "
+                          "(a change of eval settings alone keeps the training)")
     for cell in cells:
         if cell.name in changed:
-            for sub in ("train", "eval", "curve", "bfcl", selection_path(cell).name, "error.txt"):
+            keys = changed[cell.name]
+            retrain = any(not k.startswith("eval.") for k in keys)
+            for sub in (("train",) if retrain else ()) + EVALUATION_RESULTS + (selection_path(cell).name, "error.txt"):
                 path = cell.dir / sub
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (cell.dir / "cell.json").unlink(missing_ok=True)
-            print(f"[rerun] {cell.name}: config changed ({', '.join(changed[cell.name])}); results deleted", file=out)
+            done = "results deleted" if retrain else "evaluations deleted, training kept"
+            print(f"[rerun] {cell.name}: config changed ({', '.join(keys)}); {done}", file=out)
     return list(changed)
