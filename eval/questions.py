@@ -11,7 +11,7 @@ from typing import NamedTuple
 from ratune.errors import RatuneError
 from ratune.hubs import Hub
 from ratune.io import read_json_object
-from ratune.registry import PRECOMPUTED_SETTINGS
+from ratune.registry import RETRIEVERS, setting_retriever
 from ratune.train.layout import trained_data_dir
 
 class Questions(NamedTuple):
@@ -63,8 +63,13 @@ def questions(hub: Hub, split: str, checkpoint: str | os.PathLike) -> Questions:
 
 
 def split_refusal(setting: str, split: str) -> str | None:
-    """Why ``setting`` cannot be evaluated on ``split``'s questions, or None."""
-    if split != "eval" and setting in PRECOMPUTED_SETTINGS:
+    """Why ``setting`` cannot be evaluated on ``split``'s questions, or None: the paper's documents
+    (a precomputed retriever, ``constraints_`` experiments included) exist for eval questions only."""
+    try:
+        precomputed = RETRIEVERS[setting_retriever(setting)].precomputed
+    except KeyError:  # swap, irrelevant: their own retrievers over the API database
+        precomputed = False
+    if split != "eval" and precomputed:
         return (f"test setting {setting}: the paper's documents exist for its eval questions only, not for "
                 f"{split} questions")
     return None

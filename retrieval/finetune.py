@@ -77,7 +77,8 @@ def check_no_eval_leakage(train_examples: Sequence[Example], eval_examples: Sequ
         RatuneError: any (train, eval) pair, listed.
     """
     pairs = check_leakage(train_examples, eval_examples, train_path=train_path, eval_path=eval_path,
-                          near_threshold=near_threshold)
+                          near_threshold=near_threshold,
+                          remedy="pass --leakage drop (leave the leaked training examples out)")
     return {"checked": True, "rule": "exact, normalised (whitespace/case), near (token-set Jaccard)",
             "near_threshold": near_threshold, "n_train": len(train_examples), "n_eval": len(eval_examples),
             "eval_file": Path(eval_path).name, "pairs": len(pairs), "by_kind": {k: 0 for k in LEAK_KINDS}}

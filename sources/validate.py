@@ -162,10 +162,16 @@ def format_pairs(pairs: Sequence[LeakPair], train_path, eval_path, limit: int = 
     return "\n".join(lines)
 
 
+#: What a leakage error offers besides editing the training file (the data build's policies).
+LEAKAGE_REMEDY = ("choose the leakage policy 'drop' (remove the leaked training rows) or 'allow' (keep them, "
+                  "report only)")
+
+
 def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Example], *, train_path,
-                  eval_path, allow: bool = False,
-                  near_threshold: float | None = NEAR_DUPLICATE_JACCARD) -> list[LeakPair]:
-    """The leakage pairs (:func:`find_leakage`); ``allow``: never raise.
+                  eval_path, allow: bool = False, near_threshold: float | None = NEAR_DUPLICATE_JACCARD,
+                  remedy: str = LEAKAGE_REMEDY) -> list[LeakPair]:
+    """The leakage pairs (:func:`find_leakage`); ``allow``: never raise; ``remedy``: the error's
+    way out besides editing the training file.
 
     Raises:
         RatuneError: when pairs exist and ``allow`` is False (listing the first
@@ -178,8 +184,7 @@ def check_leakage(train_examples: Sequence[Example], eval_examples: Sequence[Exa
         raise RatuneError(
             f"train/eval leakage: {len({p.eval_line for p in pairs})} eval instruction(s) also in the training data, "
             f"{len(pairs)} pair(s) ({summary}; near = token-set Jaccard >= {near_threshold}):\n{format_pairs(pairs, train_path, eval_path)}\n"
-            f"Remove them from {train_path}, or choose the leakage policy 'drop' (remove the leaked training rows) "
-            f"or 'allow' (keep them, report only)")
+            f"Remove them from {train_path}, or {remedy}")
     return pairs
 
 

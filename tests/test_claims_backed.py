@@ -352,7 +352,8 @@ def test_rerun_changed_after_an_eval_change_deletes_the_evaluations_and_keeps_th
                                                                                             monkeypatch):
     """A finished cell whose eval settings alone changed (n_questions 5 -> 4): ``--rerun-changed``
     deletes its eval/ (with everything inside) and cell.json, nothing else (train/ stays
-    byte-identical, your file too), and the rerun evaluates without training again."""
+    byte-identical, your file too, and bfcl/: no selection rule chose its checkpoint), and the
+    rerun evaluates without training again."""
     sweep_yaml = dict(axes={"train_retriever": ["none"]})
     monkeypatch.setattr("ratune.sweep.local.run_command", _PartialEval())
     assert sw.cli_sweep(args(write_sweep(tmp_path, **sweep_yaml))) == 0
@@ -360,6 +361,9 @@ def test_rerun_changed_after_an_eval_change_deletes_the_evaluations_and_keeps_th
     cell = sw.expand(sw.load_sweep(path))[0]
     sweep_dir = tmp_path / "sweep"
     (cell.dir / "my_notes.txt").write_text("notes\n")
+    # BFCL answers of the last checkpoint: without a selection rule they do not follow eval:, so they stay
+    (cell.dir / "bfcl" / "multiple").mkdir(parents=True)
+    (cell.dir / "bfcl" / "multiple" / "responses.jsonl").write_text('{"id": "multiple_0", "result": "[]"}\n')
     capsys.readouterr()
     before = _listing(sweep_dir)
     name = f"cells/{cell.name}"

@@ -243,7 +243,9 @@ def test_a_leaky_hub_trains_its_retriever_with_leakage_drop_on_the_builds_traini
     retriever = ["retrieval", "train", *hub, "--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "4",
                  "--threads", "1", *split, "--json"]
     assert main(retriever) == 2
-    assert "train/eval leakage: 1 eval instruction(s) also in the training data" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "train/eval leakage: 1 eval instruction(s) also in the training data" in err
+    assert err.rstrip().endswith("or pass --leakage drop (leave the leaked training examples out)")
     build = ["data", "build", *hub, "--tokenizer", str(smol_tokenizer_dir), "--leakage", "drop", *split]
     assert main([*build, "--out", str(tmp_path / "data"), "--modes", "none"]) == 0
     held = json.loads((tmp_path / "data" / "manifest.json").read_text())["validation_split"]

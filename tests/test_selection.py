@@ -320,6 +320,8 @@ def test_a_sweep_evaluated_on_validation_questions_is_checked_before_anything_ru
     with pytest.raises(RatuneError, match=r"sweep.yaml: eval.split validation: test setting gpt_index: the paper's "
                                           r"documents exist for its eval questions only, not for validation questions"):
         cells(eval={**on_validation, "settings": ["0_shot", "gpt_index"]}, data=fraction)
+    with pytest.raises(RatuneError, match=r"eval.split validation: test setting constraints_released_bm25: the paper's"):
+        cells(eval={**on_validation, "settings": ["constraints_released_bm25"]}, data=fraction)
     hub = resolve_hub("torchhub")
     lines = retriever_examples(hub, HoldoutSettings(validation_fraction=0.1))[1]["lines"]
     (tmp_path / "ft").mkdir()

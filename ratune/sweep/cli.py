@@ -20,7 +20,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: run the commands here; slurm: write sbatch scripts and submit.sh")
     parser.add_argument("--out", default=None, type=output_dir, help="sweep folder (default: the file's out_dir)")
     parser.add_argument("--rerun-changed", action="store_true",
-                        help="delete and rerun cells whose resolved config changed since they ran")
+                        help="delete and rerun cells whose resolved config changed since they ran (only their "
+                             "evaluations when eval: settings alone changed: the training is kept)")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         type=checked(parse_only, "cell choice", good="train_retriever=oracle",
                                      bad=("oracle", "=oracle")),

@@ -109,17 +109,19 @@ def is_curve_finished(sweep: Sweep, cell: Cell) -> bool:
     return wanted <= {r.get("setting") for r in read_curve(cell.dir / "curve") if isinstance(r, dict)}
 
 
-#: The folders of what a cell read from its trained checkpoints, which ``--rerun-changed`` deletes
-#: (with the choice and ``error.txt``) when the cell's ``eval`` settings alone changed (the curve too:
-#: its split and generation follow ``eval``).
-EVALUATION_RESULTS = ("eval", "curve", "bfcl")
+#: The folders of what a cell read from its trained checkpoints with its ``eval`` settings, which
+#: ``--rerun-changed`` deletes (with the choice and ``error.txt``) when those alone changed; ``bfcl/``
+#: follows them only under a selection rule (it reads the checkpoint chosen on the curve, else the
+#: last one, by the ``bfcl:`` settings, which each category checks itself).
+EVALUATION_RESULTS = ("eval", "curve")
 
 
 def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=None) -> list[str]:
     """Refuse cells whose stored config differs from their current resolution, or (``rerun_changed``)
     delete their results so they run again; returns the changed cells' names. A cell whose ``eval``
-    settings alone changed loses its :data:`EVALUATION_RESULTS`, choice and ``error.txt`` and keeps
-    its training; any other change deletes ``train/`` too.
+    settings alone changed loses its :data:`EVALUATION_RESULTS`, choice and ``error.txt`` (and
+    ``bfcl/`` where a selection rule was or is set) and keeps its training; any other change deletes
+    everything it ran.
 
     Raises:
         RatuneError: listing each changed cell and its differing keys, when not ``rerun_changed``.
@@ -135,7 +137,9 @@ def check_changed(sweep: Sweep, cells: list[Cell], *, rerun_changed: bool, out=N
         if cell.name in changed:
             keys = changed[cell.name]
             retrain = any(not k.startswith("eval.") for k in keys)
-            for sub in (("train",) if retrain else ()) + EVALUATION_RESULTS + (selection_path(cell).name, "error.txt"):
+            chosen = "eval.selection_rule" in keys or sweep.config.eval.selection_rule is not None
+            subs = (("train",) if retrain else ()) + EVALUATION_RESULTS + (("bfcl",) if retrain or chosen else ())
+            for sub in subs + (selection_path(cell).name, "error.txt"):
                 path = cell.dir / sub
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (cell.dir / "cell.json").unlink(missing_ok=True)
