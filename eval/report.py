@@ -118,6 +118,8 @@ def make_cell(train_retriever: str, test_retriever: str, metrics: dict) -> dict:
     strict_counts = strict if "correct_n" in strict else _counts_from_per_question(per_question, "strict")
     cell["strict"] = _block({k: strict[k] for k in ("accuracy", "hallucination", "error") if k in strict},
                             strict_counts, n)
+    if metrics.get("split", "eval") != "eval":  # validation questions (ratune eval run --split validation)
+        cell["split"] = metrics["split"]
     return cell
 
 
@@ -309,9 +311,12 @@ def table2_markdown(table: dict) -> str:
     if any("n_seeds" in c for c in cells):
         return _replicates_markdown(table, cells)
     n = sorted({c["n"] for c in cells if has_result(c)})
+    splits = sorted({c["split"] for c in cells if "split" in c})
+    questions = (f"{' and '.join(splits)} questions (held out of training, not the test questions)" if splits
+                 else "questions")
     out = [f"# Table 2: {table['hub']}, {table['model']}", "",
            f"Accuracy % [95 % interval] (h hallucination %) by train-time retrieval (rows) and test-time "
-           f"retrieval (columns); n = {', '.join(map(str, n))} questions per cell.", ""]
+           f"retrieval (columns); n = {', '.join(map(str, n))} {questions} per cell.", ""]
     out += _metric_tables(cells, lambda c, m: format_rate(m["accuracy"], m.get("accuracy_ci")))
     out += _arguments_table(cells)
     out += _chosen_table(table.get("chosen") or {}, cells)

@@ -93,14 +93,22 @@ def _table2_list(path, table: dict) -> list[dict]:
     return cells
 
 
+#: Why an export's model card refuses a cell of validation questions.
+_NOT_TEST = ("scored on the {split} questions (ratune eval run --split {split}); a model card reports the test "
+             "questions: evaluate the checkpoint on them (no --split) and export with that")
+
+
 def _table2_cell(path, i: int, cell: dict) -> dict:
     """One cell of a table2.json with its intervals (:func:`ratune.eval.report.with_intervals`).
 
     Raises:
-        InputError: no ``test_retriever``, ``n`` not a count, or rates that give no interval.
+        InputError: no ``test_retriever``, a cell of validation questions (``split``), ``n`` not a
+            count, or rates that give no interval.
     """
     if not isinstance(cell.get("test_retriever"), str):
         raise InputError(str(path), None, f"cells[{i}].test_retriever", "missing or not a string")
+    if "split" in cell:
+        raise InputError(str(path), None, f"cells[{i}].split", _NOT_TEST.format(split=cell["split"]))
     n = cell.get("n")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InputError(str(path), None, f"cells[{i}].n", f"expected the number of questions (an integer >= 0), "
@@ -135,6 +143,8 @@ def _table2_cells(train_retriever: str | None, table2: str | os.PathLike | None,
                     raise RatuneError(f"{cell.folder}: measured on {ident['checkpoint']}, not on {model_folder.resolve()}")
                 hub = ident.get("hub", hub)
             cells.append(make_cell(train_retriever, cell.setting, cell.metrics))
+            if "split" in cells[-1]:
+                raise RatuneError(f"{cell.metrics_path}: " + _NOT_TEST.format(split=cells[-1]["split"]))
         if len(cells) == before:
             raise RatuneError(f"{folder}: no complete eval cells ({{setting}}/metrics.json with .complete)")
     seen, unique = set(), []

@@ -339,6 +339,47 @@ def test_a_sweep_evaluated_on_validation_questions_is_checked_before_anything_ru
     assert len(cells(eval={**on_validation, "split": "eval", "settings": ["gpt_index"]})) == 2
 
 
+def test_validation_counts_are_reported_as_such_and_never_exported_as_test_results(tmp_path, capsys, monkeypatch):
+    """A sweep with eval.split validation (no rule): Table 2 says its 10 questions per cell are
+    validation questions, the report names no best cell to export, and ratune export refuses those
+    cells for a model card, from the eval folder and from table2.json, naming the file and field."""
+    import json
+    from pathlib import Path
+
+    import ratune.sweep as sw
+    from ratune.errors import InputError
+    from ratune.export.checkpoint import _table2_cells
+    from test_sweep import FakeRunner, args, finish_eval, metrics, write_sweep
+
+    class Runner(FakeRunner):  # eval run --split S writes metrics.json with split S, as eval/run.py does
+        def __call__(self, cmd, log_path):
+            if cmd[:3] == ["ratune", "eval", "run"]:
+                self.calls.append(cmd)
+                for s in ("0_shot", "oracle"):
+                    finish_eval(Path(cmd[cmd.index("--out") + 1]), s,
+                                {**metrics(), "split": cmd[cmd.index("--split") + 1]})
+                return
+            super().__call__(cmd, log_path)
+
+    path = write_sweep(tmp_path, eval={"settings": ["0_shot", "oracle"], "n_questions": 5, "split": "validation"},
+                       data={"max_length": 256, "validation_fraction": 0.1})
+    monkeypatch.setattr("ratune.sweep.local.run_command", Runner())
+    assert sw.cli_sweep(args(path)) == 0
+    assert sw.cli_report_sweep(str(tmp_path / "sweep")) == 0
+    out = capsys.readouterr().out
+    assert "n = 10 validation questions (held out of training, not the test questions) per cell." in out
+    assert "best in torchhub" not in out and ("no best cell in torchhub: its cells are scored on the validation "
+                                               "questions (eval.split)") in out
+    table2 = tmp_path / "sweep" / "report" / "torchhub" / "table2.json"
+    assert {c["split"] for c in json.loads(table2.read_text())["cells"]} == {"validation"}
+    with pytest.raises(InputError, match=r"table2.json: field 'cells\[0\].split': scored on the validation questions "
+                                         r"\(ratune eval run --split validation\); a model card reports the test"):
+        _table2_cells("none", table2, None, tmp_path / "model")
+    cell = next((tmp_path / "sweep" / "cells").glob("*none*"))
+    with pytest.raises(RatuneError, match=r"/eval/0_shot/metrics.json: scored on the validation questions"):
+        _table2_cells("none", None, [cell / "eval"], tmp_path / "model")
+
+
 def test_a_sweep_tested_on_bfcl_alone_reads_the_chosen_checkpoint(tmp_path, monkeypatch, capsys):
     """No eval.settings and a bfcl: section (configs/bfcl/unseen.yaml): each cell runs train, the
     validation curve, the choice and ``ratune eval bfcl`` of the chosen checkpoint, no ``eval run`` of

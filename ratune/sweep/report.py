@@ -423,7 +423,8 @@ def cli_report_sweep(sweep_dir: str, out: str | None = None, pair_args: list[lis
 def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
     """``(best, no_best)`` per table (``group_of(record)``) of ``rows`` (``(cell record, table cell)``):
     the first cell with the highest headline accuracy, its ties in ``tied_with`` and its ``ratune
-    export`` command; ``no_best[table]`` says why a table has none (every cell scored 0)."""
+    export`` command; ``no_best[table]`` says why a table has none (every cell scored 0, or its
+    cells were scored on validation questions: a model card would call them eval results)."""
     by_group: dict[str, list] = {}
     for record, c in rows:
         by_group.setdefault(group_of(record), []).append((record, c))
@@ -434,6 +435,11 @@ def best_cells(sweep_dir: Path, rows: list, group_of) -> tuple[dict, dict]:
         def accuracy(c: dict) -> float:
             return metric_block(c, metric).get("accuracy", 0.0)
 
+        splits = sorted({c["split"] for _, c in cells if "split" in c})
+        if splits:
+            no_best[group] = (f"its cells are scored on the {' and '.join(splits)} questions (eval.split): choose one "
+                              "by hand, then evaluate its test questions before exporting it")
+            continue
         top = max(accuracy(c) for _, c in cells)
         if top <= 0:
             no_best[group] = f"every one of its {len(cells)} cells scored 0.0 % ({metric}); nothing to choose"
