@@ -261,7 +261,7 @@ def _check_selection(sweep: Sweep) -> None:
     on_validation = validation_settings(sweep)
     if not on_validation:
         return
-    why = ("eval.selection_rule" if e.selection_rule is not None else "eval.split validation")
+    why = "eval.selection_rule" if e.selection_rule is not None else "eval.split validation"
     if sweep.config.data.validation_fraction is None:
         raise RatuneError(f"{sweep.source}: {why}: {', '.join(on_validation)} run on the validation questions; "
                           "set data.validation_fraction")
