@@ -20,7 +20,7 @@ from ratune.sources.apibench import Example
 from ratune.hubs import Hub, as_hub_source, check_hub_ref, hub_choices_text, resolve_hub
 from ratune.options import add_arguments, values_from_args
 from ratune.sources.validate import (HOLDOUT_OPTIONS, LEAK_KINDS, LEAKAGE_POLICIES, NEAR_DUPLICATE_JACCARD,
-                                     HoldoutSettings, check_leakage, dedupe, drop_leaked)
+                                     HoldoutSettings, check_leakage, validate_splits)
 from ratune.errors import RatuneError
 from ratune.io import open_file_modes, sha256_file, write_json
 from ratune.manifest import RETRIEVER_TRAIN_STAGE, git_commit, package_versions
@@ -233,7 +233,8 @@ def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_data
 def retriever_examples(source: Hub, holdout: HoldoutSettings = HoldoutSettings(), *, drop_leaked_rows: bool = False
                        ) -> tuple[list[Example], dict | None, int | None]:
     """``(examples, validation_split record or None, dropped)``: the training examples ``source``'s
-    finetuned retriever trains on, drawn as the data build draws them.
+    finetuned retriever trains on, drawn as the data build draws them (its
+    :func:`~ratune.sources.validate.validate_splits`, then the split).
 
     ``drop_leaked_rows`` (``--leakage drop``): the training examples an eval instruction leaks into
     are left out first (``dropped``: how many; None without the flag), as the data build drops them.
@@ -247,11 +248,11 @@ def retriever_examples(source: Hub, holdout: HoldoutSettings = HoldoutSettings()
     """
     source.require_split("train", "the finetuned retriever trains on training instructions only")
     train, held_out, dropped = source.load_examples("train"), None, None
-    if holdout.validation_fraction is not None:
-        train = dedupe(train)[0]  # the build's order: duplicates, leaked rows, then the draw
-    if drop_leaked_rows:
-        kept, pairs = drop_leaked(train, source.load_examples("eval"))
-        train, dropped = kept, len({p.train_line for p in pairs})
+    if holdout.validation_fraction is not None or drop_leaked_rows:  # the build's own checks, in its order
+        splits = {"train": train, **({"eval": source.load_examples("eval")} if drop_leaked_rows else {})}
+        splits, report = validate_splits(splits, None, dedupe_train=holdout.validation_fraction is not None,
+                                         leakage="drop" if drop_leaked_rows else "allow")
+        train, dropped = splits["train"], report.leaked_train_rows_dropped if drop_leaked_rows else None
     if holdout.validation_fraction is not None:
         train, _, held_out = holdout.draw(train)
         if drop_leaked_rows:
