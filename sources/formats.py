@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import platform
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
@@ -146,12 +147,18 @@ _PYTHON_PARAM_TYPES = ""
 #: What BFCL appends to every function description of a Python category
 #: (bfcl_eval/utils.py _get_language_specific_hint, applied when ``bfcl generate`` loads the data).
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+#: What BFCL's decoder strips from both ends of a prompting answer before it reads it
+#: (bfcl_eval/model_handler/utils.py default_decode_ast_prompting).
+_BFCL_STRIP = "`\n "
+#: An answer that starts with a call, not a list: BFCL's decoder reads it wrapped in ``[...]``.
+_BARE_CALL = re.compile(r"[A-Za-z_][\w.]*\(")
 
 
 class PythonCallsFormat(AnswerFormat):
     """BFCL's prompting answer: a Python list of calls with keyword arguments, ``[]`` for none;
     complete at the bracket that closes the first top-level list (brackets inside string literals
-    do not count)."""
+    do not count). An answer that starts with a bare call (``f(a=[1])``, which BFCL's decoder
+    wraps in a list) has no end of its own: it is kept whole and read as BFCL reads it."""
 
     name = "python_calls"
     no_call = "[]"
@@ -179,9 +186,18 @@ class PythonCallsFormat(AnswerFormat):
             multiturn_behavior=_MULTITURN_BEHAVIOR,
             available_tools=_AVAILABLE_TOOLS.format(format="json", functions=json.dumps(list(functions), indent=4)))
 
+    @staticmethod
+    def _bare_calls(text: str) -> str | None:
+        """``text`` as BFCL's decoder reads an answer that starts with a call: stripped and wrapped in
+        ``[...]``; None for any other answer."""
+        body = text.strip(_BFCL_STRIP)
+        if not _BARE_CALL.match(body):
+            return None
+        return "[" + body + ("" if body.endswith("]") else "]")
+
     def answer_end(self, text: str) -> int | None:
         start = text.find("[")
-        if start < 0:
+        if start < 0 or self._bare_calls(text) is not None:
             return None
         depth, quote, escaped = 0, None, False
         for i in range(start, len(text)):
@@ -225,13 +241,17 @@ class PythonCallsFormat(AnswerFormat):
         return messages, None
 
     def parse_calls(self, text: str) -> list[dict] | None:
-        """The first call list in ``text`` as ``[{"name", "arguments"}]``, or None when there is no list
-        of keyword calls with literal values. Read with :mod:`ast`; nothing is evaluated."""
-        end = self.answer_end(text)
-        if end is None:
-            return None
+        """The first call list in ``text`` (or its bare calls, as BFCL's decoder wraps them) as
+        ``[{"name", "arguments"}]``, or None when there is no list of keyword calls with literal
+        values. Read with :mod:`ast`; nothing is evaluated."""
+        source = self._bare_calls(text)
+        if source is None:
+            end = self.answer_end(text)
+            if end is None:
+                return None
+            source = text[text.find("["):end]
         try:
-            tree = ast.parse(text[text.find("["):end], mode="eval").body
+            tree = ast.parse(source, mode="eval").body
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
         if not isinstance(tree, ast.List):

@@ -34,6 +34,9 @@ def test_apibench_answers_end_after_the_api_provider_line():
     ("[]", 2),
     ("[f(a={'k': [1]})", None),  # the list is still open
     ("no call at all", None),
+    # a bare call (BFCL's decoder wraps it in a list): never cut inside its list arguments
+    ("music.theory.chordProgression(progression=['I', 'V', 'vi', 'IV'])", None),
+    ("```\nf(a=[1, 2]) and more", None),
 ])
 def test_python_calls_answers_end_at_the_bracket_that_closes_the_list(text, end):
     fmt = get_answer_format("python_calls")

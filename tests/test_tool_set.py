@@ -302,8 +302,13 @@ def test_python_calls_answers_are_read_without_evaluating_them():
                                                               {"name": "g", "arguments": {}}]
     assert parse("[]") == [] and parse("[f(a={'x': [True, None]})]") == [
         {"name": "f", "arguments": {"a": {"x": [True, None]}}}]
+    # bare calls, read as BFCL's decoder reads them: stripped of backticks and wrapped in a list
+    assert parse("music.theory.chordProgression(progression=['I', 'V'])") == [
+        {"name": "music.theory.chordProgression", "arguments": {"progression": ["I", "V"]}}]
+    assert parse("```\nf(a=1), g(b=[2])\n```") == [{"name": "f", "arguments": {"a": 1}},
+                                                   {"name": "g", "arguments": {"b": [2]}}]
     for text in ("no list here", "[f(1)]", "[f(**kw)]", "[f(a=__import__('os'))]", "[f(a=1 + x)]", "[1, 2]",
-                 "[f(a=1)", "[g()(a=1)]"):
+                 "[f(a=1)", "[g()(a=1)]", "f(a=[1]) and then prose", "f(a=1"):
         assert parse(text) is None, text
 
 
