@@ -32,7 +32,8 @@ from ratune.retrieval.retrievers import require_finetuned_retriever
 from ratune.sources.apibench import ParseReport, api_identity, input_hashes
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 from ratune.sources.prompt import require_chat_template, template_name, use_chat_template
-from ratune.sources.validate import HOLDOUTS, example_identities, near_duplicate_rate, validate_splits
+from ratune.sources.validate import (HOLDOUTS, ValidationReport, example_identities, near_duplicate_rate,
+                                    validate_splits)
 
 #: What other modules import from here (the settings and the row builder live beside it).
 __all__ = ["BUILD_OPTIONS", "BuildSettings", "MIN_DOCUMENT_TOKENS", "build_dataset", "build_request", "build_rows",
@@ -118,10 +119,12 @@ def settings_record(settings: BuildSettings, tokenizer) -> dict:
             **({"same_examples": True} if settings.same_examples else {})}
 
 
-def _hold_out_validation(splits: dict, settings: BuildSettings, leakage: str) -> tuple[dict | None, frozenset[str]]:
+def _hold_out_validation(splits: dict, settings: BuildSettings, validation: ValidationReport
+                         ) -> tuple[dict | None, frozenset[str]]:
     """Carve the ``validation`` split out of ``splits["train"]`` (in place) when asked; returns the
-    manifest's ``validation_split`` record (else None; ``leakage: drop`` when leaked training rows were
-    dropped before the draw) and, for a kind whose held-out APIs are unseen
+    manifest's ``validation_split`` record (else None; with what ``validation``, the checks before
+    the draw, did to leaked training rows: :meth:`~ratune.sources.validate.ValidationReport.split_leakage`)
+    and, for a kind whose held-out APIs are unseen
     (``api_grouped``), the API identities only validation examples show (training rows' retrieval passes
     them over).
 
@@ -139,7 +142,7 @@ def _hold_out_validation(splits: dict, settings: BuildSettings, leakage: str) ->
     unseen = HOLDOUTS[settings.validation_by].unseen
     hidden = frozenset(set().union(*map(example_identities, held)) - set().union(*map(example_identities, train))
                        if unseen else ())
-    return {**record, **({"leakage": "drop"} if leakage == "drop" else {}),
+    return {**record, **validation.split_leakage(),
             "apis": len(apis), "apis_also_trained": len(apis & trained),
             **({"hidden_from_training": len(hidden)} if unseen else {}),
             "near_duplicates": {"validation": near_duplicate_rate(train, held),
@@ -296,7 +299,7 @@ def _read_splits(source: Hub, settings: BuildSettings, *, lenient: bool, leakage
     splits, validation = validate_splits(splits, database, train_path=source.examples_file("train"),
                                          eval_path=source.examples_file("eval"), leakage=leakage)
     hub_splits = list(splits)  # the hub's own files (the manifest hashes them)
-    held_out, hidden = _hold_out_validation(splits, settings, leakage)
+    held_out, hidden = _hold_out_validation(splits, settings, validation)
     if progress:
         print(validation.summary())
         if held_out:

@@ -79,13 +79,14 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
     """Refuse a finetuned retriever that trained on any validation question ``what`` retrieves for.
 
     ``held``: a data build's ``validation_split`` record (``fraction``, ``by``, ``seed``, ``lines``:
-    the questions' lines in ``train_path``, the hub's training file; ``leakage: drop`` when leaked
-    training rows were dropped before the draw); ``hub``: what ``--hub`` takes to name the hub
+    the questions' lines in ``train_path``, the hub's training file; ``leakage``: what the checks
+    before the draw did to leaked training rows, ``drop`` or ``allow``); ``hub``: what ``--hub`` takes to name the hub
     (:attr:`ratune.hubs.Hub.ref`), for the command in the message.
 
     Raises:
         RatuneError: ``model`` held out no validation split, another one, or trained on another
-            training file; the message gives the command that trains one holding these questions out.
+            training file; the message gives the command that trains one holding these questions out
+            (or, for a split drawn with leaked rows kept, says that none can).
     """
     meta = read_retriever_metadata(model) or {}
     own = set((meta.get("validation_split") or {}).get("lines", ()))
@@ -97,6 +98,13 @@ def require_held_out(model: str | Path, held: dict, *, hub: str, train_path: str
                f"{', '.join(map(str, trained[:5]))}{', ...' if len(trained) > 5 else ''} of {Path(train_path).name})")
     else:
         return
+    if held.get("leakage") == "allow":  # drawn with leaked rows kept: no retriever trains on those
+        raise RatuneError(f"{what}: the finetuned retriever {model} {why}, and no finetuned retriever can hold "
+                          f"these questions out: the split was drawn with {held['leaked_rows_kept']} training "
+                          "row(s) that eval instructions leak into kept (--leakage allow, or data.leakage: allow "
+                          "in a sweep), and `ratune retrieval train` never trains on such rows (it refuses them, "
+                          "or leaves them out before its own draw with --leakage drop); build with --leakage "
+                          "drop, or leave dense_ft out of what runs on the validation questions")
     flags = HoldoutSettings(validation_fraction=held["fraction"], validation_by=held["by"],
                             validation_seed=held["seed"]).holdout_flags()
     if held.get("leakage") == "drop":  # the build drew the split after dropping leaked rows

@@ -230,33 +230,37 @@ def _retriever_metadata(*, hub: str, base: Path, train_path, eval_path, api_data
     }
 
 
-def retriever_examples(source: Hub, holdout: HoldoutSettings = HoldoutSettings(), *, drop_leaked_rows: bool = False
+def retriever_examples(source: Hub, holdout: HoldoutSettings = HoldoutSettings(), *, leakage: str = "error"
                        ) -> tuple[list[Example], dict | None, int | None]:
     """``(examples, validation_split record or None, dropped)``: the training examples ``source``'s
     finetuned retriever trains on, drawn as the data build draws them (its
     :func:`~ratune.sources.validate.validate_splits`, then the split).
 
-    ``drop_leaked_rows`` (``--leakage drop``): the training examples an eval instruction leaks into
-    are left out first (``dropped``: how many; None without the flag), as the data build drops them.
+    ``leakage``: the data build's policy. ``drop`` (``--leakage drop``): the training examples an
+    eval instruction leaks into are left out first (``dropped``: how many; None otherwise), as the
+    build drops them. ``allow``: they are kept, as the build keeps them, and the record counts them
+    (a retriever never trains on them: :func:`ratune.retrieval.dense.require_held_out` refuses such a
+    split). ``error``: not checked here (:func:`train_dense_retriever` refuses them).
     ``holdout`` with a fraction: duplicates are removed first, as the build removes them, and the
     validation split (:meth:`~ratune.sources.validate.HoldoutSettings.draw`) is left out; its record
-    says ``leakage: drop`` when leaked rows were dropped before the draw. Else every training example
-    is used, duplicates included.
+    says what the checks did (:meth:`~ratune.sources.validate.ValidationReport.split_leakage`). Else
+    every training example is used, duplicates included.
 
     Raises:
-        RatuneError: no training file for the hub, or a split that holds out nothing.
+        RatuneError: no training file for the hub, an unknown policy, or a split that holds out nothing.
     """
     source.require_split("train", "the finetuned retriever trains on training instructions only")
     train, held_out, dropped = source.load_examples("train"), None, None
-    if holdout.validation_fraction is not None or drop_leaked_rows:  # the build's own checks, in its order
-        splits = {"train": train, **({"eval": source.load_examples("eval")} if drop_leaked_rows else {})}
+    drop = leakage == "drop"
+    if holdout.validation_fraction is not None or drop:  # the build's own checks, in its order
+        compared = drop or (leakage == "allow" and source.examples_file("eval").exists())
+        splits = {"train": train, **({"eval": source.load_examples("eval")} if compared else {})}
         splits, report = validate_splits(splits, None, dedupe_train=holdout.validation_fraction is not None,
-                                         leakage="drop" if drop_leaked_rows else "allow")
-        train, dropped = splits["train"], report.leaked_train_rows_dropped if drop_leaked_rows else None
-    if holdout.validation_fraction is not None:
-        train, _, held_out = holdout.draw(train)
-        if drop_leaked_rows:
-            held_out["leakage"] = "drop"
+                                         leakage=leakage if compared else "allow")
+        train, dropped = splits["train"], report.leaked_train_rows_dropped if drop else None
+        if holdout.validation_fraction is not None:
+            train, _, held_out = holdout.draw(train)
+            held_out.update(report.split_leakage())
     return train, held_out, dropped
 
 
@@ -271,7 +275,7 @@ def train_hub_retriever(apibench_dir: str | os.PathLike | None, hub: "str | Hub"
         RatuneError: as :func:`retriever_examples` and :func:`train_dense_retriever`.
     """
     source = as_hub_source(hub, apibench_dir)
-    train, held_out, dropped = retriever_examples(source, holdout, drop_leaked_rows=drop_leaked_rows)
+    train, held_out, dropped = retriever_examples(source, holdout, leakage="drop" if drop_leaked_rows else "error")
     return train_dense_retriever(train, source.load_examples("eval"),
                                  hub=source.name, out_dir=out_dir, train_path=source.examples_file("train"),
                                  eval_path=source.examples_file("eval"), settings=settings,

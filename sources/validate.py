@@ -268,6 +268,16 @@ class ValidationReport:
                                            "decided_by": c.decided_by} for c in self.domain_conflicts]},
         }
 
+    def split_leakage(self) -> dict:
+        """What a ``validation_split`` record drawn after these checks says of the training rows eval
+        instructions leak into: ``leakage: drop`` when they were dropped first; ``leakage: allow`` and
+        ``leaked_rows_kept`` when some were kept (a finetuned retriever never trains on them, so none
+        holds out the same split: :func:`ratune.retrieval.dense.require_held_out`); else nothing."""
+        if self.leakage_policy == "drop":
+            return {"leakage": "drop"}
+        kept = len({p.train_line for p in self.leak_pairs})
+        return {"leakage": "allow", "leaked_rows_kept": kept} if self.leakage_policy == "allow" and kept else {}
+
     def summary(self) -> str:
         """One line for the printed build summary."""
         lc = self.leak_counts()

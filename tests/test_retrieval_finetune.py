@@ -221,7 +221,8 @@ def test_a_leaky_hub_trains_its_retriever_with_leakage_drop_on_the_builds_traini
     `ratune retrieval train` refuses the leak; with `--leakage drop` it leaves line 14 out (and the
     copy, before the draw), as `ratune data build --leakage drop` does, so both hold out the same 4
     lines (those of the hub without 13 and 14) and a dense_ft build with that split runs; a retriever
-    without them is refused with a command that names --leakage drop."""
+    without them is refused with a command that names --leakage drop. A build with --leakage allow
+    keeps line 14 and records it, and its dense_ft refusal says that no retriever can match."""
     import json
     import shutil
 
@@ -265,3 +266,23 @@ def test_a_leaky_hub_trains_its_retriever_with_leakage_drop_on_the_builds_traini
     with pytest.raises(RatuneError, match=r"ratune retrieval train --hub torchhub --validation-fraction 0.34 "
                                           r"--validation-by api_grouped --validation-seed 0 --leakage drop --out DIR"):
         require_held_out(tmp_path / "ft", held, hub="torchhub", what="dense_ft", train_path=train_file)
+    # data.leakage: allow keeps line 14, so its split is drawn over other rows than any retriever's:
+    # the build records the kept row, and a dense_ft build (or sweep) on that split says none can match
+    from ratune.retrieval.finetune import retriever_examples
+    from ratune.sources.validate import HoldoutSettings
+
+    allowed = ["data", "build", *hub, "--tokenizer", str(smol_tokenizer_dir), "--leakage", "allow", *split]
+    assert main([*allowed, "--out", str(tmp_path / "allow"), "--modes", "none"]) == 0
+    kept = json.loads((tmp_path / "allow" / "manifest.json").read_text())["validation_split"]
+    assert (kept["leakage"], kept["leaked_rows_kept"]) == ("allow", 1)
+    record = retriever_examples(resolve_hub("torchhub", apibench), HoldoutSettings(0.34, "api_grouped", 0),
+                                leakage="allow")[1]
+    assert {k: record[k] for k in ("lines", "leakage", "leaked_rows_kept")} == {
+        "lines": kept["lines"], "leakage": "allow", "leaked_rows_kept": 1}
+    meta["validation_split"]["lines"] = kept["lines"][1:]  # as if it had trained on one of them
+    (tmp_path / "ft" / RETRIEVER_METADATA_FILE).write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main([*allowed, "--out", str(tmp_path / "allow_ft"), "--modes", "dense_ft", "--dense-model",
+                 str(tmp_path / "ft")]) == 2
+    assert ("no finetuned retriever can hold these questions out: the split was drawn with 1 training row(s) "
+            "that eval instructions leak into kept (--leakage allow") in capsys.readouterr().err

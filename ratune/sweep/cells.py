@@ -274,7 +274,7 @@ def _check_selection(sweep: Sweep) -> None:
 def _check_validation_retriever(sweep: Sweep, hub) -> None:
     """Refuse, before anything runs, settings on the validation questions (:func:`validation_settings`)
     whose ``dense_ft`` would retrieve with a finetuned retriever that trained on them: the questions
-    are the ones ``data:``'s split draws from ``hub``, after ``data.leakage: drop`` drops leaked rows
+    are the ones ``data:``'s split draws from ``hub`` under ``data.leakage``
     (:func:`ratune.retrieval.finetune.retriever_examples`, as ``ratune retrieval train`` draws them).
 
     Raises:
@@ -289,7 +289,7 @@ def _check_validation_retriever(sweep: Sweep, hub) -> None:
     require_finetuned_retriever(e.dense_model, hub.name, what)
     split = HoldoutSettings(validation_fraction=d.validation_fraction, validation_by=d.validation_by,
                             validation_seed=d.validation_seed)
-    held = retriever_examples(hub, split, drop_leaked_rows=d.leakage == "drop")[1]
+    held = retriever_examples(hub, split, leakage=d.leakage)[1]
     require_held_out(e.dense_model, held, hub=hub.ref, train_path=hub.examples_file("train"), what=what)
 
 
