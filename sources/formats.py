@@ -187,17 +187,22 @@ class PythonCallsFormat(AnswerFormat):
             available_tools=_AVAILABLE_TOOLS.format(format="json", functions=json.dumps(list(functions), indent=4)))
 
     @staticmethod
-    def _bare_calls(text: str) -> str | None:
+    def _starts_with_call(text: str) -> bool:
+        """Whether ``text`` starts (after what BFCL's decoder strips) with a bare call."""
+        return _BARE_CALL.match(text.lstrip(_BFCL_STRIP)) is not None
+
+    @classmethod
+    def _bare_calls(cls, text: str) -> str | None:
         """``text`` as BFCL's decoder reads an answer that starts with a call: stripped and wrapped in
         ``[...]``; None for any other answer."""
-        body = text.strip(_BFCL_STRIP)
-        if not _BARE_CALL.match(body):
+        if not cls._starts_with_call(text):
             return None
+        body = text.strip(_BFCL_STRIP)
         return "[" + body + ("" if body.endswith("]") else "]")
 
     def answer_end(self, text: str) -> int | None:
-        start = text.find("[")
-        if start < 0 or self._bare_calls(text) is not None:
+        start = text.find("[")  # called per generated token (the stop rule): no string is built here
+        if start < 0 or self._starts_with_call(text):
             return None
         depth, quote, escaped = 0, None, False
         for i in range(start, len(text)):
