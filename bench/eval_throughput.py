@@ -5,6 +5,13 @@ Usage:
                                     [--max-new-tokens 48] [--threads N] [--device cpu|cuda] [--json]
     python bench/eval_throughput.py --prompts bfcl [--n 16] [--max-new-tokens 256] [--full-answers] ...
     python bench/eval_throughput.py --batch-sizes 8 16 32 [--prompts bfcl] ...   # batched runs only
+    python bench/eval_throughput.py --decode-chunks 16 32 [--prompts bfcl] ...   # decoding variants
+
+``--decode-chunks 16 32`` runs the batched backend (prefill each) on the same prompts with one
+``generate`` call per batch and whole prompts (the reference), with the prompts' shared prefix
+prefilled once, and with chunked decoding at each size (finished rows leave the batch between
+chunks) plus the shared prefix, side by side: seconds, the speed-up over the reference and the
+answers equal to its.
 
 ``--batch-sizes`` runs the batched backend (the device's default prefill) once per size on the same
 prompts, side by side, with each size's ratio to the first and the answers that equal the first
@@ -129,14 +136,15 @@ def _all_answers():
 
 
 def measure_hf(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int, max_new_tokens: int,
-               prefill: str = "auto", stop: dict | None = None) -> tuple[dict, list[str]]:
+               prefill: str = "auto", stop: dict | None = None, options: dict | None = None) -> tuple[dict, list[str]]:
     """Run :func:`ratune.eval.generate.generate_batches` once (``prefill`` as there; ``stop``: its
-    ``stop_after_api_call`` and ``answer_format`` arguments); returns ``(RUN, answers in prompt order)``."""
+    ``stop_after_api_call`` and ``answer_format`` arguments; ``options``: any other of its keyword
+    arguments); returns ``(RUN, answers in prompt order)``."""
     generate_all = _all_answers().generate_all
     counting = CountingModel(model, tokenizer.eos_token_id)
     start = time.perf_counter()
     texts = generate_all(counting, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                         prefill=prefill, **(stop or {}))
+                         prefill=prefill, **(stop or {}), **(options or {}))
     seconds = time.perf_counter() - start
     return _run_record(seconds, counting.generated, len(prompts)), texts
 
@@ -317,6 +325,52 @@ def compare_batch_sizes(*, model_path=None, apibench_dir=None, n: int = 16, batc
             "machine": machine_info()}
 
 
+def decoding_variants(chunks: Sequence[int]) -> dict[str, dict]:
+    """``--decode-chunks``' runs by name: ``generate_batches`` options of each, the first the
+    reference (one ``generate`` call per batch, every prompt prefilled whole)."""
+    variants = {"one call, whole prompts": {"decode_chunk": None, "share_prefix": False},
+                "one call, shared prefix": {"decode_chunk": None, "share_prefix": True}}
+    for chunk in chunks:
+        variants[f"chunks of {chunk}, shared prefix"] = {"decode_chunk": chunk, "share_prefix": True}
+    return variants
+
+
+def compare_decoding(*, model_path=None, apibench_dir=None, n: int = 16, batch_size: int = 8,
+                     chunks: Sequence[int] = (32,), max_new_tokens: int = 48, device: str | None = None,
+                     threads: int | None = None, prompt_set: str = "apibench", full_answers: bool = False) -> dict:
+    """The batched backend (prefill each) on the same prompts under each of
+    :func:`decoding_variants`; returns ``{"runs": [RUN + variant, options, ratio (to the first),
+    answers_identical (to the first)], "n_prompts", "shared_prefix_tokens", "settings", "machine"}``."""
+    from ratune.eval.generate import common_prefix_length
+
+    model_path, device, tokenizer, model, prompts, stop = _loaded(model_path, apibench_dir, n, device, threads,
+                                                                  prompt_set, full_answers)
+    runs, first = [], None
+    for name, options in decoding_variants(chunks).items():
+        record, texts = measure_hf(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                   prefill="each", stop=stop, options=options)
+        first = first or (record, texts)
+        runs.append({"variant": name, "options": options, **record,
+                     "ratio": round(first[0]["seconds"] / record["seconds"], 3),
+                     "answers_identical": sum(a == b for a, b in zip(first[1], texts))})
+    return {"runs": runs, "n_prompts": len(prompts), "shared_prefix_tokens": common_prefix_length(prompts),
+            "settings": {"model": str(model_path), "prompts": prompt_set, "batch_size": batch_size,
+                         "max_new_tokens": max_new_tokens, "stop_at_answer_end": stop is not None, "device": device},
+            "machine": machine_info()}
+
+
+def format_decoding(r: dict) -> str:
+    """The ``--decode-chunks`` table."""
+    s = r["settings"]
+    lines = [f"{PROMPT_SETS[s['prompts']]}, {r['n_prompts']} prompts ({r['shared_prefix_tokens']} tokens shared), "
+             f"batch {s['batch_size']}, {s['max_new_tokens']} new tokens, {s['device']}",
+             "| decoding | seconds | tokens | prompts/s | speed-up | answers as the first |", "|---" * 6 + "|"]
+    for run_ in r["runs"]:
+        lines.append(f"| {run_['variant']} | {run_['seconds']:.1f} | {run_['generated_tokens']} | "
+                     f"{run_['prompts_per_s']} | {run_['ratio']:.2f}x | {run_['answers_identical']}/{r['n_prompts']} |")
+    return "\n".join(lines)
+
+
 def _loaded(model_path, apibench_dir, n: int, device: str | None, threads: int | None, prompt_set: str,
             full_answers: bool) -> tuple:
     """``(model_path, device, tokenizer, model, prompts, stop)`` for a measurement, the model warmed up."""
@@ -408,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="compare the batched backend at these sizes only (no batch 1, vLLM or split)")
+    p.add_argument("--decode-chunks", type=int, nargs="+", default=None,
+                   help="compare one generate call per batch with chunked decoding at these chunk sizes "
+                        "(batched, prefill each; no batch 1, vLLM or split)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -421,6 +478,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          device=args.device, threads=args.threads, prompt_set=args.prompts,
                                          full_answers=args.full_answers)
             print(json.dumps(result, indent=2) if args.json else format_batch_sizes(result))
+            return 0
+        if args.decode_chunks:
+            result = compare_decoding(model_path=args.model, apibench_dir=args.apibench, n=args.n,
+                                      batch_size=args.batch_size, chunks=args.decode_chunks,
+                                      max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
+                                      prompt_set=args.prompts, full_answers=args.full_answers)
+            print(json.dumps(result, indent=2) if args.json else format_decoding(result))
             return 0
         result = run(model_path=args.model, apibench_dir=args.apibench, n=args.n, batch_size=args.batch_size,
                      max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,

@@ -76,17 +76,21 @@ def decode_answer(tokenizer, new_token_ids, *, stop_after_api_call: bool,
 
 class AnswerCompleteCriteria:
     """A transformers stopping criterion: per sequence, True once the answer format finds the
-    answer complete (:meth:`ratune.sources.formats.AnswerFormat.answer_end`) in the tokens
-    generated after ``prompt_width``."""
+    answer complete (:meth:`ratune.sources.formats.AnswerFormat.answer_end`) in the tokens after
+    ``prompt_width`` (one column for all rows, or one per row)."""
 
-    def __init__(self, tokenizer, prompt_width: int, answer_format: str = DEFAULT_ANSWER_FORMAT):
+    def __init__(self, tokenizer, prompt_width: int | Sequence[int], answer_format: str = DEFAULT_ANSWER_FORMAT):
         self.tokenizer, self.prompt_width = tokenizer, prompt_width
         self.answer_format = get_answer_format(answer_format)
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
+        if isinstance(self.prompt_width, int):
+            answers = input_ids[:, self.prompt_width:]
+        else:
+            answers = [row[start:] for row, start in zip(input_ids.tolist(), self.prompt_width)]
+        texts = self.tokenizer.batch_decode(answers, skip_special_tokens=True)
         return torch.tensor([self.answer_format.answer_end(t) is not None for t in texts], device=input_ids.device)
 
 
@@ -137,51 +141,186 @@ def _plain_cache(model) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens: int):
-    """Run each prompt except its last token through ``model`` alone and write the key/value
-    caches, left-padded with zeros to ``width - 1`` positions (``width``: the batch's longest
-    prompt), into one ``StaticCache`` of ``width + max_new_tokens`` positions for ``generate``.
-    """
+def common_prefix_length(prompts: Sequence[list[int]]) -> int:
+    """The number of leading token ids all ``prompts`` share (0 for no prompts)."""
+    if not prompts:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for ids in prompts[1:]:
+        k = 0
+        while k < n and ids[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+#: The shortest shared prompt prefix (tokens) :func:`generate_batches` prefills once for all
+#: prompts; a shorter one is prefilled with each prompt (docs/performance.md#generation).
+MIN_SHARED_PREFIX = 16
+
+
+def prefix_cache(model, ids: Sequence[int]):
+    """The key/value cache of ``ids`` run through ``model`` once (a ``DynamicCache``), for
+    :func:`prefill_each`'s ``prefix``."""
     import torch
+
+    head = torch.tensor([list(ids)], dtype=torch.long, device=model.device)
+    return model(input_ids=head, attention_mask=torch.ones_like(head), use_cache=True, logits_to_keep=1).cache
+
+
+def _head_cache(model, prefix, ids: Sequence[int]) -> list[tuple]:
+    """Per layer ``(keys, values)`` of shape ``(kv_heads, len(ids), head_dim)``: ``ids`` run through
+    ``model`` alone, after ``prefix`` (``(n, cache)`` of :func:`prefix_cache`, or None) on a copy of
+    its cache when ``ids`` start with it and go on past it."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    past, start = None, 0
+    if prefix is not None and len(ids) > prefix[0]:
+        start, past = prefix[0], DynamicCache(config=model.config)
+        for i, layer in enumerate(prefix[1].layers):
+            past.update(layer.keys, layer.values, i)
+    head = torch.tensor([list(ids[start:])], dtype=torch.long, device=model.device)
+    mask = torch.ones((1, len(ids)), dtype=torch.long, device=model.device)
+    cache = model(input_ids=head, attention_mask=mask, cache=past, use_cache=True, logits_to_keep=1).cache
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+
+def _stacked_cache(heads: Sequence[list[tuple] | None], width: int, max_new_tokens: int, config):
+    """One ``StaticCache`` of ``width + max_new_tokens`` positions holding each row's head cache
+    (:func:`_head_cache`; None: nothing, the row is all padding) right-aligned at ``width - 1``,
+    zeros to its left."""
     from transformers.cache_utils import StaticCache
 
-    device = model.device
-    stacked = None  # per layer: (keys, values), shape (batch, kv_heads, width - 1, head_dim), zeros = padding
-    for row, ids in enumerate(prompts):
-        if len(ids) < 2:
-            continue  # nothing before the last token: the row stays padding
-        head = torch.tensor([ids[:-1]], dtype=torch.long, device=device)
-        out = model(input_ids=head, attention_mask=torch.ones_like(head), use_cache=True, logits_to_keep=1)
-        if stacked is None:
-            stacked = [tuple(t.new_zeros((len(prompts), t.shape[1], width - 1, t.shape[3]))
-                             for t in (layer.keys, layer.values)) for layer in out.cache.layers]
-        for (keys, values), layer in zip(stacked, out.cache.layers):
-            keys[row, :, width - len(ids):] = layer.keys[0]
-            values[row, :, width - len(ids):] = layer.values[0]
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    cache = StaticCache(config=config, max_cache_len=width + max_new_tokens)
+    first = next((h for h in heads if h is not None), None)
+    if first is None:  # one-token prompts: generate fills the cache from the start
+        return cache
+    stacked = [tuple(t.new_zeros((len(heads), t.shape[0], width - 1, t.shape[2])) for t in layer) for layer in first]
+    for row, head in enumerate(heads):
+        if head is None:
+            continue
+        for (keys, values), (k, v) in zip(stacked, head):
+            keys[row, :, width - 1 - k.shape[1]:] = k
+            values[row, :, width - 1 - v.shape[1]:] = v
     for (keys, values), layer in zip(stacked, cache.layers):
         layer.update(keys, values)
     return cache
 
 
+def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens: int, prefix=None):
+    """Run each prompt except its last token through ``model`` alone and write the key/value
+    caches, left-padded with zeros to ``width - 1`` positions (``width``: the batch's longest
+    prompt), into one ``StaticCache`` of ``width + max_new_tokens`` positions for ``generate``.
+    ``prefix``: ``(n, cache)`` of :func:`prefix_cache` for the first ``n`` ids every prompt starts
+    with; each prompt then runs only its ids after them.
+    """
+    heads = [_head_cache(model, prefix, ids[:-1]) if len(ids) > 1 else None for ids in prompts]
+    return _stacked_cache(heads, width, max_new_tokens, model.config)
+
+
+class _Row:
+    """A prompt being answered by :func:`_decode_continuously`: its ``ids`` (prompt, then the
+    tokens generated so far), where the answer starts, its token ``limit`` and the ``head`` cache
+    of all its ids but the last (None until prefilled)."""
+
+    def __init__(self, index: int, prompt: list[int], limit: int):
+        self.index, self.ids, self.start, self.limit, self.head = index, list(prompt), len(prompt), limit, None
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far."""
+        return len(self.ids) - self.start
+
+
+def _decode_continuously(model, tokenizer, prompts: Sequence[list[int]], order: Sequence[int], limits: list[int], *,
+                         batch_size: int, chunk: int, prefix, stop_after_api_call: bool, answer_format: str,
+                         kwargs: dict) -> Iterator[list[tuple[int, list[int]]]]:
+    """Greedy decoding of ``prompts`` (taken in ``order``) ``chunk`` new tokens per ``generate``
+    call over at most ``batch_size`` rows: after each call the rows that are done (EOS, a complete
+    answer, their limit) leave, the next prompts (prefilled alone) take their places and the rest
+    continue from their own caches. Yields the rows done in each call as ``(prompt index, new
+    token ids)``, the ids one ``generate`` call per row would give.
+    """
+    import collections
+
+    import torch
+    from transformers import StoppingCriteriaList
+
+    stops = set(kwargs["eos_token_id"])
+    waiting = collections.deque(order)
+    live: list[_Row] = []
+    while live or waiting:
+        while len(live) < batch_size and waiting:
+            i = waiting.popleft()
+            live.append(_Row(i, prompts[i], limits[i]))
+        for row in live:
+            if row.head is None and len(row.ids) > 1:
+                row.head = _head_cache(model, prefix, row.ids[:-1])
+        width = max(len(r.ids) for r in live)
+        steps = min(chunk, max(r.limit - r.generated for r in live))
+        input_ids = torch.full((len(live), width), kwargs["pad_token_id"], dtype=torch.long)
+        attention = torch.zeros((len(live), width), dtype=torch.long)
+        for j, row in enumerate(live):
+            input_ids[j, width - len(row.ids):] = torch.tensor(row.ids, dtype=torch.long)
+            attention[j, width - len(row.ids):] = 1
+        criteria = []
+        if stop_after_api_call:
+            criteria.append(AnswerCompleteCriteria(tokenizer, [width - r.generated for r in live], answer_format))
+        if any(r.limit - r.generated < steps for r in live):
+            criteria.append(RowLimitCriteria([r.limit - r.generated for r in live], width))
+        extra = {"stopping_criteria": StoppingCriteriaList(criteria)} if criteria else {}
+        cache = _stacked_cache([r.head for r in live], width, steps, model.config)
+        out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
+                             max_new_tokens=steps, cache=cache, **kwargs, **extra).cpu()
+        complete = criteria[0](out, None).tolist() if stop_after_api_call else [False] * len(live)
+        done, going = [], []
+        for j, row in enumerate(live):
+            new = out[j, width:].tolist()
+            row.ids.extend(new)
+            if len(new) < steps or stops.intersection(new) or complete[j] or row.generated >= row.limit:
+                done.append((row.index, row.ids[row.start:]))
+            else:  # its cache: all its ids but the last, which end where the call's cache ends
+                end = width - 1 + len(new)
+                row.head = [(layer.keys[j, :, end - len(row.ids) + 1:end],
+                             layer.values[j, :, end - len(row.ids) + 1:end]) for layer in cache.layers]
+                going.append(row)
+        live = going
+        if done:
+            yield done
+
+
+#: New tokens per ``generate`` call in :func:`generate_batches`' chunked decoding: between calls
+#: finished rows leave and waiting prompts join (docs/performance.md#generation).
+DECODE_CHUNK = 32
+
+
 def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_size: int = 8,
                      max_new_tokens: int = 256, stop_after_api_call: bool = False, prefill: str = "auto",
-                     max_positions: int | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT
+                     max_positions: int | None = None, answer_format: str = DEFAULT_ANSWER_FORMAT,
+                     decode_chunk: int | None = DECODE_CHUNK, share_prefix: bool = True
                      ) -> Iterator[list[tuple[int, str]]]:
-    """Generate answers, yielding each finished batch as ``[(prompt index, text), ...]``.
+    """Generate answers, yielding finished ones in batches of ``[(prompt index, text), ...]``.
 
     ``prompts`` are token ids (:func:`ratune.sources.prompt.encode_prompt`); ``stop_after_api_call``
     cuts each answer where it is complete in ``answer_format``; ``prefill`` is one of
-    :data:`PREFILL_MODES`; ``max_positions`` None: :func:`max_positions_of` ``model.config``.
+    :data:`PREFILL_MODES`; ``max_positions`` None: :func:`max_positions_of` ``model.config``. With
+    ``prefill="each"``: ``decode_chunk`` new tokens per ``generate`` call over at most ``batch_size``
+    rows, finished rows leaving and waiting prompts joining between calls, each batch yielded as
+    its rows finish (None: one call per batch of ``batch_size`` prompts, yielded whole), and
+    ``share_prefix`` prefills the ids all prompts start with once (at least
+    :data:`MIN_SHARED_PREFIX`). Neither changes the answers.
 
     Raises:
-        ValueError: an unknown ``prefill``.
+        ValueError: an unknown ``prefill``; a ``decode_chunk`` below 1.
         RatuneError: a prompt that leaves no room for an answer (:func:`generation_limits`), before
             anything is generated; a tokenizer without EOS (:func:`stop_token_ids`).
     """
     import torch
 
     prefill = resolve_prefill(prefill, model.device)
+    if decode_chunk is not None and decode_chunk < 1:
+        raise ValueError(f"decode_chunk must be at least 1, got {decode_chunk}")
     model.eval()
     prefill_alone = prefill == "each" and batch_size > 1 and _plain_cache(model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -191,6 +330,23 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
     limits = generation_limits([len(p) for p in prompts], max_new_tokens=max_new_tokens, max_positions=max_positions)
     # a list of stop ids overrides every EOS id of the model folder's generation config
     kwargs = dict(do_sample=False, pad_token_id=pad_id, eos_token_id=stop_token_ids(tokenizer))
+    prefix = None
+    if prefill_alone and share_prefix and len(prompts) > 1:
+        shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 2)
+        if shared >= MIN_SHARED_PREFIX:
+            with torch.inference_mode():
+                prefix = (shared, prefix_cache(model, prompts[0][:shared]))
+    if prefill_alone and decode_chunk is not None:
+        rows = _decode_continuously(model, tokenizer, prompts, order, limits, batch_size=batch_size,
+                                    chunk=decode_chunk, prefix=prefix, stop_after_api_call=stop_after_api_call,
+                                    answer_format=answer_format, kwargs=kwargs)
+        while True:
+            with torch.inference_mode():
+                done = next(rows, None)
+            if done is None:
+                return
+            yield [(i, decode_answer(tokenizer, ids, stop_after_api_call=stop_after_api_call,
+                                     answer_format=answer_format)) for i, ids in done]
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         width = max(len(prompts[i]) for i in idx)
@@ -200,26 +356,33 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
             ids = prompts[i]
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids):] = 1
-        extra, criteria = {}, []
-        batch_new = max(limits[i] for i in idx)  # rows with a lower limit stop at it (RowLimitCriteria)
-        if stop_after_api_call:
-            criteria.append(AnswerCompleteCriteria(tokenizer, width, answer_format))
-        if any(limits[i] < batch_new for i in idx):
-            criteria.append(RowLimitCriteria([limits[i] for i in idx], width))
-        if criteria:
-            from transformers import StoppingCriteriaList
-
-            extra["stopping_criteria"] = StoppingCriteriaList(criteria)
+        kw = dict(kwargs)
         with torch.inference_mode():
             if prefill_alone and len(idx) > 1 and width > 1:
-                extra["cache"] = prefill_each(model, [prompts[i] for i in idx], width, batch_new)
-            out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
-                                 max_new_tokens=batch_new, **kwargs, **extra)
-        batch = []
-        for row, i in enumerate(idx):
-            batch.append((i, decode_answer(tokenizer, out[row, width:].tolist(),
-                                           stop_after_api_call=stop_after_api_call, answer_format=answer_format)))
-        yield batch
+                kw["cache"] = prefill_each(model, [prompts[i] for i in idx], width, max(limits[i] for i in idx),
+                                           prefix=prefix)
+            new = _generate_once(model, tokenizer, input_ids, attention, [limits[i] for i in idx],
+                                 stop_after_api_call=stop_after_api_call, answer_format=answer_format, kwargs=kw)
+        yield [(i, decode_answer(tokenizer, ids, stop_after_api_call=stop_after_api_call, answer_format=answer_format))
+               for i, ids in zip(idx, new)]
+
+
+def _generate_once(model, tokenizer, input_ids, attention, limits: list[int], *, stop_after_api_call: bool,
+                   answer_format: str, kwargs: dict) -> list[list[int]]:
+    """One ``generate`` call over a left-padded batch (rows stop at EOS, a complete answer or their
+    ``limits``); returns each row's new token ids."""
+    from transformers import StoppingCriteriaList
+
+    width, batch_new = input_ids.shape[1], max(limits)
+    criteria = []
+    if stop_after_api_call:
+        criteria.append(AnswerCompleteCriteria(tokenizer, width, answer_format))
+    if any(n < batch_new for n in limits):
+        criteria.append(RowLimitCriteria(limits, width))
+    extra = {"stopping_criteria": StoppingCriteriaList(criteria)} if criteria else {}
+    out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
+                         max_new_tokens=batch_new, **kwargs, **extra)
+    return [row[width:].tolist() for row in out]
 
 
 ProgressFn = Callable[[int], None]

@@ -324,6 +324,25 @@ def test_eval_throughput_compares_batch_sizes_side_by_side(et, tiny_model_dir):
     assert table.count("\n| ") == 4 and "\n| 4 | " in table and "4/4 |" in table  # header and three sizes
 
 
+def test_eval_throughput_compares_decoding_side_by_side(et, tiny_model_dir, smol_tokenizer):
+    """``--decode-chunks``: the reference (one call, whole prompts), the shared prefix alone, and
+    each chunk size with it, on the same BFCL prompts (which share BFCL's system-prompt opening)."""
+    from ratune.eval.generate import common_prefix_length
+
+    r = et.compare_decoding(model_path=tiny_model_dir, n=4, batch_size=4, chunks=[2, 3], max_new_tokens=5,
+                            device="cpu", threads=1, prompt_set="bfcl")
+    assert [run["variant"] for run in r["runs"]] == ["one call, whole prompts", "one call, shared prefix",
+                                                    "chunks of 2, shared prefix", "chunks of 3, shared prefix"]
+    assert r["runs"][2]["options"] == {"decode_chunk": 2, "share_prefix": True}
+    assert r["shared_prefix_tokens"] == common_prefix_length(et.bfcl_prompts(smol_tokenizer, 4)) > 100
+    assert r["runs"][0]["ratio"] == 1.0
+    for run in r["runs"]:
+        assert run["answers_identical"] == 4
+        assert run["ratio"] == pytest.approx(r["runs"][0]["seconds"] / run["seconds"], abs=1e-2)
+    table = et.format_decoding(r)
+    assert table.count("\n| ") == 5 and "\n| chunks of 3, shared prefix | " in table and "4/4 |" in table
+
+
 def test_measure_vllm_goes_through_the_eval_backend(monkeypatch, et, tiny_model_dir, smol_tokenizer):
     """``measure_vllm`` runs vLLM the way ``ratune eval run --backend vllm`` does: the engine in
     eval's CUDA dtype with max_model_len = the model's positions, greedy with exactly the HF
