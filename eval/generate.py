@@ -219,6 +219,32 @@ def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens
     return _stacked_cache(heads, width, max_new_tokens, model.config)
 
 
+def _left_padded(rows: Sequence[list[int]], pad_id: int) -> tuple:
+    """``(input_ids, attention_mask)`` of ``rows`` left-padded to the longest with ``pad_id``."""
+    import torch
+
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for j, ids in enumerate(rows):
+        input_ids[j, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention[j, width - len(ids):] = 1
+    return input_ids, attention
+
+
+def _stopping(tokenizer, starts: int | list[int], left: list[int], steps: int, *, stop_after_api_call: bool,
+              answer_format: str, width: int) -> list:
+    """The stopping criteria of one ``generate`` call of ``steps`` new tokens after column ``width``:
+    a complete answer after ``starts`` (with ``stop_after_api_call``), first; each row's own limit of
+    ``left`` new tokens where one is below ``steps``."""
+    criteria = []
+    if stop_after_api_call:
+        criteria.append(AnswerCompleteCriteria(tokenizer, starts, answer_format))
+    if any(n < steps for n in left):
+        criteria.append(RowLimitCriteria(left, width))
+    return criteria
+
+
 class _Row:
     """A prompt being answered by :func:`_decode_continuously`: its ``ids`` (prompt, then the
     tokens generated so far), where the answer starts, its token ``limit`` and the ``head`` cache
@@ -244,7 +270,6 @@ def _decode_continuously(model, tokenizer, prompts: Sequence[list[int]], order: 
     """
     import collections
 
-    import torch
     from transformers import StoppingCriteriaList
 
     stops = set(kwargs["eos_token_id"])
@@ -257,18 +282,11 @@ def _decode_continuously(model, tokenizer, prompts: Sequence[list[int]], order: 
         for row in live:
             if row.head is None and len(row.ids) > 1:
                 row.head = _head_cache(model, prefix, row.ids[:-1])
-        width = max(len(r.ids) for r in live)
+        input_ids, attention = _left_padded([r.ids for r in live], kwargs["pad_token_id"])
+        width = input_ids.shape[1]
         steps = min(chunk, max(r.limit - r.generated for r in live))
-        input_ids = torch.full((len(live), width), kwargs["pad_token_id"], dtype=torch.long)
-        attention = torch.zeros((len(live), width), dtype=torch.long)
-        for j, row in enumerate(live):
-            input_ids[j, width - len(row.ids):] = torch.tensor(row.ids, dtype=torch.long)
-            attention[j, width - len(row.ids):] = 1
-        criteria = []
-        if stop_after_api_call:
-            criteria.append(AnswerCompleteCriteria(tokenizer, [width - r.generated for r in live], answer_format))
-        if any(r.limit - r.generated < steps for r in live):
-            criteria.append(RowLimitCriteria([r.limit - r.generated for r in live], width))
+        criteria = _stopping(tokenizer, [width - r.generated for r in live], [r.limit - r.generated for r in live],
+                             steps, stop_after_api_call=stop_after_api_call, answer_format=answer_format, width=width)
         extra = {"stopping_criteria": StoppingCriteriaList(criteria)} if criteria else {}
         cache = _stacked_cache([r.head for r in live], width, steps, model.config)
         out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
@@ -349,13 +367,8 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
                                      answer_format=answer_format)) for i, ids in done]
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids = prompts[i]
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        input_ids, attention = _left_padded([prompts[i] for i in idx], pad_id)
+        width = input_ids.shape[1]
         kw = dict(kwargs)
         with torch.inference_mode():
             if prefill_alone and len(idx) > 1 and width > 1:
@@ -374,11 +387,8 @@ def _generate_once(model, tokenizer, input_ids, attention, limits: list[int], *,
     from transformers import StoppingCriteriaList
 
     width, batch_new = input_ids.shape[1], max(limits)
-    criteria = []
-    if stop_after_api_call:
-        criteria.append(AnswerCompleteCriteria(tokenizer, width, answer_format))
-    if any(n < batch_new for n in limits):
-        criteria.append(RowLimitCriteria(limits, width))
+    criteria = _stopping(tokenizer, width, limits, batch_new, stop_after_api_call=stop_after_api_call,
+                         answer_format=answer_format, width=width)
     extra = {"stopping_criteria": StoppingCriteriaList(criteria)} if criteria else {}
     out = model.generate(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device),
                          max_new_tokens=batch_new, **kwargs, **extra)
