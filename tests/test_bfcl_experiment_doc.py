@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 UNSEEN = ROOT / "docs" / "bfcl" / "unseen"
 DOC = (ROOT / "docs" / "function_calling.md").read_text(encoding="utf-8")
 REPORT = json.loads((UNSEEN / "report" / "bfcl.json").read_text(encoding="utf-8"))
-CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+CATEGORIES = tuple(dict.fromkeys(r["category"] for r in REPORT["rows"]))  # the report's, in its order
+ROWS = {(r["model"], r["category"]): r for r in REPORT["rows"]}
+COMPARISONS = {(c["a"]["model"], c["b"]["model"], c["category"]): c for c in REPORT["comparisons"]}
 ARMS = ("oracle", "mix-robust", "none")
 
 
@@ -70,14 +72,6 @@ def _p(v: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _rows() -> dict:
-    return {(r["model"], r["category"]): r for r in REPORT["rows"]}
-
-
-def _comparisons() -> dict:
-    return {(c["a"]["model"], c["b"]["model"], c["category"]): c for c in REPORT["comparisons"]}
-
-
 def _cells(arm: str) -> list[Path]:
     return sorted(p for p in UNSEEN.glob(f"{arm}_seed*") if (p / "bfcl").is_dir())
 
@@ -86,7 +80,7 @@ def _cells(arm: str) -> list[Path]:
 def test_the_report_pools_every_committed_cell_of_each_arm(arm):
     expected = {str((cell / "bfcl").relative_to(ROOT)) for cell in _cells(arm)}
     assert len(expected) >= 2, f"{arm}: fewer than two committed cells"
-    for (a, b, category), comparison in _comparisons().items():
+    for (_, _, category), comparison in COMPARISONS.items():
         for side in ("a", "b"):
             if comparison[side]["model"] == arm:
                 paths = {str(Path(p).parent) for p in comparison[side]["paths"]}
@@ -97,12 +91,11 @@ def test_the_report_pools_every_committed_cell_of_each_arm(arm):
 def test_the_results_table_is_the_report():
     header, *table = _tables(_section("### Results"))[0]
     models = [h.split("`")[1] for h in header[2:]]
-    rows = _rows()
     assert [row[0] for row in table] == list(CATEGORIES)
     for row in table:
         category = row[0]
         for model, cell in zip(models, row[2:]):
-            r = rows[(model, category)]
+            r = ROWS[(model, category)]
             assert row[1] == str(r["n"])
             want = _pct(r["accuracy"])
             if r.get("seeds", 1) > 1:
@@ -114,11 +107,10 @@ def test_the_results_table_is_the_report():
 def test_the_paired_test_table_is_the_report():
     tables = [t[1:] for t in _tables(_section("### Results")) if t[0][0] == "A against B"]
     assert tables, "no paired-test table in the Results section"
-    comparisons = _comparisons()
     seen = set()
     for row in tables[0]:
         a, b = (m.strip().strip("`") for m in row[0].split(" / "))
-        c = comparisons[(a, b, row[1])]
+        c = COMPARISONS[(a, b, row[1])]
         d, k = c["difference"], c["contingency"]
         assert row[2:] == [
             f"{_count(c['a']['correct_n'])} / {_count(c['b']['correct_n'])}",
@@ -134,8 +126,8 @@ def test_the_paired_test_table_is_the_report():
 
 def _validation(cell: Path, step: int) -> tuple[str, str]:
     metrics = cell / "curve" / f"step{step}" / "oracle" / "metrics.json"
-    if metrics.exists() and "by_answer" in json.loads(metrics.read_text())["calls"]:
-        calls = json.loads(metrics.read_text())["calls"]
+    calls = json.loads(metrics.read_text())["calls"] if metrics.exists() else {}
+    if "by_answer" in calls:
         by = calls["by_answer"]
         return f"{by['call']['correct_n']} / {by['no_call']['correct_n']}", _pct(calls["call_rate"])
     rescored = json.loads((cell / "curve_by_answer.json").read_text())  # none seed 0, see the doc
@@ -174,7 +166,7 @@ def test_each_target_quotes_the_reports_numbers():
     target 3's "every cell ... 0 of 197 parallel_multiple" is every committed cell's count."""
     targets = " ".join(_section("### The targets").split())
     for category in ("irrelevance", "simple_python", "multiple"):
-        c = _comparisons()[("mix-robust", "oracle", category)]
+        c = COMPARISONS[("mix-robust", "oracle", category)]
         d = c["difference"]
         assert f"{abs(100 * d['value']):.1f} points" in targets, category
         assert f"95 % interval {100 * d['low']:+.1f} to {100 * d['high']:+.1f}, Holm p {_p(c['holm_p'])}" in targets, category
