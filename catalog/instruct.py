@@ -25,6 +25,7 @@ from ratune.errors import RatuneError
 from ratune.io import sha256_file, write_json, write_text
 from ratune.output import StageOutput
 from ratune.manifest import base_manifest
+from ratune.models import left_padded
 
 #: Instructions asked for per API (the paper's 10).
 DEFAULT_PER_API = 10
@@ -352,12 +353,8 @@ def load_generator(model_path: str | os.PathLike, *, model: str | None = None, t
 
     def generate(prompts: Sequence[str]) -> list[str]:
         encoded = [encode_prompt(tokenizer, p) if chat else tokenizer(p)["input_ids"] for p in prompts]
-        width = max(len(ids) for ids in encoded)
-        input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(encoded), width), dtype=torch.long)
-        for row, ids in enumerate(encoded):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        input_ids, attention = left_padded(encoded, pad_id)
+        width = input_ids.shape[1]
         with torch.inference_mode():
             out = lm.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                               generation_config=config)

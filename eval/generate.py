@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+from ratune.models import left_padded
 from ratune.sources.formats import DEFAULT_ANSWER_FORMAT, get_answer_format
 
 def finish_answer(text: str, *, stop_after_api_call: bool, answer_format: str = DEFAULT_ANSWER_FORMAT) -> str:
@@ -219,19 +220,6 @@ def prefill_each(model, prompts: Sequence[list[int]], width: int, max_new_tokens
     return _stacked_cache(heads, width, max_new_tokens, model.config)
 
 
-def _left_padded(rows: Sequence[list[int]], pad_id: int) -> tuple:
-    """``(input_ids, attention_mask)`` of ``rows`` left-padded to the longest with ``pad_id``."""
-    import torch
-
-    width = max(len(ids) for ids in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for j, ids in enumerate(rows):
-        input_ids[j, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        attention[j, width - len(ids):] = 1
-    return input_ids, attention
-
-
 def _stopping(tokenizer, starts: int | list[int], left: list[int], steps: int, *, stop_after_api_call: bool,
               answer_format: str, width: int) -> list:
     """The stopping criteria of one ``generate`` call of ``steps`` new tokens after column ``width``:
@@ -282,7 +270,7 @@ def _decode_continuously(model, tokenizer, prompts: Sequence[list[int]], order: 
         for row in live:
             if row.head is None and len(row.ids) > 1:
                 row.head = _head_cache(model, prefix, row.ids[:-1])
-        input_ids, attention = _left_padded([r.ids for r in live], kwargs["pad_token_id"])
+        input_ids, attention = left_padded([r.ids for r in live], kwargs["pad_token_id"])
         width = input_ids.shape[1]
         steps = min(chunk, max(r.limit - r.generated for r in live))
         criteria = _stopping(tokenizer, [width - r.generated for r in live], [r.limit - r.generated for r in live],
@@ -367,7 +355,7 @@ def generate_batches(model, tokenizer, prompts: Sequence[list[int]], *, batch_si
                                      answer_format=answer_format)) for i, ids in done]
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        input_ids, attention = _left_padded([prompts[i] for i in idx], pad_id)
+        input_ids, attention = left_padded([prompts[i] for i in idx], pad_id)
         width = input_ids.shape[1]
         kw = dict(kwargs)
         with torch.inference_mode():

@@ -20,6 +20,21 @@ _DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_CACHE = Path(os.environ.get("RATUNE_CACHE", Path.home() / ".cache" / "ratune"))
 
 
+def left_padded(rows, pad_id: int) -> tuple:
+    """``(input_ids, attention_mask)`` long tensors of the token id lists ``rows``, left-padded to the
+    longest with ``pad_id`` (mask 0 on padding), as decoder-only ``generate`` expects.
+    """
+    import torch
+
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for j, ids in enumerate(rows):
+        input_ids[j, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention[j, width - len(ids):] = 1
+    return input_ids, attention
+
+
 def set_torch_threads(n: int | None) -> None:
     """Set torch's intra-op thread count (1 in tests and CI, 2 for the CPU demo: configs/demo.yaml)."""
     if n:

@@ -37,6 +37,15 @@ def test_batched_equals_one_at_a_time(apibench, tiny_model_dir):
     assert sum(len(t) > 0 for t in single) >= 2
 
 
+def test_left_padded_puts_padding_before_each_prompt():
+    from ratune.models import left_padded
+
+    input_ids, attention = left_padded([[5, 6, 7], [8]], pad_id=0)
+    assert input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert attention.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert str(input_ids.dtype) == str(attention.dtype) == "torch.int64"
+
+
 def test_needed_fields_end():
     from ratune.sources.formats import get_answer_format
 
