@@ -537,6 +537,65 @@ def test_finetuned_retriever_rows_and_columns_reach_the_commands(tmp_path):
         sw.load_sweep(write_sweep(tmp_path, eval={"settings": ["dense_fine"]}))
 
 
+def test_only_the_commands_whose_settings_retrieve_with_it_get_the_finetuned_retriever(tmp_path):
+    """A curve of 0_shot and oracle never reads eval.dense_model, so its command does not name it
+    (``--dense-model`` checks that its folder exists); the test settings with dense_ft do."""
+    base = {**BASE, "save_strategy": "epoch"}
+    path = write_sweep(tmp_path, base=base, eval={"settings": ["0_shot", "dense_ft"], "curve_settings": ["0_shot", "oracle"],
+                                                  "dense_model": "runs/retrievers/ft"})
+    sweep = sw.load_sweep(path)
+    cell = sw.expand(sweep)[0]
+    curve = sw.eval_command(sweep, cell, curve=True)
+    assert curve[curve.index("--settings") + 1:curve.index("--settings") + 3] == ["0_shot", "oracle"]
+    assert "--dense-model" not in curve
+    test = sw.eval_command(sweep, cell)
+    assert test[test.index("--dense-model") + 1] == "runs/retrievers/ft"
+    path = write_sweep(tmp_path, base=base, eval={"settings": ["0_shot"], "curve_settings": ["0_shot", "dense_ft"],
+                                                  "dense_model": "runs/retrievers/ft"})
+    sweep = sw.load_sweep(path)
+    cell = sw.expand(sweep)[0]
+    curve = sw.eval_command(sweep, cell, curve=True)
+    assert curve[curve.index("--dense-model") + 1] == "runs/retrievers/ft"
+    assert "--dense-model" not in sw.eval_command(sweep, cell)
+
+
+def test_a_missing_finetuned_retriever_is_refused_before_any_cell_trains(tmp_path, monkeypatch):
+    """A dense_ft test setting whose eval.dense_model is not a retriever folder for the hub stops the
+    sweep before the data build (it used to fail once training was over); a dry run still plans it,
+    a finished cell is not refused, and with the folder the cells run."""
+    from ratune.retrieval.retrievers import RETRIEVER_METADATA_FILE
+
+    folder = tmp_path / "ft"
+    path = write_sweep(tmp_path, eval={"settings": ["0_shot", "dense_ft"], "n_questions": 5,
+                                       "dense_model": str(folder)})
+
+    class Runner(FakeRunner):  # finishes the dense_ft cell too
+        def __call__(self, cmd, log_path):
+            super().__call__(cmd, log_path)
+            if cmd[:3] == ["ratune", "eval", "run"]:
+                finish_eval(Path(cmd[cmd.index("--out") + 1]), "dense_ft", metrics())
+
+    runner = Runner()
+    monkeypatch.setattr("ratune.sweep.local.run_command", runner)
+    with pytest.raises(RatuneError, match=r"sweep.yaml: cell train_retriever-none-\w+: eval.settings dense_ft needs "
+                                          r"the finetuned retriever folder \(--dense-model DIR, written by `ratune "
+                                          r"retrieval train`\); got '.*ft'"):
+        sw.cli_sweep(args(path))
+    assert runner.calls == []
+    assert sw.cli_sweep(args(path, dry_run=True)) == 0
+    folder.mkdir()
+    (folder / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "bigcode"}))
+    with pytest.raises(RatuneError, match=r"this retriever was finetuned for hub 'bigcode', not 'torchhub'"):
+        sw.cli_sweep(args(path))
+    assert runner.calls == []
+    (folder / RETRIEVER_METADATA_FILE).write_text(json.dumps({"hub": "torchhub"}))
+    assert sw.cli_sweep(args(path)) == 0
+    evals = [c for c in runner.calls if c[:3] == ["ratune", "eval", "run"]]
+    assert len(evals) == 2 and all(c[c.index("--dense-model") + 1] == str(folder) for c in evals)
+    (folder / RETRIEVER_METADATA_FILE).unlink()  # gone after the cells finished: nothing left needs it
+    assert sw.cli_sweep(args(path)) == 0
+
+
 # ------------------------------------------------------------------ --only
 
 

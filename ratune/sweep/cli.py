@@ -10,6 +10,7 @@ from ratune.sweep.cells import expand, select_cells
 from ratune.sweep.local import dry_run, run_local, sweep_output
 from ratune.sweep.schema import SET_EXAMPLE, check_files, load_sweep, parse_only, parse_set
 from ratune.sweep.slurm import write_slurm
+from ratune.sweep.state import require_finetuned_retrievers
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,7 @@ def cli_sweep(args: argparse.Namespace) -> int:
     cells = select_cells(every, args.only, sweep.source)  # the shared data build stays the whole sweep's
     if args.dry_run:
         return dry_run(sweep, cells, data_cells=every)
+    require_finetuned_retrievers(sweep, cells)  # a missing retriever folder, before hours of training
     with sweep_output(sweep.out_dir).writing():  # one sweep per folder: a second one is refused, naming its pid
         if args.launcher == "slurm":
             write_slurm(sweep, cells, rerun_changed=args.rerun_changed, data_cells=every)

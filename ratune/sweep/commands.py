@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings
+from ratune.eval.settings import BFCL_OPTIONS, EVAL_OPTIONS, BfclSettings, EvalSettings, needs_finetuned_retriever
 from ratune.options import command_arguments
 from ratune.data.build import BUILD_OPTIONS, BuildSettings
 from ratune.data.mixture import MIXTURE_OPTIONS, Mixture
@@ -53,9 +53,12 @@ def eval_command(sweep: Sweep, cell: Cell, *, curve: bool = False, checkpoint: s
     """``ratune eval run --checkpoint CELL/train --out CELL/eval ...`` with the sweep's eval settings
     (``checkpoint``: another one, the chosen checkpoint of ``eval.selection_rule``); with ``curve``,
     the learning curve's ``--all-checkpoints --out CELL/curve --settings CURVE_SETTINGS`` (same
-    generation settings; ``--split validation`` under a selection rule); ``--model-name CELL`` last."""
+    generation settings; ``--split validation`` under a selection rule); ``--model-name CELL`` last.
+    ``--dense-model`` only where one of the command's settings retrieves with it."""
     e = sweep.config.eval
     out, settings = (cell.dir / "curve", e.curve_settings) if curve else (cell.dir / "eval", e.settings)
+    if not any(needs_finetuned_retriever(s) for s in settings):  # a folder these settings never read
+        e = e.model_copy(update={"dense_model": None})
     cmd = ["ratune", "eval", "run", "--checkpoint", checkpoint or str(cell.dir / "train"), "--hub", cell.hub,
            "--out", str(out),
            *command_arguments(e.model_copy(update={"settings": settings}), EvalSettings, EVAL_OPTIONS, policy="always")]

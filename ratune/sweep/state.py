@@ -13,7 +13,9 @@ from ratune.errors import InputError, RatuneError
 from ratune.eval.curve import read_curve
 from ratune.io import read_json_object
 from ratune.manifest import is_complete
-from ratune.sweep.cells import Cell, config_hash, selection_path
+from ratune.eval.settings import needs_finetuned_retriever
+from ratune.retrieval.retrievers import require_finetuned_retriever
+from ratune.sweep.cells import Cell, cell_hub_name, config_hash, selection_path
 from ratune.sweep.schema import Sweep, SweepData, SweepEval
 from ratune.train.config import TrainConfig
 
@@ -87,6 +89,27 @@ def is_finished(sweep: Sweep, cell: Cell) -> bool:
         is_complete(cell.dir / "eval" / s) and (cell.dir / "eval" / s / "metrics.json").exists()
         for s in sweep.config.eval.settings) and is_curve_finished(sweep, cell) and is_bfcl_finished(sweep, cell) \
         and chosen
+
+
+def require_finetuned_retrievers(sweep: Sweep, cells: list[Cell]) -> None:
+    """Refuse, before anything runs, unfinished ``cells`` whose ``eval.settings`` or
+    ``eval.curve_settings`` retrieve with the finetuned retriever while ``eval.dense_model`` is no
+    retriever folder for the cell's hub (otherwise found only once training is over).
+
+    Raises:
+        RatuneError: naming the sweep file, the key, the setting and the cell, as
+            :func:`ratune.retrieval.retrievers.require_finetuned_retriever` words it.
+    """
+    e = sweep.config.eval
+    for cell in cells:
+        if is_finished(sweep, cell):
+            continue
+        for key, settings in (("eval.settings", e.settings), ("eval.curve_settings", e.curve_settings)):
+            finetuned = [s for s in settings or () if needs_finetuned_retriever(s)]
+            if finetuned:
+                where = f"{sweep.source}: cell {cell.name}"
+                require_finetuned_retriever(e.dense_model, cell_hub_name(cell.hub, where),
+                                            f"{where}: {key} {finetuned[0]}")
 
 
 def is_bfcl_finished(sweep: Sweep, cell: Cell) -> bool:
