@@ -101,15 +101,18 @@ def require_finetuned_retrievers(sweep: Sweep, cells: list[Cell]) -> None:
             :func:`ratune.retrieval.retrievers.require_finetuned_retriever` words it.
     """
     e = sweep.config.eval
+    needs = [(key, s) for key, settings in (("eval.settings", e.settings), ("eval.curve_settings", e.curve_settings))
+             for s in settings or () if needs_finetuned_retriever(s)]
+    if not needs:
+        return
+    key, setting = needs[0]
+    checked: set[str] = set()  # hubs whose retriever folder passed
     for cell in cells:
-        if is_finished(sweep, cell):
+        if cell.hub in checked or is_finished(sweep, cell):
             continue
-        for key, settings in (("eval.settings", e.settings), ("eval.curve_settings", e.curve_settings)):
-            finetuned = [s for s in settings or () if needs_finetuned_retriever(s)]
-            if finetuned:
-                where = f"{sweep.source}: cell {cell.name}"
-                require_finetuned_retriever(e.dense_model, cell_hub_name(cell.hub, where),
-                                            f"{where}: {key} {finetuned[0]}")
+        where = f"{sweep.source}: cell {cell.name}"
+        require_finetuned_retriever(e.dense_model, cell_hub_name(cell.hub, where), f"{where}: {key} {setting}")
+        checked.add(cell.hub)
 
 
 def is_bfcl_finished(sweep: Sweep, cell: Cell) -> bool:
