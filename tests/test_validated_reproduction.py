@@ -84,3 +84,16 @@ def test_test_table_is_the_committed_test_cells(name):
         metrics = folder / "eval" / TEST_COLUMNS[column] / "metrics.json"
         assert json.loads(metrics.read_text())["train_step"] == selection["step"], (name, column)
         assert cell == "{} / {}".format(*_counts(metrics)), (name, column)
+
+
+def test_oracle_arm_writes_the_test_selected_models_answers_given_a_document():
+    """The oracle subsection's last claim: with every document setting both models share, the
+    validated oracle arm's 186 answers are oracle_full1's, text for text."""
+    def texts(folder: Path) -> list[str]:
+        return [json.loads(line)["text"] for line in (folder / "responses.jsonl").read_text().splitlines()]
+
+    shared = ("gpt_index", "released_bm25", "dense_ft", "oracle")
+    assert "(GPT-Index, the paper's BM25, `dense_ft`, gold) it writes the same\n  186 answers" in SUBSECTIONS["oracle_full"]
+    for setting in shared:
+        ours, earlier = (texts(REPRO / f / setting) for f in ("validated/oracle_full/eval", "oracle_full1"))
+        assert len(ours) == 186 and ours == earlier, setting
